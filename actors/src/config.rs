@@ -1,0 +1,567 @@
+//! Server configuration (TensorRT-LLM key names where one exists) and every derived size,
+//! computed in one place: [`ServerConfig::derive`].
+//!
+//! Parsing takes a `&str`; reading files is the binary's job. Unknown keys are rejected
+//! with the key's name; sizes are read as signed integers so that a negative value gets
+//! our own error naming the field and the value.
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{PadPredicate, Policy, PolicyPreset};
+use crate::seats::{self, SeatInputs, SeatSkew, SlotPools};
+
+/// A configuration error. Each names the field and the offending value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// A size that must be positive is zero or negative.
+    #[error("server `{server}`: `{field}` must be a positive integer, got {value}")]
+    NotPositive {
+        /// Server name.
+        server: String,
+        /// Key.
+        field: &'static str,
+        /// Value given.
+        value: i64,
+    },
+    /// A size too large for the runtime's counters.
+    #[error("server `{server}`: `{field}` = {value} is too large (at most {max})")]
+    TooLarge {
+        /// Server name.
+        server: String,
+        /// Key.
+        field: &'static str,
+        /// Value given.
+        value: i64,
+        /// Largest accepted.
+        max: i64,
+    },
+    /// `tensor_parallel_size * pipeline_parallel_size` differs from the ranks given.
+    #[error(
+        "server `{server}`: tensor_parallel_size ({tp}) x pipeline_parallel_size ({pp}) = {product} \
+         does not match ranks = {ranks}"
+    )]
+    RanksMismatch {
+        /// Server name.
+        server: String,
+        /// tp.
+        tp: u32,
+        /// pp.
+        pp: u32,
+        /// tp*pp.
+        product: u32,
+        /// Ranks given.
+        ranks: u32,
+    },
+    /// Two keys whose values cannot go together.
+    #[error("server `{server}`: {message}")]
+    Inconsistent {
+        /// Server name.
+        server: String,
+        /// What is wrong, naming both keys and values.
+        message: String,
+    },
+    /// A seat-indexed pool disagrees with the seats.
+    #[error("server `{server}`: {skew}")]
+    SeatSkew {
+        /// Server name.
+        server: String,
+        /// The skew, naming both numbers.
+        skew: SeatSkew,
+    },
+    /// TOML syntax or an unknown key / wrong type (the parser's message names the key).
+    #[error("{0}")]
+    Parse(String),
+    /// A `--set`/policy key that does not exist or a value of the wrong kind.
+    #[error("policy key `{key}`: {message}")]
+    PolicyKey {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The role of a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Prefill and decode.
+    #[default]
+    Agg,
+    /// Prefill only; hands KV to a gen server.
+    Ctx,
+    /// Decode only; receives KV.
+    Gen,
+}
+
+impl Role {
+    /// The name used in configs and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Agg => "agg",
+            Role::Ctx => "ctx",
+            Role::Gen => "gen",
+        }
+    }
+}
+
+/// Capacity scheduler policies (§4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum CapacitySchedulerPolicy {
+    /// Reserve blocks to completion; never evict.
+    #[default]
+    #[serde(rename = "GUARANTEED_NO_EVICT")]
+    GuaranteedNoEvict,
+    /// Schedule while one more step fits; pause the newest otherwise.
+    #[serde(rename = "MAX_UTILIZATION")]
+    MaxUtilization,
+    /// New work only when nothing is in progress.
+    #[serde(rename = "STATIC_BATCH")]
+    StaticBatch,
+}
+
+/// Chunked-prefill policies (§4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum ContextChunkingPolicy {
+    /// The first contexts get their whole remaining prompt; the last one is chunked.
+    #[default]
+    #[serde(rename = "FIRST_COME_FIRST_SERVED")]
+    FirstComeFirstServed,
+    /// Every context advances by one chunk unit per round.
+    #[serde(rename = "EQUAL_PROGRESS")]
+    EqualProgress,
+}
+
+/// `scheduler_config`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Capacity policy.
+    pub capacity_scheduler_policy: CapacitySchedulerPolicy,
+    /// Chunking policy.
+    pub context_chunking_policy: ContextChunkingPolicy,
+}
+
+/// `kv_cache_config`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvCacheConfig {
+    /// Tokens per KV block.
+    pub tokens_per_block: i64,
+    /// KV capacity per rank in tokens.
+    pub max_tokens: i64,
+    /// Prefix reuse on.
+    pub enable_block_reuse: bool,
+}
+
+impl Default for KvCacheConfig {
+    fn default() -> Self {
+        KvCacheConfig {
+            tokens_per_block: 32,
+            max_tokens: 1 << 20,
+            enable_block_reuse: true,
+        }
+    }
+}
+
+/// The ADP router (§5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RouterKind {
+    /// Longest prompt first to the least-loaded rank.
+    #[default]
+    Balanced,
+    /// Sticky by conversation id.
+    Conversation,
+    /// Longest cached prefix, balanced by load.
+    KvAware,
+}
+
+/// `attention_dp_config`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AttentionDpConfig {
+    /// Which router.
+    pub router: RouterKind,
+}
+
+/// `cache_transceiver_config`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheTransceiverConfig {
+    /// Transport budget of the gen server, in tokens (§8).
+    pub max_tokens_in_buffer: i64,
+    /// Per-transfer timeout.
+    pub kv_transfer_timeout_ms: i64,
+}
+
+impl Default for CacheTransceiverConfig {
+    fn default() -> Self {
+        CacheTransceiverConfig {
+            max_tokens_in_buffer: 8192,
+            kv_transfer_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// Explicit sizes for seat-indexed pools. Absent: sized from the seats (the only correct
+/// choice; an explicit size exists to reproduce deployments whose pools were configured
+/// separately, and the validator rejects any that differ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlotPoolOverrides {
+    /// Seat pool.
+    pub seat_pool: Option<i64>,
+    /// KV index pool.
+    pub kv_index_pool: Option<i64>,
+    /// Sampler slots.
+    pub sampler_pool: Option<i64>,
+    /// Speculative-decoding slots.
+    pub draft_pool: Option<i64>,
+}
+
+/// One server of a scenario.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Name used in reports and errors.
+    pub name: String,
+    /// agg, ctx or gen.
+    pub role: Role,
+    /// Ranks the server is launched with; when given it must equal tp*pp.
+    pub ranks: Option<i64>,
+    /// TP size; with attention DP this is the number of DP ranks.
+    pub tensor_parallel_size: i64,
+    /// Pipeline stages.
+    pub pipeline_parallel_size: i64,
+    /// Attention data parallelism.
+    pub enable_attention_dp: bool,
+    /// B: per-rank forward batch.
+    pub max_batch_size: i64,
+    /// T: per-rank token budget of one forward.
+    pub max_num_tokens: i64,
+    /// Overlap scheduler off.
+    pub disable_overlap_scheduler: bool,
+    /// Chunked prefill.
+    pub enable_chunked_prefill: bool,
+    /// Speculative draft tokens per step (0: none).
+    pub max_draft_len: i64,
+    /// Encoder-decoder model (window starts at ENCODER_INIT).
+    pub encoder_decoder: bool,
+    /// Hybrid / SSM model (no seat headroom).
+    pub hybrid_model: bool,
+    /// Scheduler.
+    pub scheduler_config: SchedulerConfig,
+    /// KV cache.
+    pub kv_cache_config: KvCacheConfig,
+    /// ADP router.
+    pub attention_dp_config: AttentionDpConfig,
+    /// Transceiver (ctx/gen).
+    pub cache_transceiver_config: CacheTransceiverConfig,
+    /// Explicit pool sizes (normally absent).
+    pub slot_pools: SlotPoolOverrides,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            name: "server0".into(),
+            role: Role::Agg,
+            ranks: None,
+            tensor_parallel_size: 1,
+            pipeline_parallel_size: 1,
+            enable_attention_dp: true,
+            max_batch_size: 8,
+            max_num_tokens: 8192,
+            disable_overlap_scheduler: false,
+            enable_chunked_prefill: false,
+            max_draft_len: 0,
+            encoder_decoder: false,
+            hybrid_model: false,
+            scheduler_config: SchedulerConfig::default(),
+            kv_cache_config: KvCacheConfig::default(),
+            attention_dp_config: AttentionDpConfig::default(),
+            cache_transceiver_config: CacheTransceiverConfig::default(),
+            slot_pools: SlotPoolOverrides::default(),
+        }
+    }
+}
+
+/// Every size the runtime uses, derived once from a [`ServerConfig`] and a [`Policy`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DerivedSizes {
+    /// DP ranks (tp with attention DP, else 1: one attention batch for the TP group).
+    pub dp: u32,
+    /// Tensor parallel size.
+    pub tp: u32,
+    /// Pipeline stages.
+    pub pp: u32,
+    /// B.
+    pub max_batch_size: u32,
+    /// T.
+    pub max_num_tokens: u32,
+    /// Draft tokens per step.
+    pub draft_len: u32,
+    /// M: requests admitted per rank, `pp*B` tightened to `T/(1+draft)` (§3.3).
+    pub max_admitted_per_rank: u32,
+    /// `dp * M`.
+    pub capacity: u32,
+    /// §7 seats.
+    pub seats: u32,
+    /// The pools as they will be built (may differ from seats only under
+    /// `seats.rederive`, or with explicit overrides, which the validator rejects).
+    pub pools: SlotPools,
+    /// Tokens per KV block.
+    pub tokens_per_block: u32,
+    /// KV blocks per rank.
+    pub kv_blocks_per_rank: u32,
+    /// Transport budget in blocks (§8): `ceil(max_tokens_in_buffer / tokens_per_block)`.
+    pub transfer_budget_blocks: u32,
+    /// Overlap scheduler on.
+    pub overlap: bool,
+}
+
+/// The derivation's result: sizes, plus a warning when the legacy switch lets a skew
+/// through.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Derived {
+    /// The sizes.
+    pub sizes: DerivedSizes,
+    /// The skew reported as a warning under `seats.rederive`.
+    pub warning: Option<String>,
+}
+
+fn positive(server: &str, field: &'static str, value: i64) -> Result<u32, ConfigError> {
+    const MAX: i64 = 1 << 30;
+    if value <= 0 {
+        return Err(ConfigError::NotPositive {
+            server: server.to_string(),
+            field,
+            value,
+        });
+    }
+    if value > MAX {
+        return Err(ConfigError::TooLarge {
+            server: server.to_string(),
+            field,
+            value,
+            max: MAX,
+        });
+    }
+    Ok(value as u32)
+}
+
+impl ServerConfig {
+    /// Parses one server from TOML (used by tests; scenarios embed servers).
+    pub fn from_toml(text: &str) -> Result<ServerConfig, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))
+    }
+
+    /// Whether the overlap scheduler runs.
+    pub fn overlap(&self) -> bool {
+        !self.disable_overlap_scheduler
+    }
+
+    /// Validates every value and derives every size. The only place sizes are computed.
+    pub fn derive(&self, policy: &Policy) -> Result<Derived, ConfigError> {
+        let name = self.name.as_str();
+        let tp = positive(name, "tensor_parallel_size", self.tensor_parallel_size)?;
+        let pp = positive(name, "pipeline_parallel_size", self.pipeline_parallel_size)?;
+        let b = positive(name, "max_batch_size", self.max_batch_size)?;
+        let t = positive(name, "max_num_tokens", self.max_num_tokens)?;
+        let tpb = positive(
+            name,
+            "kv_cache_config.tokens_per_block",
+            self.kv_cache_config.tokens_per_block,
+        )?;
+        let kv_tokens = positive(name, "kv_cache_config.max_tokens", self.kv_cache_config.max_tokens)?;
+        let buffer = positive(
+            name,
+            "cache_transceiver_config.max_tokens_in_buffer",
+            self.cache_transceiver_config.max_tokens_in_buffer,
+        )?;
+        positive(
+            name,
+            "cache_transceiver_config.kv_transfer_timeout_ms",
+            self.cache_transceiver_config.kv_transfer_timeout_ms,
+        )?;
+        if self.max_draft_len < 0 {
+            return Err(ConfigError::NotPositive {
+                server: name.to_string(),
+                field: "max_draft_len",
+                value: self.max_draft_len,
+            });
+        }
+        let draft = self.max_draft_len as u32;
+        if let Some(ranks) = self.ranks {
+            let ranks = positive(name, "ranks", ranks)?;
+            if ranks != tp * pp {
+                return Err(ConfigError::RanksMismatch {
+                    server: name.to_string(),
+                    tp,
+                    pp,
+                    product: tp * pp,
+                    ranks,
+                });
+            }
+        }
+        if kv_tokens < tpb {
+            return Err(ConfigError::Inconsistent {
+                server: name.to_string(),
+                message: format!(
+                    "kv_cache_config.max_tokens = {kv_tokens} is smaller than one block \
+                     (kv_cache_config.tokens_per_block = {tpb})"
+                ),
+            });
+        }
+        if t < 1 + draft {
+            return Err(ConfigError::Inconsistent {
+                server: name.to_string(),
+                message: format!(
+                    "max_num_tokens = {t} cannot hold one generation step of 1 + max_draft_len = {} tokens",
+                    1 + draft
+                ),
+            });
+        }
+        let dp = if self.enable_attention_dp { tp } else { 1 };
+        let m = (pp * b).min(t / (1 + draft));
+        let seats = seats::max_num_sequences(SeatInputs {
+            pp,
+            max_batch_size: b,
+            overlap: self.overlap(),
+            attention_dp: self.enable_attention_dp,
+            disaggregated: self.role != Role::Agg,
+            hybrid: self.hybrid_model,
+        });
+        let o = &self.slot_pools;
+        let pool = |field: &'static str, v: Option<i64>, default: u32| match v {
+            Some(v) => positive(name, field, v),
+            None => Ok(default),
+        };
+        let index_default = if policy.seats.rederive {
+            seats::legacy_rederived_index_pool(pp, b)
+        } else {
+            seats
+        };
+        let pools = SlotPools {
+            seat_pool: pool("slot_pools.seat_pool", o.seat_pool, seats)?,
+            kv_index_pool: pool("slot_pools.kv_index_pool", o.kv_index_pool, index_default)?,
+            sampler_pool: pool("slot_pools.sampler_pool", o.sampler_pool, seats)?,
+            draft_pool: pool("slot_pools.draft_pool", o.draft_pool, seats)?,
+        };
+        let warning = match seats::validate_pools(seats, &pools) {
+            Ok(()) => None,
+            Err(skew) if policy.seats.rederive => Some(format!(
+                "server `{name}`: {skew} (continuing: seats.rederive is the legacy behaviour)"
+            )),
+            Err(skew) => {
+                return Err(ConfigError::SeatSkew {
+                    server: name.to_string(),
+                    skew,
+                });
+            }
+        };
+        Ok(Derived {
+            sizes: DerivedSizes {
+                dp,
+                tp,
+                pp,
+                max_batch_size: b,
+                max_num_tokens: t,
+                draft_len: draft,
+                max_admitted_per_rank: m,
+                capacity: dp * m,
+                seats,
+                pools,
+                tokens_per_block: tpb,
+                kv_blocks_per_rank: kv_tokens / tpb,
+                transfer_budget_blocks: buffer.div_ceil(tpb),
+                overlap: self.overlap(),
+            },
+            warning,
+        })
+    }
+}
+
+/// Applies `preset` and then dotted overrides (`pad.rollback = false`) to a policy.
+/// Used by the `[policy]` table and by `--set policy.KEY=VALUE`.
+pub fn policy_from_table(table: &toml::Table) -> Result<Policy, ConfigError> {
+    let mut policy = match table.get("preset") {
+        None => Policy::FIXED,
+        Some(v) => {
+            let preset: PolicyPreset =
+                v.clone().try_into().map_err(|_| ConfigError::PolicyKey {
+                    key: "preset".into(),
+                    message: format!("expected \"fixed\" or \"legacy\", got {v}"),
+                })?;
+            Policy::preset(preset)
+        }
+    };
+    let mut flat = Vec::new();
+    flatten("", table, &mut flat);
+    for (key, value) in flat {
+        if key == "preset" {
+            continue;
+        }
+        set_policy_key(&mut policy, &key, &value)?;
+    }
+    Ok(policy)
+}
+
+fn flatten(prefix: &str, table: &toml::Table, out: &mut Vec<(String, toml::Value)>) {
+    for (k, v) in table {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(t) => flatten(&key, t, out),
+            other => out.push((key, other.clone())),
+        }
+    }
+}
+
+/// Sets one switch by its dotted name. Unknown keys and wrong kinds name the key.
+pub fn set_policy_key(
+    policy: &mut Policy,
+    key: &str,
+    value: &toml::Value,
+) -> Result<(), ConfigError> {
+    let want_bool = |v: &toml::Value| {
+        v.as_bool().ok_or_else(|| ConfigError::PolicyKey {
+            key: key.to_string(),
+            message: format!("expected true or false, got {v}"),
+        })
+    };
+    match key {
+        "admission.charge_retiring" => policy.admission.charge_retiring = want_bool(value)?,
+        "seats.rederive" => policy.seats.rederive = want_bool(value)?,
+        "pad.rollback" => policy.pad.rollback = want_bool(value)?,
+        "gne.count_transfers_as_requests" => {
+            policy.gne.count_transfers_as_requests = want_bool(value)?
+        }
+        "pad.predicate" => {
+            policy.pad.predicate = match value.as_str() {
+                Some("fixed") => PadPredicate::Fixed,
+                Some("legacy") => PadPredicate::Legacy,
+                _ => {
+                    return Err(ConfigError::PolicyKey {
+                        key: key.to_string(),
+                        message: format!("expected \"fixed\" or \"legacy\", got {value}"),
+                    });
+                }
+            }
+        }
+        _ => {
+            return Err(ConfigError::PolicyKey {
+                key: key.to_string(),
+                message: "unknown policy switch (known: preset, admission.charge_retiring, \
+                          seats.rederive, pad.predicate, pad.rollback, \
+                          gne.count_transfers_as_requests)"
+                    .into(),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! The three counts per rank (mechanisms.md §2), each defined once.
+//!
+//! Guardrails: every caller (router load, admission window, idle decision, padding need,
+//! invariants, logs) receives these numbers from [`RankCounts::of`]; nobody recounts.
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{PadPredicate, Policy};
+use crate::request::{Request, RequestState, SchedulableWindow};
+
+/// The counts of one rank at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RankCounts {
+    /// Every resident request: active, retiring, dummies. Drives the idle decision.
+    pub live: u32,
+    /// Live minus retiring (legacy `admission.charge_retiring`: live). Drives admission
+    /// and router balance.
+    pub routable: u32,
+    /// Prompt tokens of the routable requests (router balance).
+    pub routable_prompt_tokens: u64,
+    /// Retiring requests (GENERATION_TO_COMPLETE), whatever the policy.
+    pub retiring: u32,
+    /// Inside the scheduler's published window and ready. Drives the pad need.
+    pub schedulable: u32,
+    /// What the pad need reads: `schedulable` under the fixed predicate; under legacy
+    /// `pad.predicate` also GENERATION_TO_COMPLETE and transfer states.
+    pub pad_schedulable: u32,
+}
+
+/// The one retiring predicate (§2).
+pub fn is_retiring(r: &Request) -> bool {
+    r.state.is_retiring()
+}
+
+/// Whether a request is charged against admission (counted routable).
+pub fn is_routable(r: &Request, policy: &Policy) -> bool {
+    policy.admission.charge_retiring || !is_retiring(r)
+}
+
+/// The scheduler's schedulable predicate: inside the published window and ready.
+pub fn is_schedulable(r: &Request, window: &SchedulableWindow) -> bool {
+    window.contains(r.state) && !r.awaiting_encoder_output
+}
+
+/// The predicate the padding decision reads (§6, switch `pad.predicate`).
+pub fn is_pad_schedulable(r: &Request, window: &SchedulableWindow, policy: &Policy) -> bool {
+    match policy.pad.predicate {
+        PadPredicate::Fixed => is_schedulable(r, window),
+        PadPredicate::Legacy => {
+            is_schedulable(r, window)
+                || r.state == RequestState::GenerationToComplete
+                || r.state.is_transfer_state()
+        }
+    }
+}
+
+impl RankCounts {
+    /// Counts the resident requests of one rank.
+    pub fn of<'a>(
+        resident: impl IntoIterator<Item = &'a Request>,
+        window: &SchedulableWindow,
+        policy: &Policy,
+    ) -> RankCounts {
+        let mut c = RankCounts::default();
+        for r in resident {
+            c.live += 1;
+            if is_retiring(r) {
+                c.retiring += 1;
+            }
+            if is_routable(r, policy) {
+                c.routable += 1;
+                c.routable_prompt_tokens += u64::from(r.spec.prompt_len);
+            }
+            if is_schedulable(r, window) {
+                c.schedulable += 1;
+            }
+            if is_pad_schedulable(r, window, policy) {
+                c.pad_schedulable += 1;
+            }
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::RequestSpec;
+
+    fn req(id: u64, state: RequestState) -> Request {
+        Request::new(RequestSpec::new(id, 100, 4), state)
+    }
+
+    #[test]
+    fn retiring_request_is_live_but_not_routable() {
+        let w = SchedulableWindow::published(false);
+        let rs = [
+            req(1, RequestState::GenerationInProgress),
+            req(2, RequestState::GenerationToComplete),
+        ];
+        let c = RankCounts::of(&rs, &w, &Policy::FIXED);
+        assert_eq!((c.live, c.routable, c.retiring, c.schedulable), (2, 1, 1, 1));
+        assert_eq!(c.routable_prompt_tokens, 100);
+    }
+
+    #[test]
+    fn legacy_charge_retiring_makes_routable_equal_live() {
+        let w = SchedulableWindow::published(false);
+        let rs = [
+            req(1, RequestState::GenerationToComplete),
+            req(2, RequestState::GenerationToComplete),
+        ];
+        let c = RankCounts::of(&rs, &w, &Policy::LEGACY);
+        assert_eq!((c.live, c.routable, c.retiring), (2, 2, 2));
+    }
+
+    #[test]
+    fn legacy_pad_predicate_counts_retiring_and_transfers_as_schedulable() {
+        let w = SchedulableWindow::published(false);
+        let rs = [
+            req(1, RequestState::GenerationToComplete),
+            req(2, RequestState::DisaggGenerationTransInProgress),
+        ];
+        let fixed = RankCounts::of(&rs, &w, &Policy::FIXED);
+        let legacy = RankCounts::of(&rs, &w, &Policy::LEGACY);
+        assert_eq!((fixed.schedulable, fixed.pad_schedulable), (0, 0));
+        assert_eq!((legacy.schedulable, legacy.pad_schedulable), (0, 2));
+    }
+}

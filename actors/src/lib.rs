@@ -1,0 +1,20 @@
+//! lockstep's control plane: the attention-data-parallel (ADP) serving executor as
+//! deterministic actors with typed messages and no I/O, no clock, no threads.
+//!
+//! Behaviour follows `mechanisms.md` (section numbers are cited as §N throughout).
+//! A driver (the simulator, threads, or MPI in `lockstep-cluster`) owns time and moves
+//! messages; the [`executor::RankExecutor`] runs one rank's phases, each taking the
+//! previous collective's result and returning this rank's contribution to the next.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod counts;
+pub mod ids;
+pub mod kv;
+pub mod policy;
+pub mod request;
+pub mod router;
+pub mod scheduler;
+pub mod seats;

@@ -1,0 +1,298 @@
+//! Requests: the state numbering of mechanisms.md §1, the schedulable window, and the
+//! per-request bookkeeping a rank keeps.
+//!
+//! Guardrails: the window and readiness are published by the scheduler
+//! ([`SchedulableWindow::published`]); nobody re-derives them. KV blocks are owned by the
+//! KV manager (keyed by [`ReqId`]), not mirrored here.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{ConvId, RankId, ReqId, Seat};
+
+/// Request states with the integer values of §1. Order is chronological:
+/// `has_reached(s) == (self as i32 >= s as i32)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[repr(i32)]
+pub enum RequestState {
+    /// Transfer failed.
+    DisaggTransError = -1,
+    /// Encoder phase (encoder-decoder models).
+    EncoderInit = 1,
+    /// ctx server, generation-first mode: waiting for the gen peer.
+    DisaggContextWaitScheduler = 7,
+    /// gen server: arrived, KV not yet received.
+    DisaggGenerationInit = 8,
+    /// gen server: KV receive in flight.
+    DisaggGenerationTransInProgress = 9,
+    /// Prefill pending (start of the schedulable window).
+    ContextInit = 10,
+    /// Layer-wise prefill while sending.
+    DisaggContextInitAndTrans = 11,
+    /// gen server: KV received, schedulable as generation.
+    DisaggGenerationTransComplete = 12,
+    /// Decoding.
+    GenerationInProgress = 13,
+    /// Overlap only: last token in flight (retiring).
+    GenerationToComplete = 14,
+    /// Done.
+    GenerationComplete = 20,
+    /// ctx server: prefill done, KV send in flight.
+    DisaggContextTransInProgress = 21,
+    /// ctx server: send finished.
+    DisaggContextComplete = 22,
+}
+
+impl RequestState {
+    /// The integer value used in logs and traces.
+    pub fn as_int(self) -> i32 {
+        self as i32
+    }
+
+    /// `state >= other` in the chronological order of §1.
+    pub fn has_reached(self, other: RequestState) -> bool {
+        self.as_int() >= other.as_int()
+    }
+
+    /// Retiring: the last token is in flight (overlap only).
+    pub fn is_retiring(self) -> bool {
+        self == RequestState::GenerationToComplete
+    }
+
+    /// A KV transfer state (either side) or a transfer error.
+    pub fn is_transfer_state(self) -> bool {
+        matches!(
+            self,
+            RequestState::DisaggGenerationInit
+                | RequestState::DisaggGenerationTransInProgress
+                | RequestState::DisaggContextInitAndTrans
+                | RequestState::DisaggContextTransInProgress
+                | RequestState::DisaggContextWaitScheduler
+        )
+    }
+}
+
+/// The scheduler's schedulable window `[no_schedule_until, no_schedule_after)` (§1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedulableWindow {
+    /// First state inside the window.
+    pub no_schedule_until: RequestState,
+    /// First state past the window.
+    pub no_schedule_after: RequestState,
+}
+
+impl SchedulableWindow {
+    /// The window the scheduler publishes: `[CONTEXT_INIT, GENERATION_TO_COMPLETE)`, with
+    /// the lower bound at ENCODER_INIT for encoder-decoder models.
+    pub fn published(encoder_decoder: bool) -> SchedulableWindow {
+        SchedulableWindow {
+            no_schedule_until: if encoder_decoder {
+                RequestState::EncoderInit
+            } else {
+                RequestState::ContextInit
+            },
+            no_schedule_after: RequestState::GenerationToComplete,
+        }
+    }
+
+    /// Whether `state` lies inside the window. Transfer-side states that sort inside the
+    /// numeric range but belong to the ctx sender (11) or wait for a peer (7, 8, 9) are
+    /// outside: only their own handlers move them.
+    pub fn contains(&self, state: RequestState) -> bool {
+        state.has_reached(self.no_schedule_until)
+            && !state.has_reached(self.no_schedule_after)
+            && !matches!(
+                state,
+                RequestState::DisaggContextWaitScheduler
+                    | RequestState::DisaggGenerationInit
+                    | RequestState::DisaggGenerationTransInProgress
+                    | RequestState::DisaggContextInitAndTrans
+            )
+    }
+}
+
+/// A pin to an explicit DP rank (`attention_dp_rank`, §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinnedRank {
+    /// The rank the request asks for.
+    pub rank: RankId,
+    /// Strict pins are placed before relaxed ones; a relaxed pin may fall back to routing.
+    pub strict: bool,
+}
+
+/// What a client submits: everything a rank needs to serve the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestSpec {
+    /// Unique, non-zero.
+    pub id: ReqId,
+    /// Prompt tokens.
+    pub prompt_len: u32,
+    /// Output tokens to generate (length stop; EOS is not modelled).
+    pub max_new_tokens: u32,
+    /// Conversation, for the conversation router.
+    pub conversation: Option<ConvId>,
+    /// Explicit DP rank.
+    pub pinned: Option<PinnedRank>,
+    /// Speculative draft tokens per step.
+    pub draft_len: u32,
+    /// One content hash per full prompt block of `tokens_per_block` tokens, in order; the
+    /// KV manager chains them into prefix keys. Empty: no prefix reuse.
+    pub block_hashes: Vec<u64>,
+    /// Disaggregated gen side: tokens already generated by the ctx server (the first
+    /// token). 0 for aggregated and ctx servers.
+    pub generated_before: u32,
+}
+
+impl RequestSpec {
+    /// A plain request with no conversation, pin, draft or prefix hashes.
+    pub fn new(id: u64, prompt_len: u32, max_new_tokens: u32) -> RequestSpec {
+        RequestSpec {
+            id: ReqId(id),
+            prompt_len,
+            max_new_tokens,
+            conversation: None,
+            pinned: None,
+            draft_len: 0,
+            block_hashes: Vec::new(),
+            generated_before: 0,
+        }
+    }
+}
+
+/// A request resident on a rank.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// What the client asked for.
+    pub spec: RequestSpec,
+    /// Current state.
+    pub state: RequestState,
+    /// Output tokens produced so far (including `generated_before`).
+    pub generated: u32,
+    /// Prompt tokens already in the KV cache (computed or reused).
+    pub context_pos: u32,
+    /// Prompt tokens served from the prefix cache.
+    pub reused_tokens: u32,
+    /// The seat, once the request has been scheduled (§7).
+    pub seat: Option<Seat>,
+    /// A pad dummy (§6): never a client request.
+    pub is_dummy: bool,
+    /// Readiness: a decoder request waiting for its encoder output is not ready.
+    pub awaiting_encoder_output: bool,
+}
+
+impl Request {
+    /// A new request in its arrival state.
+    pub fn new(spec: RequestSpec, state: RequestState) -> Request {
+        let generated = spec.generated_before;
+        Request {
+            spec,
+            state,
+            generated,
+            context_pos: 0,
+            reused_tokens: 0,
+            seat: None,
+            is_dummy: false,
+            awaiting_encoder_output: false,
+        }
+    }
+
+    /// The id.
+    pub fn id(&self) -> ReqId {
+        self.spec.id
+    }
+
+    /// Tokens one iteration produces for this request (`1 + draft`).
+    pub fn tokens_per_iteration(&self) -> u32 {
+        1 + self.spec.draft_len
+    }
+
+    /// §1: `generated + tokens_per_iteration >= max_new_tokens` (length only).
+    pub fn will_complete_next_iteration(&self) -> bool {
+        self.generated + self.tokens_per_iteration() >= self.spec.max_new_tokens
+    }
+
+    /// Prompt tokens still to prefill.
+    pub fn context_remaining(&self) -> u32 {
+        self.spec.prompt_len.saturating_sub(self.context_pos)
+    }
+
+    /// Whether the request is in its prefill phase.
+    pub fn is_context(&self) -> bool {
+        matches!(
+            self.state,
+            RequestState::ContextInit | RequestState::EncoderInit
+        )
+    }
+
+    /// Whether the request's next step is a generation step.
+    pub fn is_generation(&self) -> bool {
+        matches!(
+            self.state,
+            RequestState::GenerationInProgress | RequestState::DisaggGenerationTransComplete
+        )
+    }
+
+    /// Total tokens the request's KV holds at completion: prompt plus output.
+    pub fn tokens_at_completion(&self) -> u32 {
+        self.spec.prompt_len + self.spec.max_new_tokens
+    }
+
+    /// Tokens whose KV is in the cache: the prefilled prompt plus every generated token
+    /// but the newest (its KV is written by the step that consumes it).
+    pub fn tokens_in_cache(&self) -> u32 {
+        self.context_pos + self.generated.saturating_sub(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_integers_match_mechanisms_section_1() {
+        let table = [
+            (RequestState::EncoderInit, 1),
+            (RequestState::DisaggContextWaitScheduler, 7),
+            (RequestState::DisaggGenerationInit, 8),
+            (RequestState::DisaggGenerationTransInProgress, 9),
+            (RequestState::ContextInit, 10),
+            (RequestState::DisaggContextInitAndTrans, 11),
+            (RequestState::DisaggGenerationTransComplete, 12),
+            (RequestState::GenerationInProgress, 13),
+            (RequestState::GenerationToComplete, 14),
+            (RequestState::GenerationComplete, 20),
+            (RequestState::DisaggContextTransInProgress, 21),
+            (RequestState::DisaggContextComplete, 22),
+            (RequestState::DisaggTransError, -1),
+        ];
+        for (i, (state, int)) in table.iter().enumerate() {
+            assert_eq!(state.as_int(), *int, "#{i}: {state:?}");
+        }
+        assert!(RequestState::GenerationComplete.has_reached(RequestState::GenerationToComplete));
+        assert!(!RequestState::ContextInit.has_reached(RequestState::GenerationInProgress));
+    }
+
+    #[test]
+    fn published_window_excludes_retiring_and_transfer_waits() {
+        let w = SchedulableWindow::published(false);
+        assert!(w.contains(RequestState::ContextInit));
+        assert!(w.contains(RequestState::GenerationInProgress));
+        assert!(w.contains(RequestState::DisaggGenerationTransComplete));
+        assert!(!w.contains(RequestState::GenerationToComplete));
+        assert!(!w.contains(RequestState::DisaggGenerationInit));
+        assert!(!w.contains(RequestState::DisaggGenerationTransInProgress));
+        assert!(!w.contains(RequestState::EncoderInit));
+        assert!(SchedulableWindow::published(true).contains(RequestState::EncoderInit));
+    }
+
+    #[test]
+    fn will_complete_next_iteration_is_length_only() {
+        let mut r = Request::new(RequestSpec::new(1, 8, 3), RequestState::GenerationInProgress);
+        r.generated = 1;
+        assert!(!r.will_complete_next_iteration());
+        r.generated = 2;
+        assert!(r.will_complete_next_iteration());
+        r.spec.draft_len = 1;
+        r.generated = 1;
+        assert!(r.will_complete_next_iteration());
+    }
+}

@@ -1,0 +1,3 @@
+//! lockstep's drivers, scenario loading and reports.
+
+#![forbid(unsafe_code)]

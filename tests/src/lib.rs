@@ -1,0 +1,3 @@
+//! Message-level integration tests for lockstep live in `tests/tests/`.
+
+#![forbid(unsafe_code)]
