@@ -91,6 +91,22 @@ pub struct KvInvariantViolation {
     pub detail: String,
 }
 
+/// The read-only view of a KV pool that schedulers need. [`KvManager`] implements it;
+/// scheduler tests may use a fake.
+pub trait KvView {
+    /// Tokens per block.
+    fn tokens_per_block(&self) -> u32;
+    /// Blocks not referenced by any sequence (free or cached-evictable).
+    fn free_blocks(&self) -> u32;
+    /// Whether `id` holds a sequence.
+    fn has_sequence(&self, id: ReqId) -> bool;
+    /// Additional blocks `id` needs to hold `tokens` tokens (all of them if `id` has no
+    /// sequence yet).
+    fn blocks_needed(&self, id: ReqId, tokens: u32) -> u32;
+    /// Blocks held by `id` (0 if unknown).
+    fn blocks_of(&self, id: ReqId) -> u32;
+}
+
 /// The KV manager of one rank.
 #[derive(Debug, Clone)]
 pub struct KvManager {

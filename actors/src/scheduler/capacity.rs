@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::CapacitySchedulerPolicy;
-use crate::kv::KvManager;
+use crate::kv::KvView;
 use crate::request::{Request, SchedulableWindow};
 
 /// How a capacity scheduler is built.
@@ -55,7 +55,7 @@ impl CapacityScheduler {
     }
 
     /// Decides which of `active` may run, given the KV pool. Pure.
-    pub fn schedule(&self, active: &[Request], kv: &KvManager) -> CapacityOutput {
+    pub fn schedule(&self, active: &[Request], kv: &impl KvView) -> CapacityOutput {
         let _ = (active, kv);
         todo!()
     }
