@@ -374,7 +374,11 @@ impl ServerConfig {
             "kv_cache_config.tokens_per_block",
             self.kv_cache_config.tokens_per_block,
         )?;
-        let kv_tokens = positive(name, "kv_cache_config.max_tokens", self.kv_cache_config.max_tokens)?;
+        let kv_tokens = positive(
+            name,
+            "kv_cache_config.max_tokens",
+            self.kv_cache_config.max_tokens,
+        )?;
         let buffer = positive(
             name,
             "cache_transceiver_config.max_tokens_in_buffer",

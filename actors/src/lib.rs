@@ -11,8 +11,12 @@
 
 pub mod config;
 pub mod counts;
+pub mod executor;
+pub mod group;
 pub mod ids;
+pub mod invariants;
 pub mod kv;
+pub mod padding;
 pub mod policy;
 pub mod request;
 pub mod router;

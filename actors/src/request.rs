@@ -167,8 +167,14 @@ pub struct Request {
     pub state: RequestState,
     /// Output tokens produced so far (including `generated_before`).
     pub generated: u32,
-    /// Prompt tokens already in the KV cache (computed or reused).
+    /// Tokens the prefill must cover: the prompt, or after a MAX_UTILIZATION pause the
+    /// prompt plus the tokens generated so far (they are recomputed).
+    pub context_len: u32,
+    /// Prefill progress: tokens of `context_len` already in the KV cache (computed or
+    /// reused).
     pub context_pos: u32,
+    /// Tokens whose KV is in the cache (grows with prefill chunks and generation steps).
+    pub kv_tokens: u32,
     /// Prompt tokens served from the prefix cache.
     pub reused_tokens: u32,
     /// The seat, once the request has been scheduled (§7).
@@ -183,11 +189,14 @@ impl Request {
     /// A new request in its arrival state.
     pub fn new(spec: RequestSpec, state: RequestState) -> Request {
         let generated = spec.generated_before;
+        let context_len = spec.prompt_len;
         Request {
             spec,
             state,
             generated,
+            context_len,
             context_pos: 0,
+            kv_tokens: 0,
             reused_tokens: 0,
             seat: None,
             is_dummy: false,
@@ -210,9 +219,9 @@ impl Request {
         self.generated + self.tokens_per_iteration() >= self.spec.max_new_tokens
     }
 
-    /// Prompt tokens still to prefill.
+    /// Tokens still to prefill.
     pub fn context_remaining(&self) -> u32 {
-        self.spec.prompt_len.saturating_sub(self.context_pos)
+        self.context_len.saturating_sub(self.context_pos)
     }
 
     /// Whether the request is in its prefill phase.
@@ -236,10 +245,10 @@ impl Request {
         self.spec.prompt_len + self.spec.max_new_tokens
     }
 
-    /// Tokens whose KV is in the cache: the prefilled prompt plus every generated token
-    /// but the newest (its KV is written by the step that consumes it).
+    /// Tokens whose KV is in the cache: the prefilled tokens plus every generation step's
+    /// input (the newest sampled token's KV is written by the step that consumes it).
     pub fn tokens_in_cache(&self) -> u32 {
-        self.context_pos + self.generated.saturating_sub(1)
+        self.kv_tokens
     }
 }
 
@@ -286,7 +295,10 @@ mod tests {
 
     #[test]
     fn will_complete_next_iteration_is_length_only() {
-        let mut r = Request::new(RequestSpec::new(1, 8, 3), RequestState::GenerationInProgress);
+        let mut r = Request::new(
+            RequestSpec::new(1, 8, 3),
+            RequestState::GenerationInProgress,
+        );
         r.generated = 1;
         assert!(!r.will_complete_next_iteration());
         r.generated = 2;

@@ -195,14 +195,14 @@ mod tests {
     fn seats_table_of_section_7() {
         let b = 8;
         let table = [
-            (inputs(1, b, false, true, false), b),         // plain: overlap off
-            (inputs(1, b, true, false, false), b),         // plain: no ADP
-            (inputs(2, b, true, true, false), 2 * b),      // pp>1: headroom closed
-            (inputs(3, b, false, false, false), 3 * b),    // pp>1
-            (inputs(1, b, true, true, false), 2 * b),      // ADP + overlap
-            (inputs(1, b, false, true, true), 2 * b),      // disaggregated
-            (inputs(2, b, false, true, true), 4 * b),      // disaggregated pp=2
-            (inputs(1, b, true, true, true), 2 * b),       // ADP+overlap+disagg
+            (inputs(1, b, false, true, false), b),    // plain: overlap off
+            (inputs(1, b, true, false, false), b),    // plain: no ADP
+            (inputs(2, b, true, true, false), 2 * b), // pp>1: headroom closed
+            (inputs(3, b, false, false, false), 3 * b), // pp>1
+            (inputs(1, b, true, true, false), 2 * b), // ADP + overlap
+            (inputs(1, b, false, true, true), 2 * b), // disaggregated
+            (inputs(2, b, false, true, true), 4 * b), // disaggregated pp=2
+            (inputs(1, b, true, true, true), 2 * b),  // ADP+overlap+disagg
         ];
         for (i, (inp, want)) in table.iter().enumerate() {
             assert_eq!(max_num_sequences(*inp), *want, "#{i}: {inp:?}");
@@ -220,7 +220,10 @@ mod tests {
         let e = validate_pools(16, &pools).unwrap_err();
         assert_eq!(e.direction, SkewDirection::TooSmall);
         let msg = e.to_string();
-        assert!(msg.contains("kv_index_pool") && msg.contains("9") && msg.contains("16"), "{msg}");
+        assert!(
+            msg.contains("kv_index_pool") && msg.contains("9") && msg.contains("16"),
+            "{msg}"
+        );
         pools.kv_index_pool = 17;
         let e = validate_pools(16, &pools).unwrap_err();
         assert_eq!(e.direction, SkewDirection::TooLarge);

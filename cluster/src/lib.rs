@@ -1,3 +1,6 @@
 //! lockstep's drivers, scenario loading and reports.
 
 #![forbid(unsafe_code)]
+
+pub mod scenario;
+pub mod validate;

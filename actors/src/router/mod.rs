@@ -38,7 +38,9 @@ pub struct RouteInput<'a> {
 
 /// The routing invariant failed: `Σ (expected - count_r) < n_new` (§5, §10).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-#[error("routing invariant: room below expected = {room} < {n_new} new requests (expected {expected}, counts {counts:?})")]
+#[error(
+    "routing invariant: room below expected = {room} < {n_new} new requests (expected {expected}, counts {counts:?})"
+)]
 pub struct RoutingViolation {
     /// `expected`.
     pub expected: u32,

@@ -1,0 +1,259 @@
+//! What one rank contributes to each collective of an iteration, and what the backend and
+//! the transceiver hand back. All serializable, so runs can be recorded and replayed and
+//! the MPI driver can ship them as bytes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::counts::RankCounts;
+use crate::ids::{BatchNumber, RankId, ReqId};
+use crate::request::RequestSpec;
+
+/// The phases separated by collectives, in order (§3). A collective is tagged with
+/// `(iteration, phase)`; drivers compare tags across ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Phase {
+    /// 1. allgather of [`RankState`].
+    Gather,
+    /// 2. broadcast of [`FetchBatch`] from rank 0.
+    Fetch,
+    /// 3. allgather of [`PrefixMatches`] (empty unless the router is KV-aware).
+    PrefixMatch,
+    /// 4. allreduce MAX of [`PadIntent`].
+    PadIntent,
+    /// 6. allgather of [`BatchVote`].
+    Vote,
+    /// 8. gather of [`RankResponses`] to rank 0.
+    Responses,
+    /// 9. allgather of [`TransferStatus`].
+    Transfers,
+}
+
+/// The tag every collective carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct CollectiveTag {
+    /// Iteration number (0-based).
+    pub iteration: u64,
+    /// Phase.
+    pub phase: Phase,
+}
+
+/// Phase 1 contribution (§3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RankState {
+    /// The rank.
+    pub rank: RankId,
+    /// Its counts.
+    pub counts: RankCounts,
+}
+
+/// What rank 0 read from the ingress queue, broadcast to every rank (§3.2).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FetchBatch {
+    /// New requests, in arrival order.
+    pub requests: Vec<RequestSpec>,
+    /// Requests to cancel.
+    pub cancellations: Vec<ReqId>,
+    /// Stop after the work in hand.
+    pub shutdown: bool,
+}
+
+/// Rank 0's idle decision (§3.2): block on the ingress queue, or drain it without waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FetchMode {
+    /// Σ live == 0, waiting queue empty, no shutdown: block until something arrives.
+    Block,
+    /// Drain what is there and go on.
+    Poll,
+}
+
+/// Phase 3 contribution: this rank's cached-prefix match (tokens) for each request popped
+/// this iteration; empty unless the router is KV-aware.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PrefixMatches {
+    /// One entry per popped request, in pop order.
+    pub tokens: Vec<u32>,
+}
+
+/// Phase 4 contribution (§6): forward intent, combined by MAX. Only the non-overlap
+/// disaggregated path reads it; other paths contribute `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum PadIntent {
+    /// Nothing to run.
+    #[default]
+    None = 0,
+    /// Generation work.
+    Generation = 1,
+    /// Context work.
+    Context = 2,
+}
+
+/// Phase 6 contribution: how many entries (dummies included) this rank scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct BatchVote {
+    /// Batch size.
+    pub batch_size: u32,
+}
+
+/// What one forward entry does, as the backend sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ForwardKind {
+    /// Prefill `chunk` tokens; `samples` when this chunk finishes the prefill.
+    Context {
+        /// Tokens computed.
+        chunk: u32,
+        /// Whether the forward samples a token for this entry.
+        samples: bool,
+    },
+    /// A generation step consuming `tokens` tokens.
+    Generation {
+        /// `1 + draft`.
+        tokens: u32,
+    },
+}
+
+/// One entry of a scheduled batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardEntry {
+    /// Request (or [`ReqId::DUMMY`]).
+    pub id: ReqId,
+    /// What it does.
+    pub kind: ForwardKind,
+    /// KV tokens attended before this step.
+    pub kv_tokens: u32,
+    /// Output position of the token this entry samples (for deterministic backends).
+    pub position: u32,
+    /// A pad dummy.
+    pub is_dummy: bool,
+}
+
+impl ForwardEntry {
+    /// Tokens this entry puts into the forward.
+    pub fn tokens(&self) -> u32 {
+        match self.kind {
+            ForwardKind::Context { chunk, .. } => chunk,
+            ForwardKind::Generation { tokens } => tokens,
+        }
+    }
+}
+
+/// A batch the backend runs (one rank's share of one forward).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduledBatch {
+    /// Its number.
+    pub number: BatchNumber,
+    /// The rank.
+    pub rank: RankId,
+    /// Entries.
+    pub entries: Vec<ForwardEntry>,
+}
+
+impl ScheduledBatch {
+    /// Real (non-dummy) entries.
+    pub fn real_entries(&self) -> impl Iterator<Item = &ForwardEntry> {
+        self.entries.iter().filter(|e| !e.is_dummy)
+    }
+}
+
+/// What the backend returns for a batch: one sampled token per entry (the last accepted
+/// one for a draft step), aligned with `entries`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardOutput {
+    /// The batch these tokens belong to.
+    pub batch: BatchNumber,
+    /// One token per entry.
+    pub sampled: Vec<u32>,
+}
+
+/// Phase 6 result handed to the driver: what to launch and which output to hand back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchPlan {
+    /// `can_queue`: every rank scheduled at least one entry.
+    pub can_queue: bool,
+    /// The batch to launch now (when `can_queue`).
+    pub launch: Option<ScheduledBatch>,
+    /// The batch whose output `on_forward_output` needs: this one without overlap, the
+    /// previous one with overlap.
+    pub await_output: Option<BatchNumber>,
+}
+
+/// Why a request ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Finish {
+    /// Reached its length (aggregated or gen server).
+    Completed,
+    /// ctx server: first token out, KV send started (§8).
+    ContextDone,
+    /// Failed, with a reason.
+    Failed(String),
+    /// Cancelled by the client.
+    Cancelled,
+}
+
+/// One response for one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// The request.
+    pub id: ReqId,
+    /// Tokens added this iteration.
+    pub new_tokens: u32,
+    /// The last token sampled (meaningful when `new_tokens > 0`).
+    pub last_token: u32,
+    /// Total output tokens so far.
+    pub generated: u32,
+    /// Set when the request ended.
+    pub finish: Option<Finish>,
+}
+
+/// Phase 8 contribution, gathered to rank 0 every iteration (even when empty).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RankResponses {
+    /// The rank.
+    pub rank: RankId,
+    /// Responses in the order they were produced.
+    pub responses: Vec<Response>,
+}
+
+/// A transfer the transceiver must start (driver-side effect of an iteration).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TransferCommand {
+    /// ctx side: send the KV of `id` (`blocks` blocks).
+    Send {
+        /// Request.
+        id: ReqId,
+        /// Blocks to send.
+        blocks: u32,
+    },
+    /// gen side: receive the KV of `id` into `blocks` reserved blocks.
+    Receive {
+        /// Request.
+        id: ReqId,
+        /// Blocks to receive.
+        blocks: u32,
+    },
+}
+
+/// How a transfer ended, as reported by the transceiver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TransferOutcome {
+    /// Done.
+    Done,
+    /// Failed or timed out, with a reason.
+    Failed(String),
+}
+
+/// A transfer event delivered to a rank by its driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferEvent {
+    /// Request.
+    pub id: ReqId,
+    /// Outcome.
+    pub outcome: TransferOutcome,
+}
+
+/// Phase 9 contribution: the transfer events this rank will apply this iteration.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TransferStatus {
+    /// Events, in delivery order.
+    pub events: Vec<TransferEvent>,
+}

@@ -1,0 +1,111 @@
+//! What one rank reports per iteration (mechanisms.md §9) and in total.
+
+use serde::{Deserialize, Serialize};
+
+use crate::counts::RankCounts;
+use crate::ids::RankId;
+use crate::invariants::Violation;
+
+use super::messages::TransferCommand;
+
+/// One rank's record of one iteration (§9). Host and forward times are the driver's.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct IterationStats {
+    /// Iteration.
+    pub iteration: u64,
+    /// Rank.
+    pub rank: RankId,
+    /// Whether the fleet ran the forward (`can_queue`).
+    pub forward_ran: bool,
+    /// Real requests in this rank's batch (dummies separate).
+    pub num_scheduled_requests: u32,
+    /// Context requests in the batch.
+    pub num_ctx_requests: u32,
+    /// Context tokens in the batch.
+    pub num_ctx_tokens: u32,
+    /// Generation requests in the batch.
+    pub num_gen_requests: u32,
+    /// Dummies in the batch.
+    pub num_dummies: u32,
+    /// Counts after routing (before padding).
+    pub counts: RankCounts,
+    /// `expected` of this iteration.
+    pub expected: u32,
+    /// KV blocks used.
+    pub kv_blocks_used: u32,
+    /// KV blocks free.
+    pub kv_blocks_free: u32,
+    /// Seats held at the end of the iteration.
+    pub seats_used: u32,
+    /// Requests not started this iteration for lack of a KV index slot.
+    pub deferrals_no_free_index_slot: u32,
+    /// Requests not run this iteration for lack of KV blocks.
+    pub deferrals_out_of_blocks: u32,
+    /// A dummy was added tentatively.
+    pub dummy_added: bool,
+    /// The dummy was committed.
+    pub dummy_committed: bool,
+    /// The dummy was rolled back.
+    pub dummy_rolled_back: bool,
+    /// Padding was needed but skipped: no KV capacity or seat.
+    pub dummy_skipped_no_capacity: bool,
+    /// Requests routed to this rank so far.
+    pub routed_to_rank: u64,
+    /// Requests routed to all ranks so far (`currank_total_requests` =
+    /// `routed_to_rank / routed_total`).
+    pub routed_total: u64,
+    /// Requests routed to this rank this iteration.
+    pub routed_now: u32,
+    /// Requests popped from the waiting queue this iteration (all ranks).
+    pub admitted_now: u32,
+    /// Waiting queue length after admission (replicated).
+    pub waiting: u32,
+}
+
+/// One rank's output at the end of an iteration.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct IterationReport {
+    /// §9 record.
+    pub stats: IterationStats,
+    /// §10 violations found this iteration.
+    pub violations: Vec<Violation>,
+    /// Transfers the driver must start.
+    pub transfer_commands: Vec<TransferCommand>,
+}
+
+/// Cumulative counters of one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RankTotals {
+    /// Iterations.
+    pub iterations: u64,
+    /// Iterations whose forward ran.
+    pub forward_iterations: u64,
+    /// Σ real requests scheduled over forward iterations.
+    pub scheduled_requests: u64,
+    /// Forward iterations in which this rank ran a dummy.
+    pub dummy_iterations: u64,
+    /// Iterations whose forward was vetoed by some rank.
+    pub vetoed_iterations: u64,
+    /// Requests routed to this rank.
+    pub routed_requests: u64,
+    /// Dummies added / committed / rolled back / skipped.
+    pub dummies_added: u64,
+    /// Committed.
+    pub dummies_committed: u64,
+    /// Rolled back.
+    pub dummies_rolled_back: u64,
+    /// Skipped for lack of capacity.
+    pub dummies_skipped: u64,
+    /// No free index slot deferrals.
+    pub deferrals_no_free_index_slot: u64,
+    /// Out of blocks deferrals.
+    pub deferrals_out_of_blocks: u64,
+    /// Requests completed on this rank.
+    pub completed: u64,
+    /// Requests failed on this rank.
+    pub failed: u64,
+    /// Output tokens produced on this rank.
+    pub output_tokens: u64,
+    /// Context tokens computed on this rank.
+    pub context_tokens: u64,
+}

@@ -1,0 +1,255 @@
+//! Negative controls: each legacy switch, alone, reproduces its historical defect, and the
+//! fixed policy does not. If one of these stops failing under legacy, the test that
+//! guards the fix no longer binds.
+
+use lockstep_actors::config::{CapacitySchedulerPolicy, Role};
+use lockstep_actors::counts::RankCounts;
+use lockstep_actors::executor::{
+    BatchVote, FetchBatch, ForwardOutput, PrefixMatches, RankExecutor, RankState, TransferStatus,
+};
+use lockstep_actors::ids::{RankId, ReqId};
+use lockstep_actors::invariants::InvariantKind;
+use lockstep_actors::kv::{KvConfig, KvManager};
+use lockstep_actors::policy::{PadPredicate, Policy};
+use lockstep_actors::request::{Request, RequestSpec, RequestState, SchedulableWindow};
+use lockstep_actors::scheduler::{CapacityConfig, CapacityScheduler};
+use lockstep_tests::{ClosedLoop, Harness, adp_server};
+
+/// dp=2, B=2, overlap on, output length 1, concurrency far above capacity (§2).
+fn binding_case(policy: Policy) -> Harness {
+    let mut h =
+        Harness::new(&adp_server(2, 2, true), policy).with_client(ClosedLoop::new(64, 400, 64, 1));
+    h.run(2000);
+    assert!(h.all_finished(), "{} of {}", h.finished.len(), h.submitted);
+    h
+}
+
+#[test]
+fn fixed_admission_keeps_every_seat_busy_in_the_binding_case() {
+    let h = binding_case(Policy::FIXED);
+    // After the first iteration every forward carries B = 2 real requests per rank.
+    let warm = 1;
+    let last_full = h.iterations.len() - 2; // the tail drains
+    for it in &h.iterations[warm..last_full] {
+        assert!(it.forward_ran, "iteration {}", it.iteration);
+        for r in &it.reports {
+            assert_eq!(
+                r.stats.num_scheduled_requests, 2,
+                "iteration {} rank {}",
+                it.iteration, r.stats.rank
+            );
+        }
+    }
+    let routed = h.routed_per_rank();
+    assert_eq!(routed[0], routed[1], "equal routing shares: {routed:?}");
+    assert!(h.violations().is_empty(), "{:?}", h.violations());
+}
+
+#[test]
+fn legacy_charge_retiring_shrinks_the_admission_window() {
+    let mut policy = Policy::FIXED;
+    policy.admission.charge_retiring = true;
+    let legacy = binding_case(policy);
+    let fixed = binding_case(Policy::FIXED);
+    // The window shrinks: iterations with a non-empty waiting queue admit nothing.
+    let starved = legacy
+        .iterations
+        .iter()
+        .filter(|it| it.reports[0].stats.admitted_now == 0 && it.reports[0].stats.waiting > 0)
+        .count();
+    assert!(starved > 10, "legacy starved iterations: {starved}");
+    let (l, f) = (legacy.mean_scheduled(1), fixed.mean_scheduled(1));
+    assert!(l < 0.8 * f, "legacy mean scheduled {l} vs fixed {f}");
+    assert!(legacy.iterations.len() > fixed.iterations.len());
+}
+
+#[test]
+fn legacy_seats_rederive_defers_admitted_requests_for_lack_of_an_index_slot() {
+    let mut policy = Policy::FIXED;
+    policy.seats.rederive = true;
+    let derived = adp_server(2, 2, true).derive(&policy).unwrap();
+    let warning = derived.warning.expect("the skew is reported as a warning");
+    assert!(warning.contains("kv_index_pool") && warning.contains('3') && warning.contains('4'));
+    let legacy = binding_case(policy);
+    let deferred: u64 = legacy
+        .group
+        .ranks()
+        .iter()
+        .map(|r| r.totals().deferrals_no_free_index_slot)
+        .sum();
+    assert!(deferred > 0, "no deferral under seats.rederive");
+    let fixed = binding_case(Policy::FIXED);
+    let deferred: u64 = fixed
+        .group
+        .ranks()
+        .iter()
+        .map(|r| r.totals().deferrals_no_free_index_slot)
+        .sum();
+    assert_eq!(deferred, 0);
+    // And the fixed policy refuses to start with the same skew.
+    let mut skewed = adp_server(2, 2, true);
+    skewed.slot_pools.kv_index_pool = Some(3);
+    assert!(skewed.derive(&Policy::FIXED).is_err());
+}
+
+/// Rank 0 holds only a retiring request while rank 1 has fresh work (§6).
+fn retiring_only_rank(policy: Policy) -> Harness {
+    let mut h = Harness::new(&adp_server(2, 2, true), policy);
+    h.submit(RequestSpec::new(1, 16, 2)); // → rank 0
+    h.step();
+    h.submit(RequestSpec::new(2, 16, 10)); // → rank 1 (rank 0 is loaded)
+    h.step();
+    assert_eq!(
+        h.group.ranks()[0].active()[0].state,
+        RequestState::GenerationToComplete
+    );
+    assert_eq!(h.group.ranks()[1].active()[0].id(), ReqId(2));
+    h.step();
+    h
+}
+
+#[test]
+fn legacy_pad_predicate_lets_a_rank_holding_only_retiring_requests_veto_the_forward() {
+    let mut policy = Policy::FIXED;
+    policy.pad.predicate = PadPredicate::Legacy;
+    let legacy = retiring_only_rank(policy);
+    assert!(
+        !legacy.iterations[2].forward_ran,
+        "legacy: the forward is vetoed"
+    );
+    assert_eq!(legacy.iterations[2].reports[0].stats.num_dummies, 0);
+    let fixed = retiring_only_rank(Policy::FIXED);
+    assert!(fixed.iterations[2].forward_ran, "fixed: rank 0 pads");
+    assert!(fixed.iterations[2].reports[0].stats.dummy_committed);
+}
+
+fn peer(routable: u32) -> RankCounts {
+    RankCounts {
+        live: routable,
+        routable,
+        routable_prompt_tokens: u64::from(routable) * 16,
+        schedulable: routable,
+        pad_schedulable: routable,
+        retiring: 0,
+    }
+}
+
+/// One iteration of rank 0 of a dp=2 server, with the peer's contributions made up.
+fn iterate(
+    e: &mut RankExecutor,
+    peer_counts: RankCounts,
+    fetched: FetchBatch,
+    peer_vote: u32,
+) -> lockstep_actors::executor::IterationReport {
+    let (t, mine) = e.begin_iteration();
+    let gathered = [
+        mine,
+        RankState {
+            rank: RankId(1),
+            counts: peer_counts,
+        },
+    ];
+    let (t, m) = e.on_fetch(t, &gathered, &fetched).unwrap();
+    let (t, intent) = e
+        .on_prefix_matches(t, &[m, PrefixMatches::default()])
+        .unwrap();
+    let (t, vote) = e.on_pad_intent(t, intent);
+    let votes = [
+        vote,
+        BatchVote {
+            batch_size: peer_vote,
+        },
+    ];
+    let (t, plan) = e.on_vote(t, &votes).unwrap();
+    let output = plan.await_output.map(|b| ForwardOutput {
+        batch: b,
+        sampled: vec![7; plan.launch.as_ref().map_or(0, |l| l.entries.len())],
+    });
+    let (t, _) = e.on_forward_output(t, output).unwrap();
+    let (t, st) = e.transfer_status(t);
+    e.on_transfer_status(t, &[st, TransferStatus::default()])
+        .unwrap()
+}
+
+fn rollback_case(policy: Policy) -> Vec<Vec<InvariantKind>> {
+    let server = adp_server(2, 2, false);
+    let sizes = server.derive(&policy).unwrap().sizes;
+    let mut e = RankExecutor::new(RankId(0), &server, &sizes, policy);
+    // The peer has work, this rank has none: it pads; the peer votes zero.
+    let first = iterate(&mut e, peer(1), FetchBatch::default(), 0);
+    assert!(first.stats.dummy_added);
+    // Next iteration four requests arrive and both ranks are filled to expected = 2.
+    let fetched = FetchBatch {
+        requests: (1..=4).map(|id| RequestSpec::new(id, 16, 4)).collect(),
+        ..FetchBatch::default()
+    };
+    let second = iterate(&mut e, peer(0), fetched, 1);
+    [first, second]
+        .iter()
+        .map(|r| r.violations.iter().map(|v| v.kind).collect())
+        .collect()
+}
+
+#[test]
+fn legacy_pad_rollback_off_lets_a_dummy_survive_and_trips_the_cap_check() {
+    let mut policy = Policy::FIXED;
+    policy.pad.rollback = false;
+    let legacy = rollback_case(policy);
+    assert!(
+        legacy[0].contains(&InvariantKind::DummySurvived),
+        "{legacy:?}"
+    );
+    assert!(legacy[1].contains(&InvariantKind::Cap), "{legacy:?}");
+    assert!(InvariantKind::Cap.is_fatal());
+    let fixed = rollback_case(Policy::FIXED);
+    assert!(fixed.iter().all(|v| v.is_empty()), "{fixed:?}");
+}
+
+fn transfer_mix() -> (Vec<Request>, KvManager) {
+    let mk = |id, state| {
+        let mut spec = RequestSpec::new(id, 16, 4);
+        spec.generated_before = 1;
+        Request::new(spec, state)
+    };
+    let active = vec![
+        mk(1, RequestState::DisaggGenerationTransInProgress),
+        mk(2, RequestState::DisaggGenerationTransInProgress),
+        mk(3, RequestState::DisaggGenerationTransComplete),
+    ];
+    let mut kv = KvManager::new(KvConfig {
+        tokens_per_block: 16,
+        total_blocks: 64,
+        enable_block_reuse: false,
+        index_pool_size: 8,
+    });
+    for r in &active {
+        kv.add_sequence(r.id(), &[], 16).unwrap();
+        kv.ensure_tokens(r.id(), 16).unwrap();
+    }
+    (active, kv)
+}
+
+fn gne_with(count_transfers: bool) -> Vec<usize> {
+    let (active, kv) = transfer_mix();
+    let s = CapacityScheduler::new(CapacityConfig {
+        policy: CapacitySchedulerPolicy::GuaranteedNoEvict,
+        max_num_requests: 2,
+        window: SchedulableWindow::published(false),
+        window_ends_at_complete: false,
+        count_transfers_as_requests: count_transfers,
+    });
+    s.schedule(&active, &kv).fitting
+}
+
+#[test]
+fn legacy_gne_count_transfers_lets_in_transfer_requests_consume_request_slots() {
+    assert_eq!(gne_with(false), vec![2], "fixed: the received request runs");
+    assert!(
+        gne_with(true).is_empty(),
+        "legacy: two transfers fill the cap of 2"
+    );
+    // On a gen server the legacy preset keeps the same behaviour end to end.
+    let mut server = adp_server(1, 2, false);
+    server.role = Role::Gen;
+    assert!(server.derive(&Policy::LEGACY).is_ok());
+}
