@@ -10,9 +10,15 @@
 //! choice is deterministic (lowest free id first, LRU by a logical tick, never a hash-map
 //! iteration order); the index pool size is received, never recomputed.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use serde::{Deserialize, Serialize};
 
-use crate::ids::ReqId;
+use crate::ids::{BlockId, ReqId, Seat};
+use crate::seats::SlotPool;
+
+#[cfg(test)]
+mod tests;
 
 /// How a KV manager is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,6 +87,23 @@ pub struct TentativeDummyKv {
     _private: (),
 }
 
+impl TentativeDummyKv {
+    /// Marks the token as consumed: it is dropped without the leak check.
+    fn consume(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for TentativeDummyKv {
+    /// A tentative dummy dropped unconsumed would leak its slot and blocks past the
+    /// iteration (the §6 defect); debug builds catch it here.
+    fn drop(&mut self) {
+        if cfg!(debug_assertions) && !std::thread::panicking() {
+            panic!("TentativeDummyKv dropped without commit_dummy or rollback_dummy");
+        }
+    }
+}
+
 /// A structured invariant failure of the KV pool.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[error("kv invariant `{name}`: {detail}")]
@@ -107,79 +130,161 @@ pub trait KvView {
     fn blocks_of(&self, id: ReqId) -> u32;
 }
 
+/// One sequence's holdings: its index slot and its blocks, in token order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seq {
+    slot: Seat,
+    blocks: Vec<u32>,
+}
+
+/// Everything a failed call must leave untouched (counters live apart so a refused
+/// `add_sequence` can count its deferral while the pool compares equal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pool {
+    /// Unreferenced, unkeyed blocks; `BTreeSet` so allocation takes the lowest id.
+    free: BTreeSet<u32>,
+    /// Unreferenced, keyed blocks by the logical tick they were released at: the first
+    /// entry is the least recently used, so eviction order never depends on hashing.
+    lru: BTreeMap<u64, u32>,
+    /// Per block: its tick in `lru`, if it is there.
+    lru_tick: Vec<Option<u64>>,
+    /// Per block: how many sequences list it.
+    refcount: Vec<u32>,
+    /// Per block: the prefix key it is published under, if any.
+    block_key: Vec<Option<u64>>,
+    /// Prefix key -> block. Only looked up, never iterated into a decision.
+    key_to_block: BTreeMap<u64, u32>,
+    /// Live sequences.
+    seqs: BTreeMap<ReqId, Seq>,
+    /// The KV index pool (lowest free slot first).
+    slots: SlotPool,
+    /// Blocks with a non-zero reference count.
+    used: u32,
+    /// Logical clock for the LRU.
+    tick: u64,
+}
+
 /// The KV manager of one rank.
 #[derive(Debug, Clone)]
 pub struct KvManager {
-    _todo: (),
+    config: KvConfig,
+    pool: Pool,
+    counters: KvCounters,
 }
 
 impl KvManager {
-    /// A manager with every block free and every index slot free.
+    /// A manager with every block free and every index slot free. A `tokens_per_block`
+    /// of 0 is treated as 1 (it would otherwise divide by zero).
     pub fn new(config: KvConfig) -> KvManager {
-        let _ = config;
-        todo!()
+        let config = KvConfig {
+            tokens_per_block: config.tokens_per_block.max(1),
+            ..config
+        };
+        let n = config.total_blocks as usize;
+        KvManager {
+            config,
+            pool: Pool {
+                free: (0..config.total_blocks).collect(),
+                lru: BTreeMap::new(),
+                lru_tick: vec![None; n],
+                refcount: vec![0; n],
+                block_key: vec![None; n],
+                key_to_block: BTreeMap::new(),
+                seqs: BTreeMap::new(),
+                slots: SlotPool::new(config.index_pool_size),
+                used: 0,
+                tick: 0,
+            },
+            counters: KvCounters::default(),
+        }
+    }
+
+    /// The configuration (with `tokens_per_block` at least 1).
+    pub fn config(&self) -> &KvConfig {
+        &self.config
     }
 
     /// Tokens per block.
     pub fn tokens_per_block(&self) -> u32 {
-        todo!()
+        self.config.tokens_per_block
     }
 
     /// Blocks in the pool.
     pub fn total_blocks(&self) -> u32 {
-        todo!()
+        self.config.total_blocks
     }
 
     /// Blocks referenced by at least one sequence.
     pub fn used_blocks(&self) -> u32 {
-        todo!()
+        self.pool.used
     }
 
     /// Blocks not referenced: truly free plus cached-evictable. `used + free == total`.
     pub fn free_blocks(&self) -> u32 {
-        todo!()
+        (self.pool.free.len() + self.pool.lru.len()) as u32
+    }
+
+    /// Unreferenced blocks that still hold a cached prefix (evictable).
+    pub fn cached_blocks(&self) -> u32 {
+        self.pool.lru.len() as u32
     }
 
     /// Index slots held / pool size.
     pub fn index_slots_used(&self) -> u32 {
-        todo!()
+        self.pool.slots.used()
     }
 
     /// The index pool size.
     pub fn index_pool_size(&self) -> u32 {
-        todo!()
+        self.pool.slots.size()
     }
 
     /// Whether `id` holds a sequence (and so an index slot).
     pub fn has_sequence(&self, id: ReqId) -> bool {
-        let _ = id;
-        todo!()
+        self.pool.seqs.contains_key(&id)
+    }
+
+    /// The index slot `id` holds, if it is a sequence.
+    pub fn slot_of(&self, id: ReqId) -> Option<Seat> {
+        self.pool.seqs.get(&id).map(|s| s.slot)
+    }
+
+    /// The blocks `id` holds, in token order (empty if unknown).
+    pub fn block_ids_of(&self, id: ReqId) -> Vec<BlockId> {
+        self.pool
+            .seqs
+            .get(&id)
+            .map(|s| s.blocks.iter().map(|&b| BlockId(b)).collect())
+            .unwrap_or_default()
     }
 
     /// Blocks held by `id` (0 if unknown).
     pub fn blocks_of(&self, id: ReqId) -> u32 {
-        let _ = id;
-        todo!()
+        self.pool.seqs.get(&id).map_or(0, |s| s.blocks.len() as u32)
     }
 
     /// `ceil(tokens / tokens_per_block)`.
     pub fn blocks_for_tokens(&self, tokens: u32) -> u32 {
-        let _ = tokens;
-        todo!()
+        tokens.div_ceil(self.config.tokens_per_block)
     }
 
     /// Additional blocks `id` needs to hold `tokens` tokens (all of them if `id` has no
     /// sequence yet).
     pub fn blocks_needed(&self, id: ReqId, tokens: u32) -> u32 {
-        let _ = (id, tokens);
-        todo!()
+        self.blocks_for_tokens(tokens)
+            .saturating_sub(self.blocks_of(id))
     }
 
     /// Longest cached prefix of the chained `block_hashes`, in tokens. Read-only (the
     /// KV-aware router calls it on every rank).
     pub fn longest_prefix_match(&self, block_hashes: &[u64]) -> u32 {
-        let _ = block_hashes;
-        todo!()
+        if !self.config.enable_block_reuse {
+            return 0;
+        }
+        let matched = chain_keys(block_hashes)
+            .take_while(|k| self.pool.key_to_block.contains_key(k))
+            .count() as u32;
+        matched.saturating_mul(self.config.tokens_per_block)
     }
 
     /// Starts a sequence: takes an index slot and references the cached prefix blocks of
@@ -192,15 +297,49 @@ impl KvManager {
         block_hashes: &[u64],
         prompt_len: u32,
     ) -> Result<u32, KvError> {
-        let _ = (id, block_hashes, prompt_len);
-        todo!()
+        if self.has_sequence(id) {
+            return Err(KvError::DuplicateSequence(id));
+        }
+        let Some(slot) = self.pool.slots.try_take() else {
+            self.counters.deferrals_no_free_index_slot += 1;
+            return Err(KvError::NoFreeIndexSlot {
+                used: self.pool.slots.used(),
+                size: self.pool.slots.size(),
+            });
+        };
+        let mut blocks = Vec::new();
+        if self.config.enable_block_reuse {
+            // Cap so the last prompt token is always computed (its logits are needed).
+            let cap = (prompt_len.saturating_sub(1) / self.config.tokens_per_block) as usize;
+            for key in chain_keys(block_hashes).take(cap) {
+                match self.pool.key_to_block.get(&key) {
+                    Some(&b) => blocks.push(b),
+                    None => break,
+                }
+            }
+        }
+        for &b in &blocks {
+            self.pool.reference(b);
+        }
+        let matched = blocks.len() as u32;
+        self.counters.reuse_hits += u64::from(matched);
+        self.pool.seqs.insert(id, Seq { slot, blocks });
+        Ok(matched * self.config.tokens_per_block)
     }
 
     /// Grows `id` to hold `tokens` tokens, allocating blocks (free list first, lowest id
     /// first; then evicting the least recently used cached block). Never shrinks.
     pub fn ensure_tokens(&mut self, id: ReqId, tokens: u32) -> Result<(), KvError> {
-        let _ = (id, tokens);
-        todo!()
+        if !self.has_sequence(id) {
+            return Err(KvError::UnknownSequence(id));
+        }
+        let needed = self.blocks_needed(id, tokens);
+        self.check_blocks(needed)?;
+        let new = self.take_blocks(needed);
+        if let Some(seq) = self.pool.seqs.get_mut(&id) {
+            seq.blocks.extend(new);
+        }
+        Ok(())
     }
 
     /// Makes the full prompt blocks of `id` covered by `computed_tokens` reusable under
@@ -211,46 +350,299 @@ impl KvManager {
         block_hashes: &[u64],
         computed_tokens: u32,
     ) -> Result<(), KvError> {
-        let _ = (id, block_hashes, computed_tokens);
-        todo!()
+        let Some(seq) = self.pool.seqs.get(&id) else {
+            return Err(KvError::UnknownSequence(id));
+        };
+        if !self.config.enable_block_reuse {
+            return Ok(());
+        }
+        let n = (computed_tokens / self.config.tokens_per_block) as usize;
+        let pairs: Vec<(u64, u32)> = chain_keys(block_hashes)
+            .zip(seq.blocks.iter().copied())
+            .take(n)
+            .collect();
+        for (key, b) in pairs {
+            // One key per block and one block per key: an existing mapping on either side
+            // wins, so a published block is never re-keyed under a reader's feet.
+            if self.pool.key_to_block.contains_key(&key)
+                || self.pool.block_key[b as usize].is_some()
+            {
+                continue;
+            }
+            self.pool.key_to_block.insert(key, b);
+            self.pool.block_key[b as usize] = Some(key);
+        }
+        Ok(())
     }
 
     /// Frees everything `id` holds: its index slot and block references. Blocks with a key
     /// and no other reference go to the LRU (most recent end); others to the free list.
     pub fn free_sequence(&mut self, id: ReqId) -> Result<(), KvError> {
-        let _ = id;
-        todo!()
+        let Some(seq) = self.pool.seqs.remove(&id) else {
+            return Err(KvError::UnknownSequence(id));
+        };
+        self.pool.slots.release(seq.slot);
+        // Tail first: deeper prefix blocks get older ticks and are evicted before the
+        // head blocks every longer match depends on.
+        for &b in seq.blocks.iter().rev() {
+            self.pool.release(b);
+        }
+        Ok(())
     }
 
     /// Dummy transaction, step 1: capacity pre-check (an index slot and the blocks for
     /// `tokens`), then a tentative allocation under [`ReqId::DUMMY`].
     pub fn allocate_dummy(&mut self, tokens: u32) -> Result<TentativeDummyKv, KvError> {
-        let _ = tokens;
-        todo!()
+        if self.has_sequence(ReqId::DUMMY) {
+            return Err(KvError::DuplicateSequence(ReqId::DUMMY));
+        }
+        // Check both resources before touching either, so a refusal changes nothing.
+        if self.pool.slots.free() == 0 {
+            return Err(KvError::NoFreeIndexSlot {
+                used: self.pool.slots.used(),
+                size: self.pool.slots.size(),
+            });
+        }
+        let needed = self.blocks_for_tokens(tokens);
+        self.check_blocks(needed)?;
+        let Some(slot) = self.pool.slots.try_take() else {
+            // Unreachable after the check above; refuse rather than panic.
+            return Err(KvError::NoFreeIndexSlot {
+                used: self.pool.slots.used(),
+                size: self.pool.slots.size(),
+            });
+        };
+        let blocks = self.take_blocks(needed);
+        self.pool.seqs.insert(ReqId::DUMMY, Seq { slot, blocks });
+        self.counters.dummy_allocations += 1;
+        Ok(TentativeDummyKv { _private: () })
     }
 
     /// Dummy transaction, commit: the dummy stays until `free_sequence(ReqId::DUMMY)`.
     pub fn commit_dummy(&mut self, dummy: TentativeDummyKv) {
-        let _ = dummy;
-        todo!()
+        dummy.consume();
+        self.counters.dummy_commits += 1;
     }
 
     /// Dummy transaction, rollback: frees exactly the dummy's slot and blocks.
     pub fn rollback_dummy(&mut self, dummy: TentativeDummyKv) {
-        let _ = dummy;
-        todo!()
+        dummy.consume();
+        // Absent only if the caller already freed it; then there is nothing to undo.
+        let _ = self.free_sequence(ReqId::DUMMY);
+        self.counters.dummy_rollbacks += 1;
     }
 
     /// Counters.
     pub fn counters(&self) -> &KvCounters {
-        todo!()
+        &self.counters
     }
 
     /// Conservation and bookkeeping checks: used + free == total; every block is in
     /// exactly one of free list / LRU / referenced; reference counts equal the number of
     /// sequences holding the block; index slots held == sequences.
     pub fn check_invariants(&self) -> Result<(), KvInvariantViolation> {
-        todo!()
+        let p = &self.pool;
+        let total = self.total_blocks();
+        let fail = |name: &'static str, detail: String| Err(KvInvariantViolation { name, detail });
+
+        if self.used_blocks() + self.free_blocks() != total {
+            return fail(
+                "blocks_conserved",
+                format!(
+                    "used {} + free {} (list {}, lru {}) != total {total}",
+                    self.used_blocks(),
+                    self.free_blocks(),
+                    p.free.len(),
+                    p.lru.len()
+                ),
+            );
+        }
+        let mut listed = vec![0u32; total as usize];
+        for (id, seq) in &p.seqs {
+            for &b in &seq.blocks {
+                match listed.get_mut(b as usize) {
+                    Some(c) => *c += 1,
+                    None => {
+                        return fail(
+                            "block_in_range",
+                            format!("sequence {id} lists block {b} of {total}"),
+                        );
+                    }
+                }
+            }
+        }
+        let mut referenced = 0u32;
+        for b in 0..total {
+            let i = b as usize;
+            let in_free = p.free.contains(&b);
+            let in_lru = match p.lru_tick[i] {
+                Some(t) => p.lru.get(&t) == Some(&b),
+                None => false,
+            };
+            let refs = p.refcount[i];
+            let places = u32::from(in_free) + u32::from(in_lru) + u32::from(refs > 0);
+            if places != 1 {
+                return fail(
+                    "block_in_one_place",
+                    format!("block {b}: free list {in_free}, lru {in_lru}, refcount {refs}"),
+                );
+            }
+            if refs != listed[i] {
+                return fail(
+                    "refcount_matches_holders",
+                    format!(
+                        "block {b}: refcount {refs}, listed by {} sequences",
+                        listed[i]
+                    ),
+                );
+            }
+            if in_free && p.block_key[i].is_some() {
+                return fail(
+                    "free_blocks_unkeyed",
+                    format!("block {b} is free but keyed"),
+                );
+            }
+            if in_lru && p.block_key[i].is_none() {
+                return fail(
+                    "lru_blocks_keyed",
+                    format!("block {b} is cached without a key"),
+                );
+            }
+            if let Some(k) = p.block_key[i]
+                && p.key_to_block.get(&k) != Some(&b)
+            {
+                return fail(
+                    "key_maps_back",
+                    format!(
+                        "block {b} has key {k:#x}, map gives {:?}",
+                        p.key_to_block.get(&k)
+                    ),
+                );
+            }
+            referenced += u32::from(refs > 0);
+        }
+        if referenced != p.used {
+            return fail(
+                "used_count",
+                format!("{referenced} blocks referenced, used counter {}", p.used),
+            );
+        }
+        if p.lru.len() != p.lru_tick.iter().flatten().count() {
+            return fail(
+                "lru_ticks",
+                format!(
+                    "lru holds {}, {} blocks carry a tick",
+                    p.lru.len(),
+                    p.lru_tick.iter().flatten().count()
+                ),
+            );
+        }
+        for (&k, &b) in &p.key_to_block {
+            if p.block_key.get(b as usize).copied().flatten() != Some(k) {
+                return fail(
+                    "key_reverse",
+                    format!("key {k:#x} maps to block {b}, whose key is not it"),
+                );
+            }
+        }
+        if p.slots.used() as usize != p.seqs.len() {
+            return fail(
+                "index_slots_match_sequences",
+                format!(
+                    "{} index slots held, {} sequences",
+                    p.slots.used(),
+                    p.seqs.len()
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// `OutOfBlocks` unless `needed` blocks are free or evictable.
+    fn check_blocks(&self, needed: u32) -> Result<(), KvError> {
+        let free = self.free_blocks();
+        if needed > free {
+            return Err(KvError::OutOfBlocks { needed, free });
+        }
+        Ok(())
+    }
+
+    /// Takes `n` blocks; the caller has checked `n <= free_blocks()`.
+    fn take_blocks(&mut self, n: u32) -> Vec<u32> {
+        let mut out = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let b = if let Some(b) = self.pool.free.pop_first() {
+                b
+            } else if let Some((_, b)) = self.pool.lru.pop_first() {
+                // Evict: the block's cached prefix is forgotten before it is reused.
+                let i = b as usize;
+                self.pool.lru_tick[i] = None;
+                if let Some(k) = self.pool.block_key[i].take() {
+                    self.pool.key_to_block.remove(&k);
+                }
+                self.counters.evictions += 1;
+                b
+            } else {
+                break;
+            };
+            self.pool.refcount[b as usize] = 1;
+            self.pool.used += 1;
+            self.counters.allocations += 1;
+            out.push(b);
+        }
+        out
+    }
+}
+
+impl Pool {
+    /// Adds a reference to `b`, pulling it out of the LRU or free list when it was idle.
+    fn reference(&mut self, b: u32) {
+        let i = b as usize;
+        if self.refcount[i] == 0 {
+            if let Some(t) = self.lru_tick[i].take() {
+                self.lru.remove(&t);
+            } else {
+                self.free.remove(&b);
+            }
+            self.used += 1;
+        }
+        self.refcount[i] += 1;
+    }
+
+    /// Drops a reference to `b`; at zero a keyed block becomes the most recently used
+    /// cached block and an unkeyed one returns to the free list.
+    fn release(&mut self, b: u32) {
+        let i = b as usize;
+        self.refcount[i] = self.refcount[i].saturating_sub(1);
+        if self.refcount[i] > 0 {
+            return;
+        }
+        self.used -= 1;
+        if self.block_key[i].is_some() {
+            self.tick += 1;
+            self.lru.insert(self.tick, b);
+            self.lru_tick[i] = Some(self.tick);
+        } else {
+            self.free.insert(b);
+        }
+    }
+}
+
+impl KvView for KvManager {
+    fn tokens_per_block(&self) -> u32 {
+        KvManager::tokens_per_block(self)
+    }
+    fn free_blocks(&self) -> u32 {
+        KvManager::free_blocks(self)
+    }
+    fn has_sequence(&self, id: ReqId) -> bool {
+        KvManager::has_sequence(self, id)
+    }
+    fn blocks_needed(&self, id: ReqId, tokens: u32) -> u32 {
+        KvManager::blocks_needed(self, id, tokens)
+    }
+    fn blocks_of(&self, id: ReqId) -> u32 {
+        KvManager::blocks_of(self, id)
     }
 }
 
