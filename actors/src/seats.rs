@@ -80,11 +80,13 @@ impl SlotPools {
 }
 
 /// Which way a pool disagrees with the seats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum SkewDirection {
     /// Admitted requests defer silently for lack of a slot.
+    #[error("pool too small: admitted requests would defer silently")]
     TooSmall,
     /// An admitted request cannot be seated and the rank dies mid-collective.
+    #[error("pool too large: an admitted request could not be seated")]
     TooLarge,
 }
 
@@ -92,7 +94,7 @@ pub enum SkewDirection {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[error(
     "seat skew: {pool} admits {pool_size} sequences but seats (max_num_sequences) = {seats}; \
-     {direction:?}: every seat-indexed pool must be sized from the one seats number"
+     {direction}; every seat-indexed pool must be sized from the one seats number"
 )]
 pub struct SeatSkew {
     /// The pool's name.

@@ -20,7 +20,7 @@ pub enum ScenarioError {
         source: std::io::Error,
     },
     /// A config error (names the key and value).
-    #[error("{0}")]
+    #[error(transparent)]
     Config(#[from] ConfigError),
     /// A `--set KEY=VALUE` that cannot be applied.
     #[error("--set {assignment}: {message}")]

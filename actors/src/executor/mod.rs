@@ -372,22 +372,3 @@ impl RankExecutor {
         }
     }
 }
-
-// TEMPORARY until the KV manager lands: it implements KvView itself.
-impl crate::kv::KvView for KvManager {
-    fn tokens_per_block(&self) -> u32 {
-        KvManager::tokens_per_block(self)
-    }
-    fn free_blocks(&self) -> u32 {
-        KvManager::free_blocks(self)
-    }
-    fn has_sequence(&self, id: ReqId) -> bool {
-        KvManager::has_sequence(self, id)
-    }
-    fn blocks_needed(&self, id: ReqId, tokens: u32) -> u32 {
-        KvManager::blocks_needed(self, id, tokens)
-    }
-    fn blocks_of(&self, id: ReqId) -> u32 {
-        KvManager::blocks_of(self, id)
-    }
-}
