@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::CapacitySchedulerPolicy;
 use crate::kv::KvView;
-use crate::request::{Request, SchedulableWindow};
+use crate::request::{Request, RequestState, SchedulableWindow};
 
 /// How a capacity scheduler is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,8 +55,252 @@ impl CapacityScheduler {
     }
 
     /// Decides which of `active` may run, given the KV pool. Pure.
+    ///
+    /// Slots already taken by requests that cannot be batched (retiring requests under
+    /// legacy `window_ends_at_complete`, receives in flight under legacy
+    /// `count_transfers_as_requests`) are charged before anything is placed: they hold
+    /// their resources whatever this iteration decides, so they come off the cap first
+    /// (§2, §4). `fitting`, `disagg_gen_init` and `paused` are in `active` order.
     pub fn schedule(&self, active: &[Request], kv: &impl KvView) -> CapacityOutput {
-        let _ = (active, kv);
-        todo!()
+        let classes = self.classify(active, kv);
+        let cap = (self.config.max_num_requests as usize).saturating_sub(classes.charged_slots);
+        let mut out = CapacityOutput::default();
+        match self.config.policy {
+            CapacitySchedulerPolicy::GuaranteedNoEvict => {
+                let mut avail = i64::from(kv.free_blocks());
+                reserve_in_progress(active, kv, &classes, cap, &mut avail, &mut out);
+                admit_new_to_completion(active, kv, &classes, cap, &mut avail, &mut out);
+                admit_disagg_gen_init(active, kv, &classes, &mut avail, &mut out);
+            }
+            CapacitySchedulerPolicy::MaxUtilization => {
+                let mut avail = i64::from(kv.free_blocks());
+                step_in_progress_or_pause(active, kv, &classes, cap, &mut avail, &mut out);
+                admit_new_prompt(active, kv, &classes, cap, &mut avail, &mut out);
+                admit_disagg_gen_init(active, kv, &classes, &mut avail, &mut out);
+            }
+            CapacitySchedulerPolicy::StaticBatch => {
+                let mut avail = i64::from(kv.free_blocks());
+                if classes.in_progress.is_empty() {
+                    // Nothing in progress: a new static batch may form. A gen-side arrival
+                    // (DISAGG_GENERATION_INIT) is new work too, so it waits with the rest.
+                    admit_new_to_completion(active, kv, &classes, cap, &mut avail, &mut out);
+                    admit_disagg_gen_init(active, kv, &classes, &mut avail, &mut out);
+                } else {
+                    reserve_in_progress(active, kv, &classes, cap, &mut avail, &mut out);
+                }
+            }
+        }
+        out.fitting.sort_unstable();
+        out.paused.sort_unstable();
+        out
     }
+
+    /// Sorts `active` into the groups the policies walk (each list in `active` order).
+    fn classify(&self, active: &[Request], kv: &impl KvView) -> Classes {
+        let mut c = Classes::default();
+        for (i, r) in active.iter().enumerate() {
+            match r.state {
+                // Passes the window gate separately: it needs blocks to completion (§4, §8).
+                RequestState::DisaggGenerationInit => c.disagg_gen_init.push(i),
+                // Legacy `gne.count_transfers_as_requests`: a receive in flight takes a slot.
+                // Otherwise it is outside the window and ignored.
+                RequestState::DisaggGenerationTransInProgress
+                    if self.config.count_transfers_as_requests =>
+                {
+                    c.charged_slots += 1;
+                }
+                // Legacy `admission.charge_retiring`: the window ends at GENERATION_COMPLETE,
+                // so a retiring request takes a slot; its KV is already held, and it can
+                // never be batched (§2). Under the fixed window it is ignored.
+                RequestState::GenerationToComplete
+                    if self.config.window_ends_at_complete
+                        || self.config.window.contains(r.state) =>
+                {
+                    c.charged_slots += 1;
+                }
+                s if self.config.window.contains(s) && !r.awaiting_encoder_output => {
+                    if r.is_generation() {
+                        c.in_progress.push(i);
+                    } else if r.is_context() {
+                        // A context holding a sequence is a started chunked prefill: its
+                        // blocks were granted when it was admitted, so it is in progress.
+                        if kv.has_sequence(r.id()) {
+                            c.in_progress.push(i);
+                        } else {
+                            c.new_contexts.push(i);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        c
+    }
+}
+
+/// The groups a policy walks, as indices into `active`.
+#[derive(Debug, Default)]
+struct Classes {
+    /// Generation steps and started prefills.
+    in_progress: Vec<usize>,
+    /// Contexts without a KV sequence.
+    new_contexts: Vec<usize>,
+    /// DISAGG_GENERATION_INIT arrivals.
+    disagg_gen_init: Vec<usize>,
+    /// Request slots taken by requests that are never batched (legacy switches).
+    charged_slots: usize,
+}
+
+/// GNE / STATIC_BATCH first loop: every in-progress request while the cap allows,
+/// reserving its blocks to completion. Scheduled even when the reservation exceeds what
+/// is free: its blocks were guaranteed when it was admitted (§4).
+fn reserve_in_progress(
+    active: &[Request],
+    kv: &impl KvView,
+    classes: &Classes,
+    cap: usize,
+    avail: &mut i64,
+    out: &mut CapacityOutput,
+) {
+    for &i in &classes.in_progress {
+        if out.fitting.len() >= cap {
+            break;
+        }
+        let r = &active[i];
+        *avail -= i64::from(kv.blocks_needed(r.id(), completion_tokens(r)));
+        out.fitting.push(i);
+    }
+}
+
+/// GNE / STATIC_BATCH: new contexts FCFS while the cap allows and their blocks to
+/// completion fit; the first that does not fit stops the walk (head-of-line, §4).
+fn admit_new_to_completion(
+    active: &[Request],
+    kv: &impl KvView,
+    classes: &Classes,
+    cap: usize,
+    avail: &mut i64,
+    out: &mut CapacityOutput,
+) {
+    for &i in &classes.new_contexts {
+        if out.fitting.len() >= cap {
+            break;
+        }
+        let r = &active[i];
+        let need = i64::from(kv.blocks_needed(r.id(), completion_tokens(r)));
+        if need > *avail {
+            break;
+        }
+        *avail -= need;
+        out.fitting.push(i);
+    }
+}
+
+/// MAX_UTILIZATION: new contexts FCFS while the cap allows and their prompt fits; the
+/// first that does not fit stops the walk.
+fn admit_new_prompt(
+    active: &[Request],
+    kv: &impl KvView,
+    classes: &Classes,
+    cap: usize,
+    avail: &mut i64,
+    out: &mut CapacityOutput,
+) {
+    for &i in &classes.new_contexts {
+        if out.fitting.len() >= cap {
+            break;
+        }
+        let r = &active[i];
+        let need = i64::from(kv.blocks_needed(r.id(), r.spec.prompt_len));
+        if need > *avail {
+            break;
+        }
+        *avail -= need;
+        out.fitting.push(i);
+    }
+}
+
+/// DISAGG_GENERATION_INIT arrivals, in order, whose blocks to completion fit in what is
+/// left; the first that does not fit stops the walk. They do not take a request slot:
+/// they are not batched until their KV has arrived (§4, §8).
+fn admit_disagg_gen_init(
+    active: &[Request],
+    kv: &impl KvView,
+    classes: &Classes,
+    avail: &mut i64,
+    out: &mut CapacityOutput,
+) {
+    for &i in &classes.disagg_gen_init {
+        let r = &active[i];
+        let need = i64::from(kv.blocks_needed(r.id(), completion_tokens(r)));
+        if need > *avail {
+            break;
+        }
+        *avail -= need;
+        out.disagg_gen_init.push(i);
+    }
+}
+
+/// Prompt plus output tokens ([`Request::tokens_at_completion`]), saturating so that no
+/// input makes the scheduler panic.
+fn completion_tokens(r: &Request) -> u32 {
+    r.spec.prompt_len.saturating_add(r.spec.max_new_tokens)
+}
+
+/// Blocks an in-progress request needs for its next step under MAX_UTILIZATION. A
+/// generation step writes `1 + draft` more tokens; a started prefill may be given the
+/// rest of its prompt by the micro-batch scheduler, so it needs the whole prompt.
+fn one_step_blocks(r: &Request, kv: &impl KvView) -> u32 {
+    let step = r
+        .tokens_in_cache()
+        .saturating_add(r.spec.draft_len)
+        .saturating_add(1);
+    let tokens = if r.is_context() {
+        r.spec.prompt_len.max(step)
+    } else {
+        step
+    };
+    kv.blocks_needed(r.id(), tokens)
+}
+
+/// MAX_UTILIZATION: schedule in-progress requests while one more step fits; when it does
+/// not, pause the most recently started scheduled request (the last one placed), giving
+/// back the blocks it holds and the step it had reserved, and retry; with nothing left to
+/// pause, pause the request itself (§4: pause-and-reset, the executor frees its KV).
+fn step_in_progress_or_pause(
+    active: &[Request],
+    kv: &impl KvView,
+    classes: &Classes,
+    cap: usize,
+    avail: &mut i64,
+    out: &mut CapacityOutput,
+) {
+    // (index, blocks reserved for its step), most recently started last.
+    let mut started: Vec<(usize, i64)> = Vec::new();
+    for &i in &classes.in_progress {
+        if started.len() >= cap {
+            break;
+        }
+        let r = &active[i];
+        let need = i64::from(one_step_blocks(r, kv));
+        loop {
+            if need <= *avail {
+                *avail -= need;
+                started.push((i, need));
+                break;
+            }
+            match started.pop() {
+                Some((victim, reserved)) => {
+                    *avail += reserved + i64::from(kv.blocks_of(active[victim].id()));
+                    out.paused.push(victim);
+                }
+                None => {
+                    *avail += i64::from(kv.blocks_of(r.id()));
+                    out.paused.push(i);
+                    break;
+                }
+            }
+        }
+    }
+    out.fitting.extend(started.into_iter().map(|(i, _)| i));
 }

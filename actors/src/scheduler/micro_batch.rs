@@ -76,13 +76,141 @@ impl MicroBatchScheduler {
     /// Without chunked prefill a context that does not fit stops the walk (FCFS); with
     /// it, contexts are chunked to the remaining budget per policy, in multiples of the
     /// chunk unit unless the chunk finishes the prompt. Pure.
+    ///
+    /// A context with nothing left to compute (its whole prompt was reused) still gets
+    /// `Context { chunk: 1 }`: the forward must recompute one prompt token to sample the
+    /// first output token (§4 `max(1, prompt - reused)`). Indices out of range, repeated
+    /// indices and requests that are neither context nor generation are skipped. With
+    /// chunked prefill a scheduled context is charged its draft tokens on top of its
+    /// chunk, and a context whose chunk would be 0 is left out.
     pub fn schedule(
         &self,
         active: &[Request],
         fitting: &[usize],
         in_flight: &BTreeSet<ReqId>,
     ) -> Vec<BatchEntry> {
-        let _ = (active, fitting, in_flight);
-        todo!()
+        let max_entries = self.config.max_batch_size as usize;
+        let max_tokens = u64::from(self.config.max_num_tokens);
+        let chunking = self.config.enable_chunked_prefill;
+        // Entries in `fitting` order; a context awaiting its chunk is a `Context` entry
+        // with chunk 0 until the budget is shared out below.
+        let mut entries: Vec<BatchEntry> = Vec::new();
+        let mut used: u64 = 0;
+        let mut seen: BTreeSet<usize> = BTreeSet::new();
+        for &index in fitting {
+            if entries.len() >= max_entries {
+                break;
+            }
+            let Some(r) = active.get(index) else { continue };
+            if in_flight.contains(&r.id()) || !seen.insert(index) {
+                continue;
+            }
+            let draft = u64::from(r.spec.draft_len);
+            if r.is_generation() {
+                let tokens = 1 + draft;
+                if used + tokens > max_tokens {
+                    break;
+                }
+                used += tokens;
+                entries.push(BatchEntry {
+                    index,
+                    kind: EntryKind::Generation {
+                        tokens: r.spec.draft_len.saturating_add(1),
+                    },
+                });
+            } else if r.is_context() {
+                if chunking {
+                    // Collected now (it takes one of the `B` entries); its chunk comes
+                    // from what the generation steps leave.
+                    entries.push(BatchEntry {
+                        index,
+                        kind: EntryKind::Context { chunk: 0 },
+                    });
+                } else {
+                    let chunk = r.context_remaining().max(1);
+                    let cost = u64::from(chunk) + draft;
+                    if used + cost > max_tokens {
+                        break;
+                    }
+                    used += cost;
+                    entries.push(BatchEntry {
+                        index,
+                        kind: EntryKind::Context { chunk },
+                    });
+                }
+            }
+        }
+        if chunking {
+            let budget = max_tokens.saturating_sub(used);
+            let chunks = self.share_budget(active, &entries, budget);
+            let mut chunks = chunks.into_iter();
+            for e in entries.iter_mut() {
+                if let EntryKind::Context { chunk } = &mut e.kind {
+                    *chunk = chunks.next().unwrap_or(0);
+                }
+            }
+            entries.retain(|e| !matches!(e.kind, EntryKind::Context { chunk: 0 }));
+        }
+        entries
+    }
+
+    /// Chunked prefill: shares `budget` tokens among the collected contexts of `entries`
+    /// (in order) per the chunking policy. Returns one chunk per context entry, 0 for a
+    /// context that gets nothing.
+    fn share_budget(&self, active: &[Request], entries: &[BatchEntry], budget: u64) -> Vec<u32> {
+        // (prompt tokens still needed, draft tokens) per collected context.
+        let contexts: Vec<(u32, u64)> = entries
+            .iter()
+            .filter(|e| matches!(e.kind, EntryKind::Context { .. }))
+            .filter_map(|e| active.get(e.index))
+            .map(|r| (r.context_remaining().max(1), u64::from(r.spec.draft_len)))
+            .collect();
+        let unit = self.config.tokens_per_block.max(1);
+        let mut chunks = vec![0u32; contexts.len()];
+        let mut left = budget;
+        match self.config.chunking_policy {
+            ContextChunkingPolicy::FirstComeFirstServed => {
+                // Each context in order takes what it needs from what is left; a chunk
+                // that does not finish the prompt is cut to whole chunk units, so the
+                // next chunk starts on a block boundary.
+                for (chunk, &(need, draft)) in chunks.iter_mut().zip(&contexts) {
+                    let room = left.saturating_sub(draft);
+                    let mut c = u64::from(need).min(room);
+                    if c < u64::from(need) {
+                        c = c / u64::from(unit) * u64::from(unit);
+                    }
+                    if c > 0 {
+                        left -= c + draft;
+                        *chunk = u32::try_from(c).unwrap_or(need);
+                    }
+                }
+            }
+            ContextChunkingPolicy::EqualProgress => {
+                // Rounds: every context still needing tokens advances by one unit (less if
+                // that finishes its prompt). An increment that does not fit is skipped, and
+                // a later, smaller one may still fit; stop when a round adds nothing.
+                loop {
+                    let mut progressed = false;
+                    for (chunk, &(need, draft)) in chunks.iter_mut().zip(&contexts) {
+                        if *chunk >= need {
+                            continue;
+                        }
+                        let inc = unit.min(need - *chunk);
+                        // Draft tokens are charged with the context's first chunk.
+                        let cost = u64::from(inc) + if *chunk == 0 { draft } else { 0 };
+                        if cost > left {
+                            continue;
+                        }
+                        left -= cost;
+                        *chunk += inc;
+                        progressed = true;
+                    }
+                    if !progressed {
+                        break;
+                    }
+                }
+            }
+        }
+        chunks
     }
 }

@@ -18,3 +18,6 @@ use crate::request::SchedulableWindow;
 pub fn published_window(encoder_decoder: bool) -> SchedulableWindow {
     SchedulableWindow::published(encoder_decoder)
 }
+
+#[cfg(test)]
+mod tests;
