@@ -57,6 +57,21 @@ pub fn is_pad_schedulable(r: &Request, window: &SchedulableWindow, policy: &Poli
 }
 
 impl RankCounts {
+    /// Counts one rank: its active requests (and dummy), plus `sending` ctx-side requests
+    /// whose KV send is in flight. Those have left the active list (not routable, not
+    /// schedulable) but are live: an iteration must run to poll their transfer (§3.9), so
+    /// rank 0 must not block while one is pending.
+    pub fn of_rank<'a>(
+        resident: impl IntoIterator<Item = &'a Request>,
+        sending: usize,
+        window: &SchedulableWindow,
+        policy: &Policy,
+    ) -> RankCounts {
+        let mut c = RankCounts::of(resident, window, policy);
+        c.live += sending as u32;
+        c
+    }
+
     /// Counts the resident requests of one rank.
     pub fn of<'a>(
         resident: impl IntoIterator<Item = &'a Request>,

@@ -53,7 +53,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(path: &PathBuf, policy: Option<&str>, set: &[String]) -> anyhow::Result<Scenario> {
+fn load(path: &std::path::Path, policy: Option<&str>, set: &[String]) -> anyhow::Result<Scenario> {
     let mut scenario = Scenario::load(path)?;
     if let Some(p) = policy {
         scenario.apply_set(&format!("policy.preset=\"{p}\""))?;

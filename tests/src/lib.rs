@@ -225,3 +225,85 @@ impl Harness {
         self.finished.len() as u64 == self.submitted
     }
 }
+
+/// Drives rank 0 of a dp=2 server alone, making up rank 1's contributions, so a test can
+/// script situations (a peer that vetoes, a peer with load) through the real phases.
+#[derive(Debug)]
+pub struct SoloRank {
+    /// The executor under test (rank 0).
+    pub exec: lockstep_actors::executor::RankExecutor,
+    outputs: BTreeMap<lockstep_actors::ids::BatchNumber, lockstep_actors::executor::ForwardOutput>,
+    tokens: DeterministicTokens,
+}
+
+/// A peer holding `routable` schedulable requests of 16 prompt tokens.
+pub fn peer_with(routable: u32) -> lockstep_actors::counts::RankCounts {
+    lockstep_actors::counts::RankCounts {
+        live: routable,
+        routable,
+        routable_prompt_tokens: u64::from(routable) * 16,
+        schedulable: routable,
+        pad_schedulable: routable,
+        retiring: 0,
+    }
+}
+
+impl SoloRank {
+    /// Rank 0 of `server` (which must have dp = 2).
+    pub fn new(server: &ServerConfig, policy: Policy) -> SoloRank {
+        let sizes = server.derive(&policy).expect("valid test config").sizes;
+        assert_eq!(sizes.dp, 2, "SoloRank scripts a dp=2 server");
+        SoloRank {
+            exec: lockstep_actors::executor::RankExecutor::new(
+                lockstep_actors::ids::RankId(0),
+                server,
+                &sizes,
+                policy,
+            ),
+            outputs: BTreeMap::new(),
+            tokens: DeterministicTokens,
+        }
+    }
+
+    /// One iteration: the peer reports `peer` counts and votes `peer_vote`. Returns
+    /// whether the forward ran and rank 0's report.
+    pub fn iterate(
+        &mut self,
+        peer: lockstep_actors::counts::RankCounts,
+        fetched: FetchBatch,
+        peer_vote: u32,
+    ) -> (bool, lockstep_actors::executor::IterationReport) {
+        use lockstep_actors::executor::{BatchVote, PrefixMatches, RankState, TransferStatus};
+        use lockstep_actors::group::TokenSource;
+        let e = &mut self.exec;
+        let (t, mine) = e.begin_iteration();
+        let gathered = [
+            mine,
+            RankState {
+                rank: lockstep_actors::ids::RankId(1),
+                counts: peer,
+            },
+        ];
+        let (t, m) = e.on_fetch(t, &gathered, &fetched).expect("gather");
+        let matches = [m, PrefixMatches::default()];
+        let (t, intent) = e.on_prefix_matches(t, &matches).expect("matches");
+        let (t, vote) = e.on_pad_intent(t, intent);
+        let votes = [
+            vote,
+            BatchVote {
+                batch_size: peer_vote,
+            },
+        ];
+        let (t, plan) = e.on_vote(t, &votes).expect("vote");
+        if let Some(batch) = &plan.launch {
+            self.outputs.insert(batch.number, self.tokens.sample(batch));
+        }
+        let output = plan.await_output.and_then(|b| self.outputs.remove(&b));
+        let (t, _) = e.on_forward_output(t, output).expect("output");
+        let (t, st) = e.transfer_status(t);
+        let report = e
+            .on_transfer_status(t, &[st, TransferStatus::default()])
+            .expect("transfers");
+        (plan.can_queue, report)
+    }
+}

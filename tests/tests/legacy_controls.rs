@@ -3,17 +3,14 @@
 //! guards the fix no longer binds.
 
 use lockstep_actors::config::{CapacitySchedulerPolicy, Role};
-use lockstep_actors::counts::RankCounts;
-use lockstep_actors::executor::{
-    BatchVote, FetchBatch, ForwardOutput, PrefixMatches, RankExecutor, RankState, TransferStatus,
-};
-use lockstep_actors::ids::{RankId, ReqId};
+use lockstep_actors::executor::FetchBatch;
+use lockstep_actors::ids::ReqId;
 use lockstep_actors::invariants::InvariantKind;
 use lockstep_actors::kv::{KvConfig, KvManager};
 use lockstep_actors::policy::{PadPredicate, Policy};
 use lockstep_actors::request::{Request, RequestSpec, RequestState, SchedulableWindow};
 use lockstep_actors::scheduler::{CapacityConfig, CapacityScheduler};
-use lockstep_tests::{ClosedLoop, Harness, adp_server};
+use lockstep_tests::{ClosedLoop, Harness, SoloRank, adp_server, peer_with};
 
 /// dp=2, B=2, overlap on, output length 1, concurrency far above capacity (§2).
 fn binding_case(policy: Policy) -> Harness {
@@ -123,67 +120,17 @@ fn legacy_pad_predicate_lets_a_rank_holding_only_retiring_requests_veto_the_forw
     assert!(fixed.iterations[2].reports[0].stats.dummy_committed);
 }
 
-fn peer(routable: u32) -> RankCounts {
-    RankCounts {
-        live: routable,
-        routable,
-        routable_prompt_tokens: u64::from(routable) * 16,
-        schedulable: routable,
-        pad_schedulable: routable,
-        retiring: 0,
-    }
-}
-
-/// One iteration of rank 0 of a dp=2 server, with the peer's contributions made up.
-fn iterate(
-    e: &mut RankExecutor,
-    peer_counts: RankCounts,
-    fetched: FetchBatch,
-    peer_vote: u32,
-) -> lockstep_actors::executor::IterationReport {
-    let (t, mine) = e.begin_iteration();
-    let gathered = [
-        mine,
-        RankState {
-            rank: RankId(1),
-            counts: peer_counts,
-        },
-    ];
-    let (t, m) = e.on_fetch(t, &gathered, &fetched).unwrap();
-    let (t, intent) = e
-        .on_prefix_matches(t, &[m, PrefixMatches::default()])
-        .unwrap();
-    let (t, vote) = e.on_pad_intent(t, intent);
-    let votes = [
-        vote,
-        BatchVote {
-            batch_size: peer_vote,
-        },
-    ];
-    let (t, plan) = e.on_vote(t, &votes).unwrap();
-    let output = plan.await_output.map(|b| ForwardOutput {
-        batch: b,
-        sampled: vec![7; plan.launch.as_ref().map_or(0, |l| l.entries.len())],
-    });
-    let (t, _) = e.on_forward_output(t, output).unwrap();
-    let (t, st) = e.transfer_status(t);
-    e.on_transfer_status(t, &[st, TransferStatus::default()])
-        .unwrap()
-}
-
 fn rollback_case(policy: Policy) -> Vec<Vec<InvariantKind>> {
-    let server = adp_server(2, 2, false);
-    let sizes = server.derive(&policy).unwrap().sizes;
-    let mut e = RankExecutor::new(RankId(0), &server, &sizes, policy);
+    let mut solo = SoloRank::new(&adp_server(2, 2, false), policy);
     // The peer has work, this rank has none: it pads; the peer votes zero.
-    let first = iterate(&mut e, peer(1), FetchBatch::default(), 0);
+    let (_, first) = solo.iterate(peer_with(1), FetchBatch::default(), 0);
     assert!(first.stats.dummy_added);
     // Next iteration four requests arrive and both ranks are filled to expected = 2.
     let fetched = FetchBatch {
         requests: (1..=4).map(|id| RequestSpec::new(id, 16, 4)).collect(),
         ..FetchBatch::default()
     };
-    let second = iterate(&mut e, peer(0), fetched, 1);
+    let (_, second) = solo.iterate(peer_with(0), fetched, 1);
     [first, second]
         .iter()
         .map(|r| r.violations.iter().map(|v| v.kind).collect())

@@ -2,15 +2,14 @@
 //! phases by the harness. Names cite the section.
 
 use lockstep_actors::config::{KvCacheConfig, Role};
-use lockstep_actors::counts::RankCounts;
 use lockstep_actors::executor::{
-    BatchVote, FetchBatch, FetchMode, Finish, PadIntent, Phase, PrefixMatches, RankExecutor,
-    RankState, TransferCommand, TransferEvent, TransferOutcome, TransferStatus, idle_decision,
+    FetchBatch, FetchMode, Finish, Phase, RankExecutor, TransferCommand, TransferEvent,
+    TransferOutcome, idle_decision,
 };
 use lockstep_actors::ids::{RankId, ReqId};
 use lockstep_actors::policy::Policy;
 use lockstep_actors::request::{PinnedRank, RequestSpec, RequestState};
-use lockstep_tests::{ClosedLoop, Harness, adp_server};
+use lockstep_tests::{ClosedLoop, Harness, SoloRank, adp_server, peer_with};
 
 #[test]
 fn s1_overlap_marks_a_request_whose_next_token_is_its_last_as_retiring() {
@@ -115,7 +114,7 @@ fn s3_3_admission_pops_fifo_within_capacity_minus_routable() {
 #[test]
 fn s3_3_request_pinned_to_a_full_rank_is_set_aside_in_order() {
     let mut h = Harness::new(&adp_server(2, 1, false), Policy::FIXED);
-    let mut pinned = |id| {
+    let pinned = |id| {
         let mut s = RequestSpec::new(id, 16, 4);
         s.pinned = Some(PinnedRank {
             rank: RankId(0),
@@ -305,68 +304,11 @@ fn s6_rank_with_nothing_schedulable_pads_when_a_peer_runs_and_the_dummy_dies_wit
     assert!(h.violations().is_empty(), "{:?}", h.violations());
 }
 
-/// Drives rank 0 of a dp=2 server alone, fabricating the peer's contributions.
-fn one_rank_iteration(
-    e: &mut RankExecutor,
-    peer: RankCounts,
-    fetched: FetchBatch,
-    peer_vote: u32,
-) -> (bool, lockstep_actors::executor::IterationReport) {
-    let (t, mine) = e.begin_iteration();
-    let gathered = [
-        mine,
-        RankState {
-            rank: RankId(1),
-            counts: peer,
-        },
-    ];
-    let (t, m) = e.on_fetch(t, &gathered, &fetched).unwrap();
-    let (t, intent) = e
-        .on_prefix_matches(t, &[m, PrefixMatches::default()])
-        .unwrap();
-    let (t, vote) = e.on_pad_intent(t, intent.max(PadIntent::None));
-    let (t, plan) = e
-        .on_vote(
-            t,
-            &[
-                vote,
-                BatchVote {
-                    batch_size: peer_vote,
-                },
-            ],
-        )
-        .unwrap();
-    let output = plan
-        .await_output
-        .map(|b| lockstep_actors::executor::ForwardOutput {
-            batch: b,
-            sampled: vec![7; plan.launch.as_ref().map_or(0, |l| l.entries.len())],
-        });
-    let (t, _) = e.on_forward_output(t, output).unwrap();
-    let (t, st) = e.transfer_status(t);
-    let report = e
-        .on_transfer_status(t, &[st, TransferStatus::default()])
-        .unwrap();
-    (plan.can_queue, report)
-}
-
-pub fn peer_with(routable: u32) -> RankCounts {
-    RankCounts {
-        live: routable,
-        routable,
-        routable_prompt_tokens: u64::from(routable) * 16,
-        schedulable: routable,
-        pad_schedulable: routable,
-        retiring: 0,
-    }
-}
-
 #[test]
 fn s6_a_rejected_iteration_rolls_back_exactly_its_dummy() {
-    let server = adp_server(2, 2, false);
-    let sizes = server.derive(&Policy::FIXED).unwrap().sizes;
-    let mut e = RankExecutor::new(RankId(0), &server, &sizes, Policy::FIXED);
-    let (ran, report) = one_rank_iteration(&mut e, peer_with(1), FetchBatch::default(), 0);
+    let mut solo = SoloRank::new(&adp_server(2, 2, false), Policy::FIXED);
+    let (ran, report) = solo.iterate(peer_with(1), FetchBatch::default(), 0);
+    let e = &solo.exec;
     assert!(!ran);
     assert!(report.stats.dummy_added && report.stats.dummy_rolled_back);
     assert!(e.dummy().is_none());
@@ -385,28 +327,27 @@ fn s6_padding_is_skipped_with_a_warning_when_the_rank_has_no_kv_capacity() {
         max_tokens: 48,
         enable_block_reuse: false,
     };
-    let sizes = server.derive(&Policy::FIXED).unwrap().sizes;
-    let mut e = RankExecutor::new(RankId(0), &server, &sizes, Policy::FIXED);
+    let mut solo = SoloRank::new(&server, Policy::FIXED);
     let fetched = FetchBatch {
         requests: vec![RequestSpec::new(1, 40, 8)],
         ..FetchBatch::default()
     };
-    let (ran, _) = one_rank_iteration(&mut e, peer_with(0), fetched, 1);
+    let (ran, _) = solo.iterate(peer_with(0), fetched, 1);
     assert!(ran);
     // Nothing to run anywhere: the retiring request's token is processed all the same.
-    let (ran, _) = one_rank_iteration(&mut e, peer_with(0), FetchBatch::default(), 0);
+    let (ran, _) = solo.iterate(peer_with(0), FetchBatch::default(), 0);
     assert!(!ran);
     assert_eq!(
-        e.sending().len(),
+        solo.exec.sending().len(),
         1,
         "the first token is out, the KV send in flight"
     );
-    assert_eq!(e.kv().free_blocks(), 0);
-    let (ran, report) = one_rank_iteration(&mut e, peer_with(1), FetchBatch::default(), 1);
+    assert_eq!(solo.exec.kv().free_blocks(), 0);
+    let (ran, report) = solo.iterate(peer_with(1), FetchBatch::default(), 1);
     assert!(!ran, "no dummy, so this rank vetoes");
     assert!(report.stats.dummy_skipped_no_capacity);
     assert!(!report.stats.dummy_added);
-    assert!(e.dummy().is_none());
+    assert!(solo.exec.dummy().is_none());
     assert!(report.violations.is_empty(), "{:?}", report.violations);
 }
 

@@ -274,8 +274,9 @@ impl RankExecutor {
 
     /// The counts of this rank now (§2).
     pub fn counts(&self) -> RankCounts {
-        RankCounts::of(
+        RankCounts::of_rank(
             self.active.iter().chain(self.dummy.iter()),
+            self.sending.len(),
             &self.window,
             &self.policy,
         )

@@ -73,7 +73,7 @@ impl RankExecutor {
             let generated = r.generated;
             self.totals.output_tokens += u64::from(added);
             let done = generated >= max_new;
-            let finish = done.then(|| match self.role {
+            let finish = done.then_some(match self.role {
                 Role::Ctx => Finish::ContextDone,
                 Role::Agg | Role::Gen => Finish::Completed,
             });

@@ -64,6 +64,7 @@ fn ctx(id: u64, prompt: u32, max_new: u32) -> Request {
 fn decoding(id: u64, prompt: u32, max_new: u32, state: RequestState) -> Request {
     let mut r = Request::new(RequestSpec::new(id, prompt, max_new), state);
     r.context_pos = prompt;
+    r.kv_tokens = prompt;
     r.generated = 1;
     r
 }
