@@ -181,6 +181,9 @@ pub struct Request {
     pub seat: Option<Seat>,
     /// A pad dummy (§6): never a client request.
     pub is_dummy: bool,
+    /// Rank-local admission number: the active list is sorted by it, so a batch entry
+    /// finds its request by binary search however the list changed since scheduling.
+    pub seq: u64,
     /// Readiness: a decoder request waiting for its encoder output is not ready.
     pub awaiting_encoder_output: bool,
 }
@@ -200,6 +203,7 @@ impl Request {
             reused_tokens: 0,
             seat: None,
             is_dummy: false,
+            seq: 0,
             awaiting_encoder_output: false,
         }
     }

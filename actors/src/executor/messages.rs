@@ -117,6 +117,8 @@ pub enum ForwardKind {
 pub struct ForwardEntry {
     /// Request (or [`ReqId::DUMMY`]).
     pub id: ReqId,
+    /// The request's rank-local admission number (see `Request::seq`).
+    pub seq: u64,
     /// What it does.
     pub kind: ForwardKind,
     /// KV tokens attended before this step.

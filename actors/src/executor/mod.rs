@@ -187,6 +187,7 @@ pub struct RankExecutor {
     /// Overlap: the batch launched last iteration whose output is not processed yet.
     in_flight: Option<ScheduledBatch>,
     next_batch: u64,
+    next_seq: u64,
     shutdown: bool,
     routed_to_rank: u64,
     routed_total: u64,
@@ -252,6 +253,7 @@ impl RankExecutor {
             micro,
             in_flight: None,
             next_batch: 0,
+            next_seq: 0,
             shutdown: false,
             routed_to_rank: 0,
             routed_total: 0,
@@ -361,8 +363,21 @@ impl RankExecutor {
         Ok(())
     }
 
+    /// Linear lookup by id, for rare inputs (cancellations, transfer events).
     fn find_active(&self, id: ReqId) -> Option<usize> {
         self.active.iter().position(|r| r.id() == id)
+    }
+
+    /// Lookup of a batch entry's request: `active` is sorted by `seq`.
+    fn find_seq(&self, seq: u64) -> Option<usize> {
+        self.active.binary_search_by_key(&seq, |r| r.seq).ok()
+    }
+
+    /// Appends a newly routed request, keeping `active` sorted by `seq`.
+    fn push_active(&mut self, mut r: Request) {
+        r.seq = self.next_seq;
+        self.next_seq += 1;
+        self.active.push(r);
     }
 
     fn effective_max_new(&self, r: &Request) -> u32 {

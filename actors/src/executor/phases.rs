@@ -208,7 +208,7 @@ impl RankExecutor {
         let mut routed_now = 0;
         for (spec, rank) in popped.into_iter().zip(&assignment.ranks) {
             if *rank == self.rank {
-                self.active.push(Request::new(spec, arrival_state));
+                self.push_active(Request::new(spec, arrival_state));
                 routed_now += 1;
             }
         }
@@ -337,6 +337,7 @@ impl RankExecutor {
         };
         ForwardEntry {
             id: ReqId::DUMMY,
+            seq: u64::MAX,
             kind,
             kv_tokens: d.kv_tokens,
             position: 0,
@@ -398,23 +399,12 @@ impl RankExecutor {
         for &i in &out.paused {
             self.pause(i);
         }
-        let init_ids: Vec<ReqId> = out
-            .disagg_gen_init
-            .iter()
-            .map(|&i| self.active[i].id())
-            .collect();
-        let fitting_ids: Vec<ReqId> = out.fitting.iter().map(|&i| self.active[i].id()).collect();
-        for id in init_ids {
-            self.start_receive(id);
+        // Pausing and receive starts change requests in place; indices stay valid.
+        for &i in &out.disagg_gen_init {
+            self.start_receive(i);
         }
-        // Pausing and receive starts do not reorder `active`, but re-resolve by id to stay
-        // correct if they ever do.
-        let fitting: Vec<usize> = fitting_ids
-            .iter()
-            .filter_map(|&id| self.find_active(id))
-            .collect();
         let in_flight: BTreeSet<ReqId> = BTreeSet::new();
-        let planned = self.micro.schedule(&self.active, &fitting, &in_flight);
+        let planned = self.micro.schedule(&self.active, &out.fitting, &in_flight);
         let mut entries = Vec::with_capacity(planned.len());
         for e in planned {
             if let Some(entry) = self.prepare_entry(e.index, e.kind) {
@@ -487,6 +477,7 @@ impl RankExecutor {
         }
         Some(ForwardEntry {
             id,
+            seq: self.active[index].seq,
             kind,
             kv_tokens,
             position,
@@ -513,10 +504,8 @@ impl RankExecutor {
 
     /// gen side (§8): the capacity scheduler admitted a DISAGG_GENERATION_INIT request:
     /// reserve its KV and start the receive.
-    fn start_receive(&mut self, id: ReqId) {
-        let Some(i) = self.find_active(id) else {
-            return;
-        };
+    fn start_receive(&mut self, i: usize) {
+        let id = self.active[i].id();
         let prompt = self.active[i].spec.prompt_len;
         match self.kv.add_sequence(id, &[], prompt) {
             Ok(_) => {}

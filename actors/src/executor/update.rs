@@ -14,7 +14,7 @@ impl RankExecutor {
     pub(super) fn apply_launch(&mut self, batch: &ScheduledBatch) {
         let overlap = self.sizes.overlap;
         for e in batch.real_entries() {
-            let Some(i) = self.find_active(e.id) else {
+            let Some(i) = self.find_seq(e.seq) else {
                 continue;
             };
             let max_new = self.effective_max_new(&self.active[i]);
@@ -63,7 +63,7 @@ impl RankExecutor {
             if sampled == 0 {
                 continue;
             }
-            let Some(i) = self.find_active(e.id) else {
+            let Some(i) = self.find_seq(e.seq) else {
                 continue;
             };
             let max_new = self.effective_max_new(&self.active[i]);
