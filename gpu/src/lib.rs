@@ -1,4 +1,17 @@
-//! Model backends for lockstep. The analytic cost model arrives with the simulator; this
-//! crate is a placeholder until then.
+//! Model backends for lockstep.
+//!
+//! For now this is the analytic cost model the simulator runs in virtual time: a
+//! [`BatchShape`] summarises one rank's share of a forward, a [`Backend`] turns shapes
+//! into modeled host and device times, and [`profiles`] ships named coefficient sets
+//! with the reasoning behind their numbers.
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod cost;
+mod profiles;
+mod shape;
+
+pub use cost::{AnalyticBackend, Backend, Coefficients, IterationTime, ZeroCostBackend};
+pub use profiles::{KvGeometry, ModelProfile, UnknownProfile, profile, profiles};
+pub use shape::BatchShape;
