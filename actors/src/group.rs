@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use crate::config::{ConfigError, Role, ServerConfig};
 use crate::executor::{
-    ExecutorError, FetchBatch, FetchMode, ForwardOutput, IterationReport, PadIntent, RankExecutor,
-    Response, ScheduledBatch,
+    AwaitTransfers, ExecutorError, FetchBatch, FetchMode, ForwardOutput, IterationReport,
+    PadIntent, RankExecutor, Response, ScheduledBatch,
 };
 use crate::ids::{BatchNumber, RankId};
 use crate::kv::mix;
@@ -74,6 +74,7 @@ pub struct ServerGroup {
     role: Role,
     ranks: Vec<RankExecutor>,
     outputs: BTreeMap<(RankId, BatchNumber), ForwardOutput>,
+    awaiting_end: Vec<AwaitTransfers>,
     warning: Option<String>,
 }
 
@@ -90,6 +91,7 @@ impl ServerGroup {
             role: server.role,
             ranks,
             outputs: BTreeMap::new(),
+            awaiting_end: Vec::new(),
             warning: derived.warning,
         })
     }
@@ -128,21 +130,52 @@ impl ServerGroup {
             && self.outputs.is_empty()
     }
 
-    /// Runs one iteration on every rank. `fetch` is rank 0's ingress read: given the mode
-    /// it returns what it read, or `None` when blocking found nothing (then no iteration
-    /// runs: the server is idle).
+    /// Whether an iteration was begun and not ended.
+    pub fn in_iteration(&self) -> bool {
+        !self.awaiting_end.is_empty()
+    }
+
+    /// Runs one iteration on every rank: [`ServerGroup::begin`] then
+    /// [`ServerGroup::end`]. `fetch` is rank 0's ingress read: given the mode it returns
+    /// what it read, or `None` when blocking found nothing (then no iteration runs: the
+    /// server is idle).
     pub fn step(
         &mut self,
         fetch: &mut dyn FnMut(FetchMode) -> Option<FetchBatch>,
         tokens: &mut dyn TokenSource,
     ) -> Result<GroupStep, ExecutorError> {
+        let Some(begun) = self.begin(fetch, tokens)? else {
+            return Ok(GroupStep::Idle);
+        };
+        let reports = self.end()?;
+        Ok(GroupStep::Ran(GroupIteration {
+            iteration: reports[0].stats.iteration,
+            forward_ran: begun.forward_ran,
+            launched: begun.launched,
+            responses: begun.responses,
+            reports,
+        }))
+    }
+
+    /// Phases 1 to 8 of an iteration on every rank (up to the responses). The transfer
+    /// phase runs in [`ServerGroup::end`], so a driver that models the iteration's
+    /// duration applies the transfer events that arrived meanwhile at its end.
+    pub fn begin(
+        &mut self,
+        fetch: &mut dyn FnMut(FetchMode) -> Option<FetchBatch>,
+        tokens: &mut dyn TokenSource,
+    ) -> Result<Option<BegunIteration>, ExecutorError> {
+        assert!(
+            self.awaiting_end.is_empty(),
+            "ServerGroup::begin called twice without end"
+        );
         // 1. Gather.
         let (tokens_fetch, states): (Vec<_>, Vec<_>) =
             self.ranks.iter_mut().map(|r| r.begin_iteration()).unzip();
         // 2. Fetch (rank 0 decides, broadcast).
         let mode = self.ranks[0].fetch_mode(&states);
         let Some(fetched) = fetch(mode) else {
-            return Ok(GroupStep::Idle);
+            return Ok(None);
         };
         let mut next = Vec::with_capacity(self.ranks.len());
         let mut matches = Vec::with_capacity(self.ranks.len());
@@ -173,39 +206,58 @@ impl ServerGroup {
         for (r, t) in self.ranks.iter_mut().zip(next3) {
             let (t, plan) = r.on_vote(t, &votes)?;
             forward_ran = plan.can_queue;
-            if let Some(batch) = &plan.launch {
-                let out = tokens.sample(batch);
+            if let Some(batch) = plan.launch {
+                let out = tokens.sample(&batch);
                 self.outputs.insert((r.rank(), batch.number), out);
-                launched.push(batch.clone());
+                launched.push(batch);
             }
             plans.push((t, plan.await_output));
         }
         // 8. Update → responses (gather to rank 0).
         let mut responses = Vec::new();
-        let mut next4 = Vec::with_capacity(self.ranks.len());
         for (r, (t, awaited)) in self.ranks.iter_mut().zip(plans) {
             let output = awaited.and_then(|b| self.outputs.remove(&(r.rank(), b)));
             let (t, rr) = r.on_forward_output(t, output)?;
             responses.extend(rr.responses);
-            next4.push(t);
+            self.awaiting_end.push(t);
         }
-        // 9. Transfers (consensus allgather).
-        let (next5, statuses): (Vec<_>, Vec<_>) = self
-            .ranks
-            .iter_mut()
-            .zip(next4)
-            .map(|(r, t)| r.transfer_status(t))
-            .unzip();
-        let mut reports = Vec::with_capacity(self.ranks.len());
-        for (r, t) in self.ranks.iter_mut().zip(next5) {
-            reports.push(r.on_transfer_status(t, &statuses)?);
-        }
-        Ok(GroupStep::Ran(GroupIteration {
-            iteration: reports[0].stats.iteration,
+        Ok(Some(BegunIteration {
             forward_ran,
             launched,
             responses,
-            reports,
         }))
     }
+
+    /// Phase 9 (the transfer consensus) and the §10 checks on every rank; closes the
+    /// iteration [`ServerGroup::begin`] opened.
+    pub fn end(&mut self) -> Result<Vec<IterationReport>, ExecutorError> {
+        let awaiting = std::mem::take(&mut self.awaiting_end);
+        assert_eq!(
+            awaiting.len(),
+            self.ranks.len(),
+            "ServerGroup::end without begin"
+        );
+        let (next, statuses): (Vec<_>, Vec<_>) = self
+            .ranks
+            .iter_mut()
+            .zip(awaiting)
+            .map(|(r, t)| r.transfer_status(t))
+            .unzip();
+        let mut reports = Vec::with_capacity(self.ranks.len());
+        for (r, t) in self.ranks.iter_mut().zip(next) {
+            reports.push(r.on_transfer_status(t, &statuses)?);
+        }
+        Ok(reports)
+    }
+}
+
+/// Phases 1 to 8 of an iteration, done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BegunIteration {
+    /// Whether the forward ran.
+    pub forward_ran: bool,
+    /// Batches launched (one per rank when the forward ran).
+    pub launched: Vec<ScheduledBatch>,
+    /// Responses gathered to rank 0, in rank order.
+    pub responses: Vec<Response>,
 }

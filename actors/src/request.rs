@@ -181,6 +181,9 @@ pub struct Request {
     pub seat: Option<Seat>,
     /// A pad dummy (§6): never a client request.
     pub is_dummy: bool,
+    /// Whether the rank's KV manager holds a sequence (index slot and blocks) for it.
+    /// The end-of-iteration leak check compares this view with the KV manager's.
+    pub holds_kv: bool,
     /// Rank-local admission number: the active list is sorted by it, so a batch entry
     /// finds its request by binary search however the list changed since scheduling.
     pub seq: u64,
@@ -204,6 +207,7 @@ impl Request {
             seat: None,
             is_dummy: false,
             seq: 0,
+            holds_kv: false,
             awaiting_encoder_output: false,
         }
     }

@@ -2,6 +2,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod model;
+pub mod report;
 pub mod scenario;
+pub mod sim;
 pub mod validate;
 pub mod workload;

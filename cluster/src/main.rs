@@ -2,12 +2,16 @@
 
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use lockstep_cluster::report::{Report, ab_table};
 use lockstep_cluster::scenario::Scenario;
+use lockstep_cluster::sim::{self, SimOptions};
 use lockstep_cluster::validate;
 
 #[derive(Debug, Parser)]
@@ -21,18 +25,59 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Debug, clap::Args)]
+struct ScenarioArgs {
+    /// Scenario file (TOML).
+    scenario: PathBuf,
+    /// Override a key: `policy.pad.rollback=false`, `server.max_batch_size=4`,
+    /// `server.gen0.max_batch_size=128`, `workload.concurrency=64`, `model.profile="..."`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Print the derived sizes of every server of a scenario, or the validator's error.
     Validate {
-        /// Scenario file (TOML).
-        scenario: PathBuf,
-        /// Override a key: `policy.pad.rollback=false`, `server.max_batch_size=4`.
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        set: Vec<String>,
+        #[command(flatten)]
+        args: ScenarioArgs,
         /// Policy preset (applied before --set).
         #[arg(long, value_parser = ["fixed", "legacy"])]
         policy: Option<String>,
+    },
+    /// Replay the scenario's fleet in virtual time and report.
+    Sim {
+        #[command(flatten)]
+        args: ScenarioArgs,
+        /// Policy preset (applied before --set).
+        #[arg(long, value_parser = ["fixed", "legacy"])]
+        policy: Option<String>,
+        /// Seed of the run (a `seed` in the scenario wins).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+        /// Write one JSON line per server iteration and rank.
+        #[arg(long, value_name = "PATH")]
+        iter_log: Option<PathBuf>,
+    },
+    /// Run the scenario under two policies and print them side by side with deltas.
+    Ab {
+        #[command(flatten)]
+        args: ScenarioArgs,
+        /// Baseline preset.
+        #[arg(long, default_value = "legacy", value_parser = ["fixed", "legacy"])]
+        base: String,
+        /// Treatment preset.
+        #[arg(long, default_value = "fixed", value_parser = ["fixed", "legacy"])]
+        treatment: String,
+        /// Seed of both runs.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Write both reports as JSON: {"base": ..., "treatment": ...}.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
     },
 }
 
@@ -45,7 +90,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -53,31 +98,104 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(path: &std::path::Path, policy: Option<&str>, set: &[String]) -> anyhow::Result<Scenario> {
-    let mut scenario = Scenario::load(path)?;
-    if let Some(p) = policy {
+fn load(args: &ScenarioArgs, preset: Option<&str>) -> anyhow::Result<Scenario> {
+    let mut scenario = Scenario::load(&args.scenario)?;
+    if let Some(p) = preset {
         scenario.apply_set(&format!("policy.preset=\"{p}\""))?;
     }
-    for s in set {
+    for s in &args.set {
         scenario.apply_set(s)?;
     }
     Ok(scenario)
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn simulate(scenario: &Scenario, seed: u64, iter_log: Option<&Path>) -> anyhow::Result<Report> {
+    let mut log_file = match iter_log {
+        Some(p) => Some(BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} {elapsed_precise} [{bar:40}] {pos}/{len} requests",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let mut progress = |done: u64, total: Option<u64>| {
+        if let Some(b) = &bar {
+            if let Some(t) = total {
+                b.set_length(t);
+            }
+            b.set_position(done);
+        }
+    };
+    let report = sim::run(
+        scenario,
+        SimOptions {
+            seed,
+            iter_log: log_file.as_mut().map(|f| f as &mut dyn Write),
+            progress: Some(&mut progress),
+        },
+    )?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if let Some(mut f) = log_file {
+        f.flush()?;
+    }
+    Ok(report)
+}
+
+fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Validate {
-            scenario,
-            set,
-            policy,
-        } => {
-            let scenario = load(&scenario, policy.as_deref(), &set)?;
+        Command::Validate { args, policy } => {
+            let scenario = load(&args, policy.as_deref())?;
             let (table, warnings) = validate::render(&scenario)?;
             print!("{table}");
             for w in warnings {
                 eprintln!("warning: {w}");
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sim {
+            args,
+            policy,
+            seed,
+            json,
+            iter_log,
+        } => {
+            let scenario = load(&args, policy.as_deref())?;
+            let report = simulate(&scenario, seed, iter_log.as_deref())?;
+            print!("{}", report.table());
+            if let Some(p) = json {
+                write_json(&p, &report)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ab {
+            args,
+            base,
+            treatment,
+            seed,
+            json,
+        } => {
+            let a = simulate(&load(&args, Some(&base))?, seed, None)?;
+            let b = simulate(&load(&args, Some(&treatment))?, seed, None)?;
+            print!("{}", ab_table(&a, &b, &base, &treatment));
+            if let Some(p) = json {
+                write_json(&p, &serde_json::json!({ "base": a, "treatment": b }))?;
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -8,6 +8,9 @@ use lockstep_actors::config::{
 };
 use lockstep_actors::policy::Policy;
 
+use crate::model::ModelConfig;
+use crate::workload::WorkloadConfig;
+
 /// An error loading a scenario.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
@@ -45,7 +48,13 @@ struct RawScenario {
     #[serde(default)]
     policy: Option<toml::Table>,
     #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
     server: Vec<ServerConfig>,
+    #[serde(default)]
+    workload: Option<WorkloadConfig>,
+    #[serde(default)]
+    model: ModelConfig,
 }
 
 /// A loaded scenario.
@@ -59,6 +68,14 @@ pub struct Scenario {
     pub policy: Policy,
     /// Servers in file order.
     pub servers: Vec<ServerConfig>,
+    /// `[workload]` (required by `sim`).
+    pub workload: Option<WorkloadConfig>,
+    /// `[model]`.
+    pub model: ModelConfig,
+    /// Seed given in the file (overrides `--seed`).
+    pub seed: Option<u64>,
+    /// The folder relative trace paths are resolved against.
+    pub base_dir: std::path::PathBuf,
 }
 
 impl Scenario {
@@ -88,6 +105,10 @@ impl Scenario {
             description: raw.description,
             policy,
             servers: raw.server,
+            workload: raw.workload,
+            model: raw.model,
+            seed: raw.seed,
+            base_dir: std::path::PathBuf::from("."),
         })
     }
 
@@ -101,7 +122,12 @@ impl Scenario {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "scenario".into());
-        Scenario::parse(&text, &stem)
+        let mut s = Scenario::parse(&text, &stem)?;
+        s.base_dir = path
+            .parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_else(|| std::path::PathBuf::from("."));
+        Ok(s)
     }
 
     /// Applies `--set KEY=VALUE`: `policy.<switch>=...`, `policy.preset=fixed|legacy`, or
@@ -151,8 +177,32 @@ impl Scenario {
             }
             return Ok(());
         }
+        if let Some(field) = key.strip_prefix("workload.") {
+            let wl = self
+                .workload
+                .as_ref()
+                .ok_or_else(|| err("the scenario has no [workload] section".into()))?;
+            let mut table = toml::Table::try_from(wl)
+                .map_err(|e| err(format!("cannot re-encode workload: {e}")))?;
+            insert_dotted(&mut table, field, value);
+            self.workload = Some(
+                toml::Value::Table(table)
+                    .try_into()
+                    .map_err(|e: toml::de::Error| err(e.to_string()))?,
+            );
+            return Ok(());
+        }
+        if let Some(field) = key.strip_prefix("model.") {
+            let mut table = toml::Table::try_from(&self.model)
+                .map_err(|e| err(format!("cannot re-encode model: {e}")))?;
+            insert_dotted(&mut table, field, value);
+            self.model = toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| err(e.to_string()))?;
+            return Ok(());
+        }
         Err(err(
-            "keys start with `policy.` or `server.` (e.g. policy.pad.rollback=false, server.max_batch_size=4)"
+            "keys start with `policy.`, `server.`, `workload.` or `model.` (e.g. policy.pad.rollback=false, server.max_batch_size=4)"
                 .into(),
         ))
     }

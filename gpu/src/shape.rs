@@ -74,6 +74,7 @@ mod tests {
     fn entry(id: u64, kind: ForwardKind, kv_tokens: u32, is_dummy: bool) -> ForwardEntry {
         ForwardEntry {
             id: if is_dummy { ReqId::DUMMY } else { ReqId(id) },
+            seq: id,
             kind,
             kv_tokens,
             position: 0,

@@ -196,6 +196,7 @@ pub struct RankExecutor {
     carried_responses: Vec<Response>,
     totals: RankTotals,
     scratch: Scratch,
+    kv_full_check_every: u64,
 }
 
 impl RankExecutor {
@@ -261,7 +262,15 @@ impl RankExecutor {
             carried_responses: Vec::new(),
             totals: RankTotals::default(),
             scratch: Scratch::default(),
+            kv_full_check_every: 1,
         }
+    }
+
+    /// How often the KV pool's full structural check runs (every `n` iterations; 0:
+    /// never). Conservation (used + free = total) is checked every iteration regardless.
+    /// Default 1; the simulator uses a larger period on big pools.
+    pub fn set_kv_full_check_every(&mut self, n: u64) {
+        self.kv_full_check_every = n;
     }
 
     /// This rank.

@@ -108,6 +108,7 @@ impl RankExecutor {
             }
             Role::Agg | Role::Gen => {
                 r.state = RequestState::GenerationComplete;
+                r.holds_kv = false;
                 let _ = self.kv.free_sequence(r.id());
                 self.totals.completed += 1;
             }

@@ -437,7 +437,34 @@ impl KvManager {
         &self.counters
     }
 
-    /// Conservation and bookkeeping checks: used + free == total; every block is in
+    /// The O(1) checks run every iteration: used + free == total and index slots held ==
+    /// sequences.
+    pub fn check_conservation(&self) -> Result<(), KvInvariantViolation> {
+        let total = self.total_blocks();
+        if self.used_blocks() + self.free_blocks() != total {
+            return Err(KvInvariantViolation {
+                name: "blocks_conserved",
+                detail: format!(
+                    "used {} + free {} != total {total}",
+                    self.used_blocks(),
+                    self.free_blocks()
+                ),
+            });
+        }
+        if self.index_slots_used() as usize != self.pool.seqs.len() {
+            return Err(KvInvariantViolation {
+                name: "slots_match_sequences",
+                detail: format!(
+                    "{} index slots held for {} sequences",
+                    self.index_slots_used(),
+                    self.pool.seqs.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The full structural check (O(blocks)): used + free == total; every block is in
     /// exactly one of free list / LRU / referenced; reference counts equal the number of
     /// sequences holding the block; index slots held == sequences.
     pub fn check_invariants(&self) -> Result<(), KvInvariantViolation> {

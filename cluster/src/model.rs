@@ -1,0 +1,147 @@
+//! The `[model]` section: which cost profile, coefficient overrides, and the KV link used
+//! to model ctx → gen transfers.
+
+use serde::{Deserialize, Serialize};
+
+use lockstep_gpu::{Coefficients, KvGeometry, ModelProfile};
+
+/// Coefficient overrides: each given field replaces the profile's value.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoefficientOverrides {
+    /// See [`Coefficients::forward_base_ns`].
+    pub forward_base_ns: Option<f64>,
+    /// See [`Coefficients::ctx_token_ns`].
+    pub ctx_token_ns: Option<f64>,
+    /// See [`Coefficients::ctx_attention_ns`].
+    pub ctx_attention_ns: Option<f64>,
+    /// See [`Coefficients::gen_request_ns`].
+    pub gen_request_ns: Option<f64>,
+    /// See [`Coefficients::gen_token_ns`].
+    pub gen_token_ns: Option<f64>,
+    /// See [`Coefficients::kv_read_ns`].
+    pub kv_read_ns: Option<f64>,
+    /// See [`Coefficients::collective_ns`].
+    pub collective_ns: Option<f64>,
+    /// See [`Coefficients::host_base_ns`].
+    pub host_base_ns: Option<f64>,
+    /// See [`Coefficients::host_per_request_ns`].
+    pub host_per_request_ns: Option<f64>,
+}
+
+impl CoefficientOverrides {
+    fn apply(&self, c: &mut Coefficients) -> Result<(), String> {
+        let fields = [
+            (
+                "forward_base_ns",
+                self.forward_base_ns,
+                &mut c.forward_base_ns,
+            ),
+            ("ctx_token_ns", self.ctx_token_ns, &mut c.ctx_token_ns),
+            (
+                "ctx_attention_ns",
+                self.ctx_attention_ns,
+                &mut c.ctx_attention_ns,
+            ),
+            ("gen_request_ns", self.gen_request_ns, &mut c.gen_request_ns),
+            ("gen_token_ns", self.gen_token_ns, &mut c.gen_token_ns),
+            ("kv_read_ns", self.kv_read_ns, &mut c.kv_read_ns),
+            ("collective_ns", self.collective_ns, &mut c.collective_ns),
+            ("host_base_ns", self.host_base_ns, &mut c.host_base_ns),
+            (
+                "host_per_request_ns",
+                self.host_per_request_ns,
+                &mut c.host_per_request_ns,
+            ),
+        ];
+        for (name, value, slot) in fields {
+            if let Some(v) = value {
+                if !v.is_finite() || v < 0.0 {
+                    return Err(format!(
+                        "model.coefficients.{name} must be a finite number >= 0, got {v}"
+                    ));
+                }
+                *slot = v;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The link between ctx and gen servers.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LinkConfig {
+    /// Bandwidth in GB/s (10^9 bytes per second).
+    pub bandwidth_gb_per_s: f64,
+    /// Fixed latency per transfer.
+    pub latency_us: f64,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        // One 400 Gb/s NIC per GPU, as in common disaggregated deployments.
+        LinkConfig {
+            bandwidth_gb_per_s: 50.0,
+            latency_us: 20.0,
+        }
+    }
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// A profile name from `lockstep_gpu::profiles()`.
+    pub profile: String,
+    /// Coefficient overrides.
+    pub coefficients: CoefficientOverrides,
+    /// KV geometry override.
+    pub kv: Option<KvGeometry>,
+    /// ctx → gen link.
+    pub link: LinkConfig,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            profile: "llama3-8b-h100-bf16".into(),
+            coefficients: CoefficientOverrides::default(),
+            kv: None,
+            link: LinkConfig::default(),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The profile with overrides applied; errors name the key and value.
+    pub fn resolve(&self) -> Result<ModelProfile, String> {
+        let mut p =
+            lockstep_gpu::profile(&self.profile).map_err(|e| format!("model.profile: {e}"))?;
+        self.coefficients.apply(&mut p.coefficients)?;
+        if let Some(kv) = self.kv {
+            p.kv = kv;
+        }
+        let l = &self.link;
+        if !(l.bandwidth_gb_per_s.is_finite() && l.bandwidth_gb_per_s > 0.0) {
+            return Err(format!(
+                "model.link.bandwidth_gb_per_s must be > 0, got {}",
+                l.bandwidth_gb_per_s
+            ));
+        }
+        if !(l.latency_us.is_finite() && l.latency_us >= 0.0) {
+            return Err(format!(
+                "model.link.latency_us must be >= 0, got {}",
+                l.latency_us
+            ));
+        }
+        Ok(p)
+    }
+
+    /// Modeled time to move the KV of `tokens` tokens: bytes / bandwidth + latency.
+    pub fn transfer_ns(&self, profile: &ModelProfile, tokens: u32) -> u64 {
+        let bytes = profile.kv.bytes_per_token() as f64 * f64::from(tokens);
+        let ns = bytes / self.link.bandwidth_gb_per_s + self.link.latency_us * 1_000.0;
+        ns.round().max(1.0) as u64
+    }
+}

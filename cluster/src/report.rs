@@ -1,0 +1,458 @@
+//! The report of a run: what a user of an ADP fleet needs to know (admission, occupancy,
+//! routing balance, throughput, latency), as JSON and as a table.
+
+use std::fmt::Write;
+
+use serde::{Deserialize, Serialize};
+
+use lockstep_actors::invariants::Violation;
+
+/// How the run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Every request was accounted for.
+    Completed,
+    /// A violation that crashes the real executor happened.
+    Crashed,
+    /// Work remained and nothing could make progress.
+    Deadlocked,
+}
+
+impl Outcome {
+    /// Name used in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Crashed => "crashed",
+            Outcome::Deadlocked => "deadlocked",
+        }
+    }
+}
+
+/// Request accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RequestCounts {
+    /// Entered the system.
+    pub submitted: u64,
+    /// Completed.
+    pub completed: u64,
+    /// Failed (with a reason) or cancelled.
+    pub failed: u64,
+}
+
+/// Throughput over the virtual time.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Throughput {
+    /// (prompt + output) tokens of completed requests per second.
+    pub total_tokens_per_s: f64,
+    /// Output tokens per second.
+    pub output_tokens_per_s: f64,
+    /// Completed requests per second.
+    pub requests_per_s: f64,
+}
+
+/// Summary statistics of one latency, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Percentiles {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Percentiles {
+    /// Linear interpolation between closest ranks (numpy's default); zeros when empty.
+    pub fn of(values: &mut [f64]) -> Percentiles {
+        if values.is_empty() {
+            return Percentiles::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let pos = q * (values.len() - 1) as f64;
+            let lo = pos.floor() as usize;
+            let hi = pos.ceil() as usize;
+            values[lo] + (values[hi] - values[lo]) * (pos - lo as f64)
+        };
+        Percentiles {
+            mean: values.iter().sum::<f64>() / values.len() as f64,
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+        }
+    }
+}
+
+/// Time to first token, time per output token, end to end.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Latency {
+    /// TTFT.
+    pub ttft: Percentiles,
+    /// TPOT (requests with more than one output token).
+    pub tpot: Percentiles,
+    /// End to end.
+    pub e2e: Percentiles,
+}
+
+/// One rank of a server.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RankReport {
+    /// Rank.
+    pub rank: u32,
+    /// Requests routed to it.
+    pub routed_requests: u64,
+    /// Routed to it / routed to all ranks of the server.
+    pub routing_share: f64,
+    /// Real requests per forward iteration.
+    pub mean_scheduled_requests: f64,
+    /// Forward iterations in which it ran a dummy.
+    pub dummy_iterations: u64,
+    /// Requests completed here.
+    pub completed: u64,
+}
+
+/// Deferral counters of a server (all ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Deferrals {
+    /// Admitted requests not started for lack of a KV index slot (§7).
+    pub no_free_index_slot: u64,
+    /// Requests not run for lack of KV blocks.
+    pub out_of_blocks: u64,
+}
+
+/// Dummy counters of a server (all ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Dummies {
+    /// Added tentatively.
+    pub added: u64,
+    /// Committed.
+    pub committed: u64,
+    /// Rolled back.
+    pub rolled_back: u64,
+    /// Needed but skipped for lack of capacity.
+    pub skipped: u64,
+}
+
+/// KV counters of a server (all ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct KvReport {
+    /// Blocks allocated.
+    pub allocations: u64,
+    /// Blocks served from the prefix cache.
+    pub reuse_hits: u64,
+    /// Cached blocks evicted.
+    pub evictions: u64,
+}
+
+/// Transfers seen by a server (disaggregated roles).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct TransferReport {
+    /// Transfers completed.
+    pub count: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Mean transfer time.
+    pub mean_ms: f64,
+    /// 99th percentile transfer time.
+    pub p99_ms: f64,
+    /// Transfers that timed out or failed.
+    pub timeouts: u64,
+}
+
+/// One server.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ServerReport {
+    /// Name.
+    pub name: String,
+    /// agg, ctx or gen.
+    pub role: String,
+    /// DP ranks.
+    pub dp: u32,
+    /// `max_batch_size`.
+    pub max_batch_size: u32,
+    /// Iterations run.
+    pub iterations: u64,
+    /// Iterations whose forward ran.
+    pub forward_iterations: u64,
+    /// Iterations whose forward some rank vetoed.
+    pub vetoed_iterations: u64,
+    /// Real requests per rank per forward iteration.
+    pub mean_scheduled_requests: f64,
+    /// `mean_scheduled_requests / max_batch_size`.
+    pub occupancy: f64,
+    /// Virtual time the server spent iterating.
+    pub busy_time_s: f64,
+    /// Per rank.
+    pub ranks: Vec<RankReport>,
+    /// Deferrals.
+    pub deferrals: Deferrals,
+    /// Dummies.
+    pub dummies: Dummies,
+    /// KV.
+    pub kv: KvReport,
+    /// Transfers (ctx: sends; gen: receives).
+    pub transfers: TransferReport,
+    /// §10 violations (the first 100).
+    pub violations: Vec<Violation>,
+    /// Violations in all.
+    pub violation_count: u64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Scenario name.
+    pub scenario: String,
+    /// Legacy switches on (empty: the fixed policy).
+    pub legacy_switches: Vec<String>,
+    /// Seed.
+    pub seed: u64,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The fatal violation or the deadlock's rank states.
+    pub outcome_detail: Option<String>,
+    /// Accounting.
+    pub requests: RequestCounts,
+    /// Virtual time at the end.
+    pub virtual_time_s: f64,
+    /// Wall-clock time of the run (the only field that varies between identical runs).
+    pub wall_time_s: f64,
+    /// Throughput.
+    pub throughput: Throughput,
+    /// Latency.
+    pub latency_ms: Latency,
+    /// Servers in scenario order.
+    pub servers: Vec<ServerReport>,
+}
+
+impl Report {
+    /// Human-readable summary.
+    pub fn table(&self) -> String {
+        let mut o = String::new();
+        let policy = if self.legacy_switches.is_empty() {
+            "fixed".to_string()
+        } else {
+            format!("legacy ({})", self.legacy_switches.join(", "))
+        };
+        let _ = writeln!(
+            o,
+            "scenario {}  policy {}  seed {}",
+            self.scenario, policy, self.seed
+        );
+        let _ = writeln!(
+            o,
+            "outcome {}{}",
+            self.outcome.name(),
+            self.outcome_detail
+                .as_deref()
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default()
+        );
+        let r = &self.requests;
+        let _ = writeln!(
+            o,
+            "requests submitted {} completed {} failed {}   virtual {:.3} s   wall {:.3} s",
+            r.submitted, r.completed, r.failed, self.virtual_time_s, self.wall_time_s
+        );
+        let t = &self.throughput;
+        let _ = writeln!(
+            o,
+            "throughput {:.1} tok/s total, {:.1} tok/s output, {:.3} req/s",
+            t.total_tokens_per_s, t.output_tokens_per_s, t.requests_per_s
+        );
+        let _ = writeln!(o, "latency ms      mean       p50       p90       p99");
+        for (name, p) in [
+            ("ttft", &self.latency_ms.ttft),
+            ("tpot", &self.latency_ms.tpot),
+            ("e2e", &self.latency_ms.e2e),
+        ] {
+            let _ = writeln!(
+                o,
+                "  {name:<8} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+                p.mean, p.p50, p.p90, p.p99
+            );
+        }
+        for s in &self.servers {
+            let _ = writeln!(
+                o,
+                "server {} ({}, dp {}, B {}): iterations {} forward {} vetoed {}  occupancy {:.3} ({:.2} of B)  deferrals index {} blocks {}  dummies {}/{}/{} (added/committed/rolled back)  violations {}",
+                s.name,
+                s.role,
+                s.dp,
+                s.max_batch_size,
+                s.iterations,
+                s.forward_iterations,
+                s.vetoed_iterations,
+                s.occupancy,
+                s.mean_scheduled_requests,
+                s.deferrals.no_free_index_slot,
+                s.deferrals.out_of_blocks,
+                s.dummies.added,
+                s.dummies.committed,
+                s.dummies.rolled_back,
+                s.violation_count
+            );
+            if s.transfers.count > 0 || s.transfers.timeouts > 0 {
+                let x = &s.transfers;
+                let _ = writeln!(
+                    o,
+                    "  transfers {} ({:.1} MB) mean {:.3} ms p99 {:.3} ms timeouts {}",
+                    x.count,
+                    x.bytes as f64 / 1e6,
+                    x.mean_ms,
+                    x.p99_ms,
+                    x.timeouts
+                );
+            }
+            let _ = writeln!(o, "  rank  routed   share  sched/iter  dummy_iters");
+            for k in &s.ranks {
+                let _ = writeln!(
+                    o,
+                    "  {:>4} {:>7} {:>7.3} {:>11.3} {:>12}",
+                    k.rank,
+                    k.routed_requests,
+                    k.routing_share,
+                    k.mean_scheduled_requests,
+                    k.dummy_iterations
+                );
+            }
+        }
+        o
+    }
+
+    /// The report with `wall_time_s` zeroed: identical across runs of the same input.
+    pub fn without_wall_time(&self) -> Report {
+        Report {
+            wall_time_s: 0.0,
+            ..self.clone()
+        }
+    }
+}
+
+/// Two reports side by side with deltas (`lockstep ab`).
+pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: &str) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<36} {:>14} {:>14} {:>10}",
+        "metric", base_name, treat_name, "delta"
+    );
+    let mut row = |name: &str, a: f64, b: f64| {
+        let delta = if a != 0.0 {
+            format!("{:+.1}%", (b - a) / a.abs() * 100.0)
+        } else if b == 0.0 {
+            "=".to_string()
+        } else {
+            "new".to_string()
+        };
+        let _ = writeln!(o, "{name:<36} {a:>14.3} {b:>14.3} {delta:>10}");
+    };
+    row(
+        "requests completed",
+        base.requests.completed as f64,
+        treatment.requests.completed as f64,
+    );
+    row(
+        "requests failed",
+        base.requests.failed as f64,
+        treatment.requests.failed as f64,
+    );
+    row(
+        "virtual time (s)",
+        base.virtual_time_s,
+        treatment.virtual_time_s,
+    );
+    row(
+        "total tokens/s",
+        base.throughput.total_tokens_per_s,
+        treatment.throughput.total_tokens_per_s,
+    );
+    row(
+        "output tokens/s",
+        base.throughput.output_tokens_per_s,
+        treatment.throughput.output_tokens_per_s,
+    );
+    row(
+        "requests/s",
+        base.throughput.requests_per_s,
+        treatment.throughput.requests_per_s,
+    );
+    row(
+        "ttft mean (ms)",
+        base.latency_ms.ttft.mean,
+        treatment.latency_ms.ttft.mean,
+    );
+    row(
+        "ttft p99 (ms)",
+        base.latency_ms.ttft.p99,
+        treatment.latency_ms.ttft.p99,
+    );
+    row(
+        "tpot mean (ms)",
+        base.latency_ms.tpot.mean,
+        treatment.latency_ms.tpot.mean,
+    );
+    row(
+        "e2e p99 (ms)",
+        base.latency_ms.e2e.p99,
+        treatment.latency_ms.e2e.p99,
+    );
+    for (a, b) in base.servers.iter().zip(&treatment.servers) {
+        let n = &a.name;
+        row(&format!("{n}: occupancy"), a.occupancy, b.occupancy);
+        row(
+            &format!("{n}: forward iterations"),
+            a.forward_iterations as f64,
+            b.forward_iterations as f64,
+        );
+        row(
+            &format!("{n}: vetoed iterations"),
+            a.vetoed_iterations as f64,
+            b.vetoed_iterations as f64,
+        );
+        row(
+            &format!("{n}: no-free-index-slot deferrals"),
+            a.deferrals.no_free_index_slot as f64,
+            b.deferrals.no_free_index_slot as f64,
+        );
+        let spread = |s: &ServerReport| {
+            let shares: Vec<f64> = s.ranks.iter().map(|r| r.routing_share).collect();
+            let max = shares.iter().cloned().fold(f64::MIN, f64::max);
+            let min = shares.iter().cloned().fold(f64::MAX, f64::min);
+            if shares.is_empty() { 0.0 } else { max - min }
+        };
+        row(&format!("{n}: routing share spread"), spread(a), spread(b));
+        row(
+            &format!("{n}: violations"),
+            a.violation_count as f64,
+            b.violation_count as f64,
+        );
+    }
+    let _ = writeln!(
+        o,
+        "outcome: {} → {}",
+        base.outcome.name(),
+        treatment.outcome.name()
+    );
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_interpolate_like_numpy() {
+        let mut v: Vec<f64> = (1..=10).map(f64::from).collect();
+        let p = Percentiles::of(&mut v);
+        assert_eq!(p.mean, 5.5);
+        assert_eq!(p.p50, 5.5);
+        assert!((p.p90 - 9.1).abs() < 1e-9);
+        assert!((p.p99 - 9.91).abs() < 1e-9);
+        assert_eq!(Percentiles::of(&mut []), Percentiles::default());
+    }
+}

@@ -1,0 +1,523 @@
+//! The deterministic simulator: every server of a scenario on one virtual clock, in one
+//! thread. A server iteration is one event lasting the backend's modeled time (max over
+//! its ranks; under overlap max of host and device time); arrivals, KV transfers and
+//! client think time are events too. Same seed and input → identical report (but for
+//! `wall_time_s`).
+//!
+//! Progress never stalls silently: a server whose iteration changed nothing sleeps until
+//! an input concerns it; if work remains and no event can make progress, the run ends as
+//! `deadlocked` with every rank's state; a violation that would crash the real executor
+//! ends it as `crashed`.
+
+mod iterlog;
+mod server;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::io::Write;
+use std::time::Instant;
+
+use lockstep_actors::config::Role;
+use lockstep_actors::executor::{Finish, TransferCommand, TransferEvent, TransferOutcome};
+use lockstep_actors::ids::{RankId, ReqId};
+use lockstep_actors::request::RequestSpec;
+use lockstep_gpu::{AnalyticBackend, ModelProfile};
+
+use crate::report::{Latency, Outcome, Percentiles, Report, RequestCounts, Throughput};
+use crate::scenario::Scenario;
+use crate::workload::Workload;
+
+pub use iterlog::IterLogLine;
+use server::{ServerState, SimServer};
+
+/// A simulation that could not start (bad input). Results, including crashes and
+/// deadlocks, are reports, not errors.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// Scenario problem.
+    #[error("{0}")]
+    Scenario(#[from] crate::scenario::ScenarioError),
+    /// Workload problem.
+    #[error("{0}")]
+    Workload(#[from] crate::workload::WorkloadError),
+    /// Anything else about the input, named.
+    #[error("{0}")]
+    Invalid(String),
+    /// Writing the iteration log failed.
+    #[error("iteration log: {0}")]
+    IterLog(#[from] std::io::Error),
+}
+
+/// Options of one run.
+pub struct SimOptions<'a> {
+    /// Seed (sub-seeds are derived from it).
+    pub seed: u64,
+    /// Where to write one JSON line per server iteration and rank.
+    pub iter_log: Option<&'a mut dyn Write>,
+    /// Called with (completed + failed, total if known) as the run goes.
+    pub progress: Option<&'a mut dyn FnMut(u64, Option<u64>)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// A server's iteration ends.
+    IterationEnd(usize),
+    /// A KV transfer finishes.
+    TransferDone(ReqId),
+}
+
+/// Per-request bookkeeping of the client side.
+#[derive(Debug, Clone)]
+struct Record {
+    spec: RequestSpec,
+    arrival_ns: u64,
+    first_token_ns: Option<u64>,
+    end_ns: Option<u64>,
+    output_tokens: u32,
+    completed: bool,
+}
+
+/// A ctx → gen handoff in progress.
+#[derive(Debug, Clone, Copy, Default)]
+struct Handoff {
+    ctx: Option<(usize, RankId)>,
+    decode: Option<(usize, RankId)>,
+    started_ns: u64,
+    bytes: u64,
+}
+
+struct Sim<'s, 'o> {
+    scenario: &'s Scenario,
+    now: u64,
+    seq: u64,
+    events: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    servers: Vec<SimServer>,
+    workload: Workload,
+    records: BTreeMap<ReqId, Record>,
+    profile: ModelProfile,
+    backend: AnalyticBackend,
+    handoffs: BTreeMap<ReqId, Handoff>,
+    rr_agg: usize,
+    rr_ctx: usize,
+    rr_gen: usize,
+    finished: u64,
+    outcome: Option<(Outcome, String)>,
+    iterations_without_response: u64,
+    opts: SimOptions<'o>,
+}
+
+/// Iterations of the whole fleet with no response at all before the run is declared
+/// deadlocked (a livelock guard; real progress emits responses far more often).
+const LIVELOCK_ITERATIONS: u64 = 2_000_000;
+
+/// Runs a scenario to the end and reports.
+pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError> {
+    let started = Instant::now();
+    let wl_cfg = scenario
+        .workload
+        .as_ref()
+        .ok_or_else(|| SimError::Invalid("scenario has no [workload] section".into()))?;
+    let profile = scenario.model.resolve().map_err(SimError::Invalid)?;
+    let mut servers = Vec::new();
+    for (i, cfg) in scenario.servers.iter().enumerate() {
+        servers.push(SimServer::new(i, cfg, scenario.policy)?);
+    }
+    for s in &mut servers {
+        s.log_enabled = opts.iter_log.is_some();
+    }
+    let roles: Vec<Role> = servers.iter().map(|s| s.role).collect();
+    let has_agg = roles.contains(&Role::Agg);
+    let has_ctx = roles.contains(&Role::Ctx);
+    let has_gen = roles.contains(&Role::Gen);
+    if has_agg && (has_ctx || has_gen) {
+        return Err(SimError::Invalid(
+            "a scenario has either agg servers or ctx and gen servers, not both".into(),
+        ));
+    }
+    if has_ctx != has_gen {
+        return Err(SimError::Invalid(
+            "a disaggregated scenario needs at least one ctx and one gen server".into(),
+        ));
+    }
+    let tpb = servers[0].tokens_per_block;
+    if let Some(s) = servers.iter().find(|s| s.tokens_per_block != tpb) {
+        return Err(SimError::Invalid(format!(
+            "server `{}`: kv_cache_config.tokens_per_block = {} differs from server `{}`'s {}; \
+             KV handed between servers needs one block size",
+            s.name, s.tokens_per_block, servers[0].name, tpb
+        )));
+    }
+    let workload = Workload::new(
+        wl_cfg,
+        tpb,
+        scenario.seed.unwrap_or(opts.seed),
+        &scenario.base_dir,
+    )?;
+    let backend = AnalyticBackend {
+        coefficients: profile.coefficients,
+    };
+    let mut sim = Sim {
+        scenario,
+        now: 0,
+        seq: 0,
+        events: BinaryHeap::new(),
+        servers,
+        workload,
+        records: BTreeMap::new(),
+        profile,
+        backend,
+        handoffs: BTreeMap::new(),
+        rr_agg: 0,
+        rr_ctx: 0,
+        rr_gen: 0,
+        finished: 0,
+        outcome: None,
+        iterations_without_response: 0,
+        opts,
+    };
+    sim.run_loop()?;
+    Ok(sim.report(started.elapsed().as_secs_f64()))
+}
+
+impl Sim<'_, '_> {
+    fn push(&mut self, at: u64, e: Event) {
+        self.seq += 1;
+        self.events.push(Reverse((at, self.seq, e)));
+    }
+
+    fn run_loop(&mut self) -> Result<(), SimError> {
+        loop {
+            if self.outcome.is_some() {
+                return Ok(());
+            }
+            let next_event = self.events.peek().map(|Reverse((t, _, _))| *t);
+            let next_arrival = self.workload.next_arrival_ns();
+            let now = match (next_event, next_arrival) {
+                (None, None) => break,
+                (Some(e), None) => e,
+                (None, Some(a)) => a,
+                (Some(e), Some(a)) => e.min(a),
+            };
+            debug_assert!(now >= self.now, "time went back: {now} < {}", self.now);
+            self.now = now;
+            if next_arrival == Some(now) {
+                while let Some(arrival) = self.workload.pop_due(now) {
+                    self.admit_arrival(arrival.spec, arrival.at_ns);
+                }
+                continue;
+            }
+            let Some(Reverse((_, _, event))) = self.events.pop() else {
+                break;
+            };
+            match event {
+                Event::IterationEnd(s) => self.end_iteration(s)?,
+                Event::TransferDone(id) => self.finish_transfer(id),
+            }
+        }
+        // Nothing can make progress any more.
+        let outstanding = self.records.values().filter(|r| r.end_ns.is_none()).count();
+        if outstanding > 0 || !self.workload.exhausted() {
+            let states: Vec<String> = self.servers.iter().map(|s| s.describe()).collect();
+            self.outcome = Some((
+                Outcome::Deadlocked,
+                format!(
+                    "{outstanding} requests outstanding and no event can make progress at t = {:.6} s; {}",
+                    self.now as f64 / 1e9,
+                    states.join("; ")
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The front door: an arrival goes to an agg server, or to a ctx server first.
+    fn admit_arrival(&mut self, spec: RequestSpec, at_ns: u64) {
+        let id = spec.id;
+        self.records.insert(
+            id,
+            Record {
+                spec: spec.clone(),
+                arrival_ns: at_ns,
+                first_token_ns: None,
+                end_ns: None,
+                output_tokens: 0,
+                completed: false,
+            },
+        );
+        let target = self.pick(&[Role::Agg, Role::Ctx]);
+        self.servers[target].ingress.push_back(spec);
+        self.wake(target);
+    }
+
+    fn pick(&mut self, roles: &[Role]) -> usize {
+        let candidates: Vec<usize> = self
+            .servers
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| roles.contains(&s.role))
+            .map(|(i, _)| i)
+            .collect();
+        let counter = match self.servers[candidates[0]].role {
+            Role::Agg => &mut self.rr_agg,
+            Role::Ctx => &mut self.rr_ctx,
+            Role::Gen => &mut self.rr_gen,
+        };
+        let chosen = candidates[*counter % candidates.len()];
+        *counter += 1;
+        chosen
+    }
+
+    fn wake(&mut self, s: usize) {
+        if matches!(
+            self.servers[s].state,
+            ServerState::Idle | ServerState::Stalled
+        ) {
+            self.start_iteration(s);
+        }
+    }
+
+    fn start_iteration(&mut self, s: usize) {
+        let now = self.now;
+        let backend = self.backend;
+        match self.servers[s].step(now, &backend) {
+            Ok(Some(duration)) => {
+                self.push(now + duration, Event::IterationEnd(s));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.outcome = Some((
+                    Outcome::Crashed,
+                    format!("server `{}`: {e}", self.servers[s].name),
+                ));
+            }
+        }
+    }
+
+    fn end_iteration(&mut self, s: usize) -> Result<(), SimError> {
+        let now = self.now;
+        let done = match self.servers[s].finish_iteration() {
+            Ok(Some(done)) => done,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                self.outcome = Some((
+                    Outcome::Crashed,
+                    format!("server `{}`: {e}", self.servers[s].name),
+                ));
+                return Ok(());
+            }
+        };
+        if let Some(log) = self.opts.iter_log.as_mut() {
+            for line in &done.log_lines {
+                serde_json::to_writer(&mut **log, line).map_err(std::io::Error::other)?;
+                log.write_all(b"\n")?;
+            }
+        }
+        if let Some(v) = done.fatal {
+            self.outcome = Some((
+                Outcome::Crashed,
+                format!("server `{}`: {v}", self.servers[s].name),
+            ));
+            return Ok(());
+        }
+        let role = self.servers[s].role;
+        if done.responses.is_empty() {
+            self.iterations_without_response += 1;
+        } else {
+            self.iterations_without_response = 0;
+        }
+        for r in &done.responses {
+            let Some(rec) = self.records.get_mut(&r.id) else {
+                continue;
+            };
+            if r.new_tokens > 0 {
+                rec.first_token_ns.get_or_insert(now);
+                rec.output_tokens += r.new_tokens;
+            }
+            match &r.finish {
+                None => {}
+                Some(Finish::Completed) => self.end_request(r.id, true),
+                Some(Finish::ContextDone) => self.hand_off(s, r.id),
+                Some(Finish::Failed(_)) | Some(Finish::Cancelled) => {
+                    self.end_request(r.id, false);
+                    if let Some(h) = self.handoffs.remove(&r.id) {
+                        // The other side must free its KV too.
+                        self.fail_other_side(h, r.id, role);
+                    }
+                }
+            }
+        }
+        for (rank, cmd) in &done.commands {
+            match *cmd {
+                TransferCommand::Send { id, .. } => {
+                    let h = self.handoffs.entry(id).or_default();
+                    h.ctx = Some((s, *rank));
+                    if self.records.get(&id).is_some_and(|r| r.end_ns.is_some()) {
+                        // Nothing to hand over (output length 1): release the KV now.
+                        self.deliver(s, *rank, id, TransferOutcome::Done);
+                        self.handoffs.remove(&id);
+                    }
+                }
+                TransferCommand::Receive { id, .. } => {
+                    let prompt = self.records.get(&id).map_or(0, |r| r.spec.prompt_len);
+                    let duration = self.scenario.model.transfer_ns(&self.profile, prompt);
+                    let bytes = self.profile.kv.bytes_per_token() * u64::from(prompt);
+                    let h = self.handoffs.entry(id).or_default();
+                    h.decode = Some((s, *rank));
+                    h.started_ns = now;
+                    h.bytes = bytes;
+                    self.push(now + duration, Event::TransferDone(id));
+                }
+            }
+        }
+        if let Some(p) = self.opts.progress.as_mut() {
+            p(self.finished, self.workload.total());
+        }
+        if self.iterations_without_response > LIVELOCK_ITERATIONS {
+            let states: Vec<String> = self.servers.iter().map(|s| s.describe()).collect();
+            self.outcome = Some((
+                Outcome::Deadlocked,
+                format!(
+                    "{LIVELOCK_ITERATIONS} iterations without a response; {}",
+                    states.join("; ")
+                ),
+            ));
+            return Ok(());
+        }
+        // Go on unless the server is idle or stalled; an input wakes it.
+        if done.progress || !self.servers[s].ingress.is_empty() {
+            self.start_iteration(s);
+        } else {
+            self.servers[s].state = ServerState::Stalled;
+        }
+        Ok(())
+    }
+
+    fn end_request(&mut self, id: ReqId, completed: bool) {
+        let now = self.now;
+        if let Some(rec) = self.records.get_mut(&id)
+            && rec.end_ns.is_none()
+        {
+            rec.end_ns = Some(now);
+            rec.completed = completed;
+            self.finished += 1;
+            self.workload.on_finished(id, now, completed);
+        }
+    }
+
+    /// ctx finished the prefill: the front forwards the request to a gen server, unless
+    /// its single output token is already out.
+    fn hand_off(&mut self, _ctx: usize, id: ReqId) {
+        let Some(rec) = self.records.get(&id) else {
+            return;
+        };
+        if rec.spec.max_new_tokens <= 1 {
+            self.end_request(id, true);
+            return;
+        }
+        let mut spec = rec.spec.clone();
+        spec.generated_before = 1;
+        let target = self.pick(&[Role::Gen]);
+        self.servers[target].ingress.push_back(spec);
+        self.wake(target);
+    }
+
+    fn deliver(&mut self, s: usize, rank: RankId, id: ReqId, outcome: TransferOutcome) {
+        let server = &mut self.servers[s];
+        if let Some(r) = server.group.ranks_mut().get_mut(rank.index()) {
+            // A request the rank no longer holds in transfer (failed meanwhile) is skipped.
+            let _ = r.handle_transfer_event(TransferEvent { id, outcome });
+        }
+        self.wake(s);
+    }
+
+    fn finish_transfer(&mut self, id: ReqId) {
+        let Some(h) = self.handoffs.remove(&id) else {
+            return;
+        };
+        let now = self.now;
+        if let Some((g, rank)) = h.decode {
+            let t = &mut self.servers[g].transfers;
+            t.count += 1;
+            t.bytes += h.bytes;
+            t.times_ms.push((now - h.started_ns) as f64 / 1e6);
+            self.deliver(g, rank, id, TransferOutcome::Done);
+        }
+        if let Some((c, rank)) = h.ctx {
+            let t = &mut self.servers[c].transfers;
+            t.count += 1;
+            t.bytes += h.bytes;
+            t.times_ms.push((now - h.started_ns) as f64 / 1e6);
+            self.deliver(c, rank, id, TransferOutcome::Done);
+        }
+    }
+
+    fn fail_other_side(&mut self, h: Handoff, id: ReqId, failed_on: Role) {
+        let other = match failed_on {
+            Role::Ctx => h.decode,
+            Role::Gen | Role::Agg => h.ctx,
+        };
+        if let Some((s, rank)) = other {
+            self.deliver(s, rank, id, TransferOutcome::Failed("peer failed".into()));
+        }
+    }
+
+    fn report(&self, wall_time_s: f64) -> Report {
+        let (outcome, detail) = match &self.outcome {
+            Some((o, d)) => (*o, Some(d.clone())),
+            None => (Outcome::Completed, None),
+        };
+        let mut counts = RequestCounts {
+            submitted: self.records.len() as u64,
+            ..RequestCounts::default()
+        };
+        let (mut ttft, mut tpot, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut total_tokens, mut output_tokens) = (0u64, 0u64);
+        for r in self.records.values() {
+            match (r.end_ns, r.completed) {
+                (Some(end), true) => {
+                    counts.completed += 1;
+                    output_tokens += u64::from(r.output_tokens);
+                    total_tokens += u64::from(r.output_tokens) + u64::from(r.spec.prompt_len);
+                    e2e.push((end - r.arrival_ns) as f64 / 1e6);
+                    if let Some(first) = r.first_token_ns {
+                        ttft.push((first - r.arrival_ns) as f64 / 1e6);
+                        if r.output_tokens > 1 {
+                            tpot.push((end - first) as f64 / 1e6 / f64::from(r.output_tokens - 1));
+                        }
+                    }
+                }
+                (Some(_), false) => counts.failed += 1,
+                (None, _) => {}
+            }
+        }
+        let secs = self.now as f64 / 1e9;
+        let per_s = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
+        Report {
+            scenario: self.scenario.name.clone(),
+            legacy_switches: self
+                .scenario
+                .policy
+                .legacy_switches()
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            seed: self.scenario.seed.unwrap_or(self.opts.seed),
+            outcome,
+            outcome_detail: detail,
+            requests: counts,
+            virtual_time_s: secs,
+            wall_time_s,
+            throughput: Throughput {
+                total_tokens_per_s: per_s(total_tokens as f64),
+                output_tokens_per_s: per_s(output_tokens as f64),
+                requests_per_s: per_s(counts.completed as f64),
+            },
+            latency_ms: Latency {
+                ttft: Percentiles::of(&mut ttft),
+                tpot: Percentiles::of(&mut tpot),
+                e2e: Percentiles::of(&mut e2e),
+            },
+            servers: self.servers.iter().map(|s| s.report()).collect(),
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! One simulated server: its ranks (a `ServerGroup`), its ingress queue, and the
+//! accumulators its report needs.
+
+use std::collections::VecDeque;
+
+use lockstep_actors::config::{Role, ServerConfig};
+use lockstep_actors::executor::{FetchBatch, FetchMode, Response, TransferCommand};
+use lockstep_actors::group::{BegunIteration, DeterministicTokens, ServerGroup};
+use lockstep_actors::ids::RankId;
+use lockstep_actors::invariants::Violation;
+use lockstep_actors::policy::Policy;
+use lockstep_actors::request::RequestSpec;
+use lockstep_gpu::{Backend, BatchShape};
+
+use crate::report::{
+    Deferrals, Dummies, KvReport, Percentiles, RankReport, ServerReport, TransferReport,
+};
+
+use super::SimError;
+use super::iterlog::IterLogLine;
+
+/// What a server is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerState {
+    /// Rank 0 blocks on the ingress queue (nothing live, nothing waiting).
+    Idle,
+    /// An iteration is running until its end event.
+    Busy,
+    /// The last iteration changed nothing; the server sleeps until an input concerns it
+    /// (its next iteration would be identical).
+    Stalled,
+}
+
+/// The results of an iteration, delivered at its end.
+pub struct FinishedIteration {
+    pub responses: Vec<Response>,
+    pub commands: Vec<(RankId, TransferCommand)>,
+    pub fatal: Option<Violation>,
+    pub progress: bool,
+    pub log_lines: Vec<IterLogLine>,
+}
+
+/// Transfer accumulators.
+#[derive(Debug, Default)]
+pub struct TransferAcc {
+    pub count: u64,
+    pub bytes: u64,
+    pub times_ms: Vec<f64>,
+    pub timeouts: u64,
+}
+
+pub struct SimServer {
+    pub name: String,
+    pub role: Role,
+    pub tokens_per_block: u32,
+    pub overlap: bool,
+    pub max_batch_size: u32,
+    pub group: ServerGroup,
+    pub ingress: VecDeque<RequestSpec>,
+    pub state: ServerState,
+    pub transfers: TransferAcc,
+    pending: Option<(BegunIteration, u64, u64, u64)>,
+    iterations: u64,
+    busy_ns: u64,
+    violations: Vec<Violation>,
+    violation_count: u64,
+    tokens: DeterministicTokens,
+    pub log_enabled: bool,
+}
+
+impl SimServer {
+    pub fn new(index: usize, cfg: &ServerConfig, policy: Policy) -> Result<SimServer, SimError> {
+        let group = ServerGroup::new(cfg, policy)
+            .map_err(|e| SimError::Scenario(crate::scenario::ScenarioError::Config(e)))?;
+        if let Some(w) = group.warning() {
+            tracing::warn!(server = index, "{w}");
+        }
+        let sizes = group.ranks()[0].sizes().clone();
+        let mut group = group;
+        // The full KV walk is O(blocks): every iteration on small pools, periodically on
+        // large ones (conservation is checked every iteration regardless).
+        let every = if sizes.kv_blocks_per_rank <= 4096 {
+            1
+        } else {
+            16_384
+        };
+        for r in group.ranks_mut() {
+            r.set_kv_full_check_every(every);
+        }
+        Ok(SimServer {
+            name: cfg.name.clone(),
+            role: cfg.role,
+            tokens_per_block: sizes.tokens_per_block,
+            overlap: sizes.overlap,
+            max_batch_size: sizes.max_batch_size,
+            group,
+            ingress: VecDeque::new(),
+            state: ServerState::Idle,
+            transfers: TransferAcc::default(),
+            pending: None,
+            iterations: 0,
+            busy_ns: 0,
+            violations: Vec::new(),
+            violation_count: 0,
+            tokens: DeterministicTokens,
+            log_enabled: true,
+        })
+    }
+
+    /// Starts an iteration at `now`. `Ok(Some(d))`: it lasts `d` ns; `Ok(None)`: idle.
+    pub fn step(
+        &mut self,
+        now: u64,
+        backend: &impl Backend,
+    ) -> Result<Option<u64>, lockstep_actors::executor::ExecutorError> {
+        let ingress = &mut self.ingress;
+        let mut fetch = |mode: FetchMode| {
+            if mode == FetchMode::Block && ingress.is_empty() {
+                return None;
+            }
+            Some(FetchBatch {
+                requests: ingress.drain(..).collect(),
+                cancellations: Vec::new(),
+                shutdown: false,
+            })
+        };
+        match self.group.begin(&mut fetch, &mut self.tokens)? {
+            None => {
+                self.state = ServerState::Idle;
+                Ok(None)
+            }
+            Some(it) => {
+                let dp = self.group.ranks().len();
+                let mut shapes = vec![BatchShape::default(); dp];
+                for b in &it.launched {
+                    shapes[b.rank.index()] = BatchShape::of(b);
+                }
+                let time = backend.iteration_ns(&shapes, it.forward_ran, self.overlap);
+                // Every iteration takes some time, so virtual time always advances.
+                let total = time.total_ns.max(1_000);
+                self.state = ServerState::Busy;
+                self.iterations += 1;
+                self.busy_ns += total;
+                self.pending = Some((it, now, time.host_ns, time.device_ns));
+                Ok(Some(total))
+            }
+        }
+    }
+
+    /// Ends the running iteration (its transfer phase and checks run now, so transfer
+    /// events that arrived during it apply) and hands back its results.
+    pub fn finish_iteration(
+        &mut self,
+    ) -> Result<Option<FinishedIteration>, lockstep_actors::executor::ExecutorError> {
+        let Some((it, started, host_ns, device_ns)) = self.pending.take() else {
+            return Ok(None);
+        };
+        let reports = self.group.end()?;
+        let mut commands = Vec::new();
+        let mut fatal = None;
+        let mut progress = it.forward_ran || !it.responses.is_empty();
+        let mut log_lines = Vec::new();
+        for report in &reports {
+            let st = &report.stats;
+            progress |= st.admitted_now > 0 || !report.transfer_commands.is_empty();
+            for c in &report.transfer_commands {
+                commands.push((st.rank, c.clone()));
+            }
+            for v in &report.violations {
+                self.violation_count += 1;
+                if self.violations.len() < 100 {
+                    self.violations.push(v.clone());
+                }
+                if fatal.is_none() && v.kind.is_fatal() {
+                    fatal = Some(v.clone());
+                }
+            }
+            if self.log_enabled {
+                log_lines.push(IterLogLine::new(
+                    &self.name, started, host_ns, device_ns, st,
+                ));
+            }
+        }
+        Ok(Some(FinishedIteration {
+            responses: it.responses,
+            commands,
+            fatal,
+            progress,
+            log_lines,
+        }))
+    }
+
+    /// One line per rank for a deadlock report.
+    pub fn describe(&self) -> String {
+        let ranks: Vec<String> = self
+            .group
+            .ranks()
+            .iter()
+            .map(|r| {
+                let c = r.counts();
+                let mut by_state: std::collections::BTreeMap<i32, u32> = Default::default();
+                for q in r.active() {
+                    *by_state.entry(q.state.as_int()).or_default() += 1;
+                }
+                format!(
+                    "rank {}: live {} routable {} retiring {} schedulable {} sending {} waiting {} states {:?}",
+                    r.rank(),
+                    c.live,
+                    c.routable,
+                    c.retiring,
+                    c.schedulable,
+                    r.sending().len(),
+                    r.waiting().len(),
+                    by_state
+                )
+            })
+            .collect();
+        format!(
+            "server `{}` ({:?}): {}",
+            self.name,
+            self.state,
+            ranks.join(", ")
+        )
+    }
+
+    pub fn report(&self) -> ServerReport {
+        let ranks = self.group.ranks();
+        let dp = ranks.len() as u32;
+        let routed_all: u64 = ranks.iter().map(|r| r.totals().routed_requests).sum();
+        let forward = ranks[0].totals().forward_iterations;
+        let scheduled: u64 = ranks.iter().map(|r| r.totals().scheduled_requests).sum();
+        let mean = if forward > 0 {
+            scheduled as f64 / (forward as f64 * f64::from(dp))
+        } else {
+            0.0
+        };
+        let mut deferrals = Deferrals::default();
+        let mut dummies = Dummies::default();
+        let mut kv = KvReport::default();
+        let rank_reports = ranks
+            .iter()
+            .map(|r| {
+                let t = r.totals();
+                deferrals.no_free_index_slot += t.deferrals_no_free_index_slot;
+                deferrals.out_of_blocks += t.deferrals_out_of_blocks;
+                dummies.added += t.dummies_added;
+                dummies.committed += t.dummies_committed;
+                dummies.rolled_back += t.dummies_rolled_back;
+                dummies.skipped += t.dummies_skipped;
+                let c = r.kv().counters();
+                kv.allocations += c.allocations;
+                kv.reuse_hits += c.reuse_hits;
+                kv.evictions += c.evictions;
+                RankReport {
+                    rank: r.rank().0,
+                    routed_requests: t.routed_requests,
+                    routing_share: if routed_all > 0 {
+                        t.routed_requests as f64 / routed_all as f64
+                    } else {
+                        0.0
+                    },
+                    mean_scheduled_requests: if t.forward_iterations > 0 {
+                        t.scheduled_requests as f64 / t.forward_iterations as f64
+                    } else {
+                        0.0
+                    },
+                    dummy_iterations: t.dummy_iterations,
+                    completed: t.completed,
+                }
+            })
+            .collect();
+        let mut times = self.transfers.times_ms.clone();
+        let p = Percentiles::of(&mut times);
+        ServerReport {
+            name: self.name.clone(),
+            role: self.role.name().to_string(),
+            dp,
+            max_batch_size: self.max_batch_size,
+            iterations: self.iterations,
+            forward_iterations: forward,
+            vetoed_iterations: ranks[0].totals().vetoed_iterations,
+            mean_scheduled_requests: mean,
+            occupancy: mean / f64::from(self.max_batch_size),
+            busy_time_s: self.busy_ns as f64 / 1e9,
+            ranks: rank_reports,
+            deferrals,
+            dummies,
+            kv,
+            transfers: TransferReport {
+                count: self.transfers.count,
+                bytes: self.transfers.bytes,
+                mean_ms: p.mean,
+                p99_ms: p.p99,
+                timeouts: self.transfers.timeouts,
+            },
+            violations: self.violations.clone(),
+            violation_count: self.violation_count,
+        }
+    }
+}
