@@ -13,8 +13,8 @@ use crate::request::{Request, RequestState, SchedulableWindow};
 pub struct RankCounts {
     /// Every resident request: active, retiring, dummies. Drives the idle decision.
     pub live: u32,
-    /// Live minus retiring and dummies (legacy `admission.charge_retiring`: retiring
-    /// included). Drives admission and router balance.
+    /// Live minus retiring (legacy `admission.charge_retiring`: live). Drives admission
+    /// and router balance.
     pub routable: u32,
     /// Prompt tokens of the routable requests (router balance).
     pub routable_prompt_tokens: u64,
@@ -32,11 +32,12 @@ pub fn is_retiring(r: &Request) -> bool {
     r.state.is_retiring()
 }
 
-/// Whether a request is charged against admission (counted routable). A dummy is never
-/// load to balance; under the fixed policy none is alive when counts are gathered, and a
-/// dummy that survives (legacy `pad.rollback`) is caught by the cap check instead.
+/// Whether a request is charged against admission (counted routable): live minus
+/// retiring. A dummy counts like any resident request; under the fixed policy none is
+/// alive when counts are gathered, and one that survived a rejected iteration (legacy
+/// `pad.rollback`) is counted in the next gather, as historically.
 pub fn is_routable(r: &Request, policy: &Policy) -> bool {
-    !r.is_dummy && (policy.admission.charge_retiring || !is_retiring(r))
+    policy.admission.charge_retiring || !is_retiring(r)
 }
 
 /// The scheduler's schedulable predicate: inside the published window and ready.

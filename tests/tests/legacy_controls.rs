@@ -120,17 +120,30 @@ fn legacy_pad_predicate_lets_a_rank_holding_only_retiring_requests_veto_the_forw
     assert!(fixed.iterations[2].reports[0].stats.dummy_committed);
 }
 
+/// A gen rank full of requests waiting for their KV (routable, not schedulable) pads;
+/// the peer vetoes the iteration.
 fn rollback_case(policy: Policy) -> Vec<Vec<InvariantKind>> {
-    let mut solo = SoloRank::new(&adp_server(2, 2, false), policy);
-    // The peer has work, this rank has none: it pads; the peer votes zero.
-    let (_, first) = solo.iterate(peer_with(1), FetchBatch::default(), 0);
-    assert!(first.stats.dummy_added);
-    // Next iteration four requests arrive and both ranks are filled to expected = 2.
+    let mut server = adp_server(2, 2, true);
+    server.role = Role::Gen;
+    let mut solo = SoloRank::new(&server, policy);
+    let gen_spec = |id| {
+        let mut s = RequestSpec::new(id, 16, 4);
+        s.generated_before = 1;
+        s
+    };
     let fetched = FetchBatch {
-        requests: (1..=4).map(|id| RequestSpec::new(id, 16, 4)).collect(),
+        requests: vec![gen_spec(1), gen_spec(2)],
         ..FetchBatch::default()
     };
-    let (_, second) = solo.iterate(peer_with(0), fetched, 1);
+    // Both requests come here (the peer already holds 2), start their receive, and this
+    // rank, holding M = 2 requests of which none is schedulable, pads; the peer votes 0.
+    let (_, first) = solo.iterate(peer_with(2), fetched, 0);
+    assert!(first.stats.dummy_added);
+    assert_eq!(
+        solo.exec.counts().routable,
+        if policy.pad.rollback { 2 } else { 3 }
+    );
+    let (_, second) = solo.iterate(peer_with(2), FetchBatch::default(), 1);
     [first, second]
         .iter()
         .map(|r| r.violations.iter().map(|v| v.kind).collect())

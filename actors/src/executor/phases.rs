@@ -221,12 +221,12 @@ impl RankExecutor {
         // The cap check of §10, before padding (the historical `assert expected >=
         // len(active_requests)`). Fixed: the routable count; legacy charge_retiring:
         // every active request. A dummy alive here survived a rejected iteration (legacy
-        // pad.rollback) and is counted either way.
+        // pad.rollback); it is in both counts.
         let admission_count = if self.policy.admission.charge_retiring {
-            self.active.len() as u32
+            self.active.len() as u32 + u32::from(self.dummy.is_some())
         } else {
             counts.routable
-        } + u32::from(self.dummy.is_some());
+        };
         if admission_count > assignment.expected {
             self.violation(
                 InvariantKind::Cap,

@@ -487,7 +487,9 @@ impl Sim<'_, '_> {
                     }
                 }
                 (Some(_), false) => counts.failed += 1,
-                (None, _) => {}
+                // A crashed or deadlocked run fails what it still held: every request is
+                // accounted for, and the outcome says why.
+                (None, _) => counts.failed += 1,
             }
         }
         let secs = self.now as f64 / 1e9;

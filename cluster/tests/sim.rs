@@ -1,0 +1,282 @@
+//! The simulator end to end: determinism, accounting in every example under both
+//! policies, the binding case of §2 decided by the mechanism, and bad input.
+
+use std::path::{Path, PathBuf};
+
+use lockstep_cluster::report::{Outcome, Report};
+use lockstep_cluster::scenario::Scenario;
+use lockstep_cluster::sim::{self, SimOptions};
+
+fn examples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+fn load(name: &str, sets: &[&str]) -> Scenario {
+    let mut s = Scenario::load(&examples_dir().join(name)).expect("example loads");
+    for set in sets {
+        s.apply_set(set).expect("valid --set");
+    }
+    s
+}
+
+fn run(s: &Scenario, seed: u64) -> Report {
+    sim::run(
+        s,
+        SimOptions {
+            seed,
+            iter_log: None,
+            progress: None,
+        },
+    )
+    .expect("simulation starts")
+}
+
+#[test]
+fn same_seed_and_input_give_an_identical_report() {
+    for name in [
+        "agg-balanced.toml",
+        "agg-conversation.toml",
+        "disagg-small.toml",
+    ] {
+        let s = load(name, &["workload.num_requests=150"]);
+        let a = serde_json::to_string(&run(&s, 7).without_wall_time()).unwrap();
+        let b = serde_json::to_string(&run(&s, 7).without_wall_time()).unwrap();
+        assert_eq!(a, b, "{name}: two runs differ");
+        let c = serde_json::to_string(&run(&s, 8).without_wall_time()).unwrap();
+        if name == "agg-balanced.toml" {
+            assert_ne!(a, c, "{name}: the seed must matter for a random workload");
+        }
+    }
+}
+
+#[test]
+fn every_example_accounts_for_every_request_under_both_policies() {
+    let mut names: Vec<String> = std::fs::read_dir(examples_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".toml"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 9, "{names:?}");
+    for name in &names {
+        // The production-shaped benchmark is run in release by the benchmark, not here.
+        let n = if name.starts_with("disagg-8k1k") {
+            "40"
+        } else {
+            "120"
+        };
+        for preset in ["fixed", "legacy"] {
+            let mut s = load(name, &[&format!("workload.num_requests={n}")]);
+            s.apply_set(&format!("policy.preset=\"{preset}\"")).unwrap();
+            if name == "legacy-skew.toml" && preset == "fixed" {
+                let e = sim::run(
+                    &s,
+                    SimOptions {
+                        seed: 0,
+                        iter_log: None,
+                        progress: None,
+                    },
+                )
+                .err()
+                .expect("the fixed policy refuses a seat skew at startup")
+                .to_string();
+                assert!(e.contains('5') && e.contains('8'), "{e}");
+                continue;
+            }
+            let r = run(&s, 0);
+            let q = r.requests;
+            assert_eq!(
+                q.completed + q.failed,
+                q.submitted,
+                "{name} {preset}: {q:?}"
+            );
+            assert!(q.submitted > 0, "{name} {preset}");
+            if preset == "fixed" {
+                assert_eq!(
+                    r.outcome,
+                    Outcome::Completed,
+                    "{name}: {:?}",
+                    r.outcome_detail
+                );
+                assert_eq!(q.failed, 0, "{name}: nothing fails under the fixed policy");
+                for srv in &r.servers {
+                    assert_eq!(
+                        srv.violation_count, 0,
+                        "{name}/{}: {:?}",
+                        srv.name, srv.violations
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Real requests per rank per iteration over all iterations (not only forward ones).
+fn per_iteration(r: &Report) -> f64 {
+    let s = &r.servers[0];
+    s.mean_scheduled_requests * s.forward_iterations as f64 / s.iterations as f64
+}
+
+#[test]
+fn fixed_policy_keeps_every_seat_busy_in_the_binding_case_and_legacy_does_not() {
+    // dp=2, B=2, overlap, output length 1, concurrency far above capacity.
+    let base = ["workload.num_requests=400", "workload.concurrency=64"];
+    let fixed = run(&load("agg-dp2-binding.toml", &base), 0);
+    let s = &fixed.servers[0];
+    assert_eq!(s.dp, 2);
+    assert_eq!(s.max_batch_size, 2);
+    // Every iteration but the first (nothing retiring yet) and the last (drain) runs B.
+    assert!(s.iterations - s.forward_iterations <= 1, "{s:?}");
+    assert!(
+        (s.mean_scheduled_requests - 2.0).abs() < 0.02,
+        "{}",
+        s.mean_scheduled_requests
+    );
+    assert!((s.ranks[0].routing_share - s.ranks[1].routing_share).abs() < 0.01);
+    assert!(per_iteration(&fixed) > 1.95);
+
+    let legacy = run(
+        &load(
+            "agg-dp2-binding.toml",
+            &[base[0], base[1], "policy.preset=\"legacy\""],
+        ),
+        0,
+    );
+    // Retiring requests are charged: every other iteration admits nothing and, with the
+    // legacy pad predicate, the ranks holding only retiring requests veto the forward.
+    let l = &legacy.servers[0];
+    assert!(l.vetoed_iterations * 3 > l.iterations, "{l:?}");
+    assert!(per_iteration(&legacy) < 1.2, "{}", per_iteration(&legacy));
+
+    let mut charge_only = load("agg-dp2-binding.toml", &base);
+    charge_only
+        .apply_set("policy.admission.charge_retiring=true")
+        .unwrap();
+    let c = run(&charge_only, 0);
+    // Alone, the admission defect pads the starved iterations with dummies instead.
+    assert!(
+        c.servers[0].mean_scheduled_requests < 1.2,
+        "{:?}",
+        c.servers[0]
+    );
+    assert!(c.servers[0].dummies.committed > 50);
+    assert!(c.virtual_time_s > 1.5 * fixed.virtual_time_s);
+}
+
+#[test]
+fn a_trace_error_names_the_line() {
+    let dir = std::env::temp_dir().join(format!("lockstep-sim-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("bad.jsonl"),
+        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 5, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 5, \"input_length\": 10, \"output_length\": 0, \"hash_ids\": [2]}\n",
+    )
+    .unwrap();
+    let text = r#"
+[[server]]
+name = "agg0"
+tensor_parallel_size = 2
+max_batch_size = 4
+[workload]
+kind = "trace"
+[workload.trace]
+path = "bad.jsonl"
+format = "mooncake"
+"#;
+    std::fs::write(dir.join("s.toml"), text).unwrap();
+    let s = Scenario::load(&dir.join("s.toml")).unwrap();
+    let e = sim::run(
+        &s,
+        SimOptions {
+            seed: 0,
+            iter_log: None,
+            progress: None,
+        },
+    )
+    .err()
+    .expect("bad trace refused")
+    .to_string();
+    assert!(
+        e.contains("bad.jsonl:2") && e.contains("output_length"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_workload_values_name_the_key() {
+    let mut s = load("agg-balanced.toml", &[]);
+    s.apply_set("workload.rate=-1.0").unwrap();
+    let e = sim::run(
+        &s,
+        SimOptions {
+            seed: 0,
+            iter_log: None,
+            progress: None,
+        },
+    )
+    .err()
+    .expect("refused")
+    .to_string();
+    assert!(e.contains("rate") && e.contains("-1"), "{e}");
+    let mut s = load("agg-balanced.toml", &[]);
+    let e = s.apply_set("workload.rat=3").unwrap_err().to_string();
+    assert!(e.contains("rat"), "{e}");
+}
+
+#[test]
+fn the_iteration_log_has_one_line_per_server_iteration_and_rank() {
+    let s = load("agg-dp2-binding.toml", &["workload.num_requests=20"]);
+    let mut log = Vec::new();
+    let r = sim::run(
+        &s,
+        SimOptions {
+            seed: 0,
+            iter_log: Some(&mut log),
+            progress: None,
+        },
+    )
+    .unwrap();
+    let text = String::from_utf8(log).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len() as u64, r.servers[0].iterations * 2);
+    for key in [
+        "iteration",
+        "rank",
+        "num_scheduled_requests",
+        "num_ctx_requests",
+        "num_ctx_tokens",
+        "num_gen_requests",
+        "live",
+        "routable",
+        "retiring",
+        "kv_blocks_used",
+        "kv_blocks_free",
+        "seats_used",
+        "deferrals_no_free_index_slot",
+        "dummy_added",
+        "dummy_committed",
+        "dummy_rolled_back",
+        "currank_total_requests",
+        "host_ns",
+        "forward_ns",
+    ] {
+        assert!(lines[0].get(key).is_some(), "missing {key}");
+    }
+}
+
+#[test]
+fn disaggregated_runs_move_kv_and_report_transfers() {
+    let s = load("disagg-small.toml", &["workload.num_requests=100"]);
+    let r = run(&s, 0);
+    assert_eq!(r.requests.completed, 100);
+    let ctx = r.servers.iter().find(|s| s.role == "ctx").unwrap();
+    let generation = r.servers.iter().find(|s| s.role == "gen").unwrap();
+    assert_eq!(generation.transfers.count, 100);
+    assert!(generation.transfers.bytes > 0 && generation.transfers.mean_ms > 0.0);
+    assert_eq!(ctx.transfers.count, 100);
+    assert!(r.latency_ms.tpot.mean > 0.0);
+}
