@@ -77,8 +77,7 @@ fn every_example_accounts_for_every_request_under_both_policies() {
                         progress: None,
                     },
                 )
-                .err()
-                .expect("the fixed policy refuses a seat skew at startup")
+                .expect_err("the fixed policy refuses a seat skew at startup")
                 .to_string();
                 assert!(e.contains('5') && e.contains('8'), "{e}");
                 continue;
@@ -194,8 +193,7 @@ format = "mooncake"
             progress: None,
         },
     )
-    .err()
-    .expect("bad trace refused")
+    .expect_err("bad trace refused")
     .to_string();
     assert!(
         e.contains("bad.jsonl:2") && e.contains("output_length"),
@@ -215,8 +213,7 @@ fn bad_workload_values_name_the_key() {
             progress: None,
         },
     )
-    .err()
-    .expect("refused")
+    .expect_err("refused")
     .to_string();
     assert!(e.contains("rate") && e.contains("-1"), "{e}");
     let mut s = load("agg-balanced.toml", &[]);
