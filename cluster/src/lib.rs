@@ -8,3 +8,4 @@ pub mod scenario;
 pub mod sim;
 pub mod validate;
 pub mod workload;
+pub mod drivers;

@@ -441,6 +441,213 @@ pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: 
     o
 }
 
+/// The client side's record of one request, from which latencies are computed.
+#[derive(Debug, Clone)]
+pub struct ClientRecord {
+    /// What was submitted.
+    pub spec: lockstep_actors::request::RequestSpec,
+    /// When it arrived.
+    pub arrival_ns: u64,
+    /// When the first output token reached the client.
+    pub first_token_ns: Option<u64>,
+    /// When it ended.
+    pub end_ns: Option<u64>,
+    /// Output tokens received.
+    pub output_tokens: u32,
+    /// Completed (rather than failed).
+    pub completed: bool,
+    /// Why it failed, if it did.
+    pub failure: Option<String>,
+}
+
+impl ClientRecord {
+    /// A request that arrived at `arrival_ns`.
+    pub fn new(spec: lockstep_actors::request::RequestSpec, arrival_ns: u64) -> ClientRecord {
+        ClientRecord {
+            spec,
+            arrival_ns,
+            first_token_ns: None,
+            end_ns: None,
+            output_tokens: 0,
+            completed: false,
+            failure: None,
+        }
+    }
+
+    /// Applies one response received at `now_ns` (aggregated servers: a completion ends
+    /// the request; disaggregated drivers handle `ContextDone` themselves).
+    pub fn on_response(&mut self, r: &lockstep_actors::executor::Response, now_ns: u64) {
+        use lockstep_actors::executor::Finish;
+        if r.new_tokens > 0 {
+            self.first_token_ns.get_or_insert(now_ns);
+            self.output_tokens += r.new_tokens;
+        }
+        match &r.finish {
+            None | Some(Finish::ContextDone) => {}
+            Some(Finish::Completed) => self.end(now_ns, true, None),
+            Some(Finish::Failed(why)) => self.end(now_ns, false, Some(why.clone())),
+            Some(Finish::Cancelled) => self.end(now_ns, false, Some("cancelled".into())),
+        }
+    }
+
+    /// Ends the request once.
+    pub fn end(&mut self, now_ns: u64, completed: bool, failure: Option<String>) {
+        if self.end_ns.is_none() {
+            self.end_ns = Some(now_ns);
+            self.completed = completed;
+            self.failure = failure;
+        }
+    }
+}
+
+/// Builds a server's report from its ranks' executors.
+#[allow(clippy::too_many_arguments)]
+pub fn server_report(
+    name: &str,
+    role: lockstep_actors::config::Role,
+    max_batch_size: u32,
+    ranks: &[&lockstep_actors::executor::RankExecutor],
+    iterations: u64,
+    busy_time_s: f64,
+    violations: Vec<Violation>,
+    violation_count: u64,
+) -> ServerReport {
+    let dp = ranks.len() as u32;
+    let routed_all: u64 = ranks.iter().map(|r| r.totals().routed_requests).sum();
+    let forward = ranks.first().map_or(0, |r| r.totals().forward_iterations);
+    let scheduled: u64 = ranks.iter().map(|r| r.totals().scheduled_requests).sum();
+    let mean = if forward > 0 {
+        scheduled as f64 / (forward as f64 * f64::from(dp))
+    } else {
+        0.0
+    };
+    let mut deferrals = Deferrals::default();
+    let mut dummies = Dummies::default();
+    let mut kv = KvReport::default();
+    let rank_reports = ranks
+        .iter()
+        .map(|r| {
+            let t = r.totals();
+            deferrals.no_free_index_slot += t.deferrals_no_free_index_slot;
+            deferrals.out_of_blocks += t.deferrals_out_of_blocks;
+            dummies.added += t.dummies_added;
+            dummies.committed += t.dummies_committed;
+            dummies.rolled_back += t.dummies_rolled_back;
+            dummies.skipped += t.dummies_skipped;
+            let c = r.kv().counters();
+            kv.allocations += c.allocations;
+            kv.reuse_hits += c.reuse_hits;
+            kv.evictions += c.evictions;
+            RankReport {
+                rank: r.rank().0,
+                routed_requests: t.routed_requests,
+                routing_share: if routed_all > 0 {
+                    t.routed_requests as f64 / routed_all as f64
+                } else {
+                    0.0
+                },
+                mean_scheduled_requests: if t.forward_iterations > 0 {
+                    t.scheduled_requests as f64 / t.forward_iterations as f64
+                } else {
+                    0.0
+                },
+                dummy_iterations: t.dummy_iterations,
+                completed: t.completed,
+            }
+        })
+        .collect();
+    ServerReport {
+        name: name.to_string(),
+        role: role.name().to_string(),
+        dp,
+        max_batch_size,
+        iterations,
+        forward_iterations: forward,
+        vetoed_iterations: ranks.first().map_or(0, |r| r.totals().vetoed_iterations),
+        mean_scheduled_requests: mean,
+        occupancy: mean / f64::from(max_batch_size.max(1)),
+        busy_time_s,
+        ranks: rank_reports,
+        deferrals,
+        dummies,
+        kv,
+        transfers: TransferReport::default(),
+        violations,
+        violation_count,
+    }
+}
+
+/// Builds the whole report from the client records and the servers' reports.
+/// Requests still open when the run ended count as failed (a crashed or deadlocked run
+/// fails what it held).
+pub fn assemble_report(
+    scenario: &crate::scenario::Scenario,
+    seed: u64,
+    records: Vec<ClientRecord>,
+    end_ns: u64,
+    wall_time_s: f64,
+    servers: Vec<ServerReport>,
+    outcome: Option<(Outcome, String)>,
+) -> Report {
+    let (outcome, outcome_detail) = match outcome {
+        Some((o, d)) => (o, Some(d)),
+        None => (Outcome::Completed, None),
+    };
+    let mut counts = RequestCounts {
+        submitted: records.len() as u64,
+        ..RequestCounts::default()
+    };
+    let (mut ttft, mut tpot, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut total_tokens, mut output_tokens) = (0u64, 0u64);
+    for r in &records {
+        match (r.end_ns, r.completed) {
+            (Some(end), true) => {
+                counts.completed += 1;
+                output_tokens += u64::from(r.output_tokens);
+                total_tokens += u64::from(r.output_tokens) + u64::from(r.spec.prompt_len);
+                e2e.push(end.saturating_sub(r.arrival_ns) as f64 / 1e6);
+                if let Some(first) = r.first_token_ns {
+                    ttft.push(first.saturating_sub(r.arrival_ns) as f64 / 1e6);
+                    if r.output_tokens > 1 {
+                        tpot.push(
+                            end.saturating_sub(first) as f64 / 1e6 / f64::from(r.output_tokens - 1),
+                        );
+                    }
+                }
+            }
+            _ => counts.failed += 1,
+        }
+    }
+    let secs = end_ns as f64 / 1e9;
+    let per_s = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
+    Report {
+        scenario: scenario.name.clone(),
+        legacy_switches: scenario
+            .policy
+            .legacy_switches()
+            .into_iter()
+            .map(String::from)
+            .collect(),
+        seed,
+        outcome,
+        outcome_detail,
+        requests: counts,
+        virtual_time_s: secs,
+        wall_time_s,
+        throughput: Throughput {
+            total_tokens_per_s: per_s(total_tokens as f64),
+            output_tokens_per_s: per_s(output_tokens as f64),
+            requests_per_s: per_s(counts.completed as f64),
+        },
+        latency_ms: Latency {
+            ttft: Percentiles::of(&mut ttft),
+            tpot: Percentiles::of(&mut tpot),
+            e2e: Percentiles::of(&mut e2e),
+        },
+        servers,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

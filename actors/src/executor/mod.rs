@@ -349,6 +349,13 @@ impl RankExecutor {
             && self.in_flight.is_none()
     }
 
+    /// Whether a shutdown was read (replicated: every rank knows it in the same
+    /// iteration). Drivers stop when it is set, the gathered live count is zero and the
+    /// waiting queue is empty.
+    pub fn shutdown_received(&self) -> bool {
+        self.shutdown
+    }
+
     /// Whether the router is KV-aware (its prefix-match allgather carries data).
     pub fn routes_by_prefix(&self) -> bool {
         self.router.needs_prefix_matches()

@@ -1,0 +1,114 @@
+//! The device actor: the model backend's forward runs on its own thread, so under the
+//! overlap scheduler the host really schedules batch N+1 while batch N runs.
+
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, bounded};
+
+use lockstep_actors::executor::{ForwardOutput, ScheduledBatch};
+use lockstep_actors::group::{DeterministicTokens, TokenSource};
+use lockstep_actors::ids::BatchNumber;
+use lockstep_gpu::{Backend, BatchShape};
+
+enum DeviceCommand {
+    Launch(ScheduledBatch),
+    Stop,
+}
+
+/// A rank's handle on its device thread.
+pub struct DeviceHandle {
+    rank: usize,
+    commands: Sender<DeviceCommand>,
+    outputs: Receiver<ForwardOutput>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    timeout: Duration,
+}
+
+/// How the device models time.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceTiming {
+    /// Sleep `forward_ns * time_scale`; 0 runs at zero cost.
+    pub time_scale: f64,
+}
+
+impl DeviceHandle {
+    /// Starts the device thread of `rank`.
+    pub fn start<B: Backend + Send + 'static>(
+        rank: usize,
+        backend: B,
+        timing: DeviceTiming,
+        timeout: Duration,
+    ) -> DeviceHandle {
+        // Two batches can be outstanding under overlap; a little slack costs nothing.
+        let (commands, command_rx) = bounded::<DeviceCommand>(4);
+        let (output_tx, outputs) = bounded::<ForwardOutput>(4);
+        let thread = std::thread::Builder::new()
+            .name(format!("device-{rank}"))
+            .spawn(move || {
+                let mut tokens = DeterministicTokens;
+                while let Ok(DeviceCommand::Launch(batch)) = command_rx.recv() {
+                    let ns = backend.forward_ns(&BatchShape::of(&batch)) as f64 * timing.time_scale;
+                    if ns >= 1.0 {
+                        std::thread::sleep(Duration::from_nanos(ns as u64));
+                    }
+                    if output_tx.send(tokens.sample(&batch)).is_err() {
+                        break;
+                    }
+                }
+            })
+            .expect("spawn device thread");
+        DeviceHandle {
+            rank,
+            commands,
+            outputs,
+            thread: Some(thread),
+            timeout,
+        }
+    }
+
+    /// Launches a batch (returns at once).
+    pub fn launch(&self, batch: ScheduledBatch) -> Result<(), super::DriverError> {
+        self.commands
+            .send(DeviceCommand::Launch(batch))
+            .map_err(|_| super::DriverError::Device {
+                rank: self.rank,
+                message: "device thread is gone".into(),
+            })
+    }
+
+    /// Waits for the output of batch `number` (outputs arrive in launch order).
+    pub fn await_output(
+        &self,
+        number: BatchNumber,
+    ) -> Result<ForwardOutput, super::DriverError> {
+        loop {
+            let out = self
+                .outputs
+                .recv_timeout(self.timeout)
+                .map_err(|e| super::DriverError::Device {
+                    rank: self.rank,
+                    message: format!("no output for batch {number} within {:?}: {e}", self.timeout),
+                })?;
+            if out.batch == number {
+                return Ok(out);
+            }
+            if out.batch > number {
+                return Err(super::DriverError::Device {
+                    rank: self.rank,
+                    message: format!("output for batch {} while awaiting {number}", out.batch),
+                });
+            }
+        }
+    }
+}
+
+impl Drop for DeviceHandle {
+    fn drop(&mut self) {
+        let _ = self.commands.send(DeviceCommand::Stop);
+        // Unblock a device blocked on a full output channel.
+        while self.outputs.try_recv().is_ok() {}
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

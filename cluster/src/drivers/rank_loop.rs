@@ -1,0 +1,152 @@
+//! One rank's loop over real collectives: the executor phases of `lockstep-actors`, each
+//! followed by the collective its type names, every iteration, in the same order on every
+//! rank (mechanisms.md §3). Used by the threads and MPI drivers alike.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use lockstep_actors::executor::{
+    BatchVote, FetchBatch, FetchMode, IterationReport, PadIntent, Phase, PrefixMatches,
+    RankExecutor, RankResponses, RankState, Response, TransferStatus,
+};
+use lockstep_actors::executor::CollectiveTag;
+use lockstep_actors::invariants::Violation;
+use lockstep_transport::Collective;
+
+use super::DriverError;
+use super::device::DeviceHandle;
+
+/// Rank 0's side of the front door.
+pub trait FrontDoor {
+    /// Reads the ingress queue: with `Block`, waits for at least one item (the idle
+    /// decision of §3.2); with `Poll`, drains what is there.
+    fn fetch(&mut self, mode: FetchMode) -> FetchBatch;
+    /// Hands the responses gathered this iteration to the clients.
+    fn deliver(&mut self, responses: Vec<Response>);
+}
+
+/// What a rank hands back when its loop ends.
+pub struct RankRun {
+    /// The executor, for the report.
+    pub exec: RankExecutor,
+    /// Iterations run.
+    pub iterations: u64,
+    /// Violations seen (the first 100).
+    pub violations: Vec<Violation>,
+    /// Violations in all.
+    pub violation_count: u64,
+}
+
+/// Progress published for the watchdog: the iteration and the phase the rank is in.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Iterations completed.
+    pub iteration: AtomicU64,
+    /// Last phase entered (as `Phase as u64`, `u64::MAX` before the first).
+    pub phase: AtomicU64,
+}
+
+impl Progress {
+    fn enter(&self, phase: Phase) {
+        self.phase.store(phase as u64, Ordering::Relaxed);
+    }
+}
+
+fn coll<T>(rank: usize, r: Result<T, lockstep_transport::CollectiveError>) -> Result<T, DriverError> {
+    r.map_err(|source| DriverError::Collective { rank, source })
+}
+
+fn exe<T>(
+    rank: usize,
+    r: Result<T, lockstep_actors::executor::ExecutorError>,
+) -> Result<T, DriverError> {
+    r.map_err(|source| DriverError::Executor { rank, source })
+}
+
+/// Runs one rank until a shutdown has been read and the whole server is drained (decided
+/// from replicated data only — the shutdown flag, the gathered live counts, the waiting
+/// queue — so every rank leaves at the same iteration).
+pub fn run_rank<C: Collective>(
+    mut exec: RankExecutor,
+    coll_group: &mut C,
+    mut front: Option<&mut dyn FrontDoor>,
+    device: &DeviceHandle,
+    progress: &Arc<Progress>,
+) -> Result<RankRun, DriverError> {
+    let rank = coll_group.rank();
+    let mut violations = Vec::new();
+    let mut violation_count = 0u64;
+    let mut iterations = 0u64;
+    loop {
+        let iteration = exec.iteration();
+        let tag = |phase| CollectiveTag { iteration, phase };
+        progress.enter(Phase::Gather);
+        let (t, state) = exec.begin_iteration();
+        let states: Vec<RankState> = coll(rank, coll_group.allgather(tag(Phase::Gather), &state))?;
+        let live: u64 = states.iter().map(|s| u64::from(s.counts.live)).sum();
+        if exec.shutdown_received() && live == 0 && exec.waiting().is_empty() {
+            break;
+        }
+        progress.enter(Phase::Fetch);
+        let fetched = if rank == 0 {
+            let mode = exec.fetch_mode(&states);
+            let batch = match front.as_mut() {
+                Some(f) => f.fetch(mode),
+                None => FetchBatch::default(),
+            };
+            coll(rank, coll_group.broadcast(t.tag(), 0, Some(&batch)))?
+        } else {
+            coll(rank, coll_group.broadcast::<FetchBatch>(t.tag(), 0, None))?
+        };
+        let (t, matches) = exe(rank, exec.on_fetch(t, &states, &fetched))?;
+        progress.enter(Phase::PrefixMatch);
+        let all: Vec<PrefixMatches> = coll(rank, coll_group.allgather(t.tag(), &matches))?;
+        let (t, intent) = exe(rank, exec.on_prefix_matches(t, &all))?;
+        progress.enter(Phase::PadIntent);
+        let global = coll(rank, coll_group.allreduce_max(t.tag(), intent as u64))?;
+        let global = match global {
+            0 => PadIntent::None,
+            1 => PadIntent::Generation,
+            _ => PadIntent::Context,
+        };
+        let (t, vote) = exec.on_pad_intent(t, global);
+        progress.enter(Phase::Vote);
+        let votes: Vec<BatchVote> = coll(rank, coll_group.allgather(t.tag(), &vote))?;
+        let (t, plan) = exe(rank, exec.on_vote(t, &votes))?;
+        if let Some(batch) = plan.launch {
+            device.launch(batch)?;
+        }
+        let output = match plan.await_output {
+            Some(n) => Some(device.await_output(n)?),
+            None => None,
+        };
+        let (t, responses) = exe(rank, exec.on_forward_output(t, output))?;
+        progress.enter(Phase::Responses);
+        let gathered: Option<Vec<RankResponses>> =
+            coll(rank, coll_group.gather(t.tag(), 0, &responses))?;
+        if let (Some(all), Some(f)) = (gathered, front.as_mut()) {
+            f.deliver(all.into_iter().flat_map(|r| r.responses).collect());
+        }
+        let (t, status) = exec.transfer_status(t);
+        progress.enter(Phase::Transfers);
+        let statuses: Vec<TransferStatus> = coll(rank, coll_group.allgather(t.tag(), &status))?;
+        let report: IterationReport = exe(rank, exec.on_transfer_status(t, &statuses))?;
+        for v in report.violations {
+            violation_count += 1;
+            if v.kind.is_fatal() {
+                return Err(DriverError::Crashed(v));
+            }
+            if violations.len() < 100 {
+                violations.push(v);
+            }
+        }
+        iterations += 1;
+        progress.iteration.store(iterations, Ordering::Relaxed);
+    }
+    Ok(RankRun {
+        exec,
+        iterations,
+        violations,
+        violation_count,
+    })
+}
