@@ -1,5 +1,24 @@
-//! How lockstep's messages travel between ranks. The `Collective` trait, the in-process
-//! group and the MPI group arrive with the multi-rank runtime; this crate is a placeholder
-//! until then.
+//! How lockstep's messages travel between ranks.
+//!
+//! - [`Collective`]: the iteration's collectives (mechanisms.md §3), one trait for every
+//!   driver. [`InProcessGroup`] implements it for ranks that are threads of one process;
+//!   payloads are bincode bytes, as on the MPI path.
+//! - [`IngressQueue`]: the bounded front door → rank 0 queue that the idle decision
+//!   (§3.2) blocks on or drains.
+//! - [`sync`]: the std/loom shim; protocol code imports only it, so `loom-tests` checks
+//!   the shipped code (build with `RUSTFLAGS="--cfg lockstep_loom"`).
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod collective;
+pub mod in_process;
+pub mod ingress;
+pub mod sync;
+
+pub use collective::{Collective, CollectiveError};
+pub use in_process::{InProcessGroup, InProcessMember};
+pub use ingress::{IngressError, IngressQueue};
+
+#[cfg(all(test, not(lockstep_loom)))]
+mod tests;

@@ -1,0 +1,134 @@
+//! The front door's queue into rank 0 (mechanisms.md §3.2): many producers, one reader
+//! (rank 0's fetch), bounded so a flood is refused at the door instead of growing
+//! without limit.
+//!
+//! Rank 0 calls [`IngressQueue::pop_blocking`] when the idle decision says *block* and
+//! [`IngressQueue::drain_now`] otherwise. Shutdown is [`IngressQueue::close`]: later
+//! pushes are refused, and a blocked reader wakes with `None` once the queue is empty.
+
+use std::collections::VecDeque;
+
+use crate::sync::{Arc, Condvar, Mutex};
+
+/// A refused push. Nothing was enqueued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IngressError {
+    /// The queue holds `capacity` items already.
+    #[error("ingress queue full ({capacity} items)")]
+    Full {
+        /// The queue's bound.
+        capacity: usize,
+    },
+    /// The queue was closed (shutdown).
+    #[error("ingress queue closed")]
+    Closed,
+}
+
+/// A bounded multi-producer queue; clones share one queue.
+#[derive(Debug)]
+pub struct IngressQueue<T> {
+    inner: Arc<Inner<T>>,
+}
+
+#[derive(Debug)]
+struct Inner<T> {
+    capacity: usize,
+    state: Mutex<QueueState<T>>,
+    /// Notified on push and on close.
+    readable: Condvar,
+}
+
+#[derive(Debug)]
+struct QueueState<T> {
+    items: VecDeque<T>,
+    closed: bool,
+}
+
+impl<T> Clone for IngressQueue<T> {
+    fn clone(&self) -> Self {
+        IngressQueue {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<T> IngressQueue<T> {
+    /// An open, empty queue holding at most `capacity` items (0 refuses everything).
+    pub fn new(capacity: usize) -> IngressQueue<T> {
+        IngressQueue {
+            inner: Arc::new(Inner {
+                capacity,
+                state: Mutex::new(QueueState {
+                    items: VecDeque::new(),
+                    closed: false,
+                }),
+                readable: Condvar::new(),
+            }),
+        }
+    }
+
+    /// The bound given at construction.
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity
+    }
+
+    /// Appends `item`, or refuses it (queue full or closed) and changes nothing.
+    pub fn push(&self, item: T) -> Result<(), IngressError> {
+        let mut st = self.inner.state.lock();
+        if st.closed {
+            return Err(IngressError::Closed);
+        }
+        if st.items.len() >= self.inner.capacity {
+            return Err(IngressError::Full {
+                capacity: self.inner.capacity,
+            });
+        }
+        st.items.push_back(item);
+        drop(st);
+        self.inner.readable.notify_one();
+        Ok(())
+    }
+
+    /// The oldest item, blocking until there is one; `None` once closed and empty.
+    pub fn pop_blocking(&self) -> Option<T> {
+        let mut st = self.inner.state.lock();
+        loop {
+            if let Some(item) = st.items.pop_front() {
+                return Some(item);
+            }
+            if st.closed {
+                return None;
+            }
+            st = self.inner.readable.wait(st);
+        }
+    }
+
+    /// Everything queued now, oldest first, without waiting.
+    pub fn drain_now(&self) -> Vec<T> {
+        self.inner.state.lock().items.drain(..).collect()
+    }
+
+    /// Refuses later pushes and wakes blocked readers. Items already queued stay
+    /// readable. Idempotent.
+    pub fn close(&self) {
+        self.inner.state.lock().closed = true;
+        self.inner.readable.notify_all();
+    }
+
+    /// Whether [`IngressQueue::close`] was called. A poller that checks this *before*
+    /// [`IngressQueue::drain_now`] and sees `true` has drained everything that will
+    /// ever arrive (pushes after close are refused).
+    pub fn is_closed(&self) -> bool {
+        self.inner.state.lock().closed
+    }
+
+    /// Items queued now.
+    pub fn len(&self) -> usize {
+        self.inner.state.lock().items.len()
+    }
+
+    /// Whether nothing is queued now.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
