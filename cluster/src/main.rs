@@ -62,6 +62,50 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         iter_log: Option<PathBuf>,
     },
+    /// Run the scenario's server for real: one thread per rank (`threads`) or one process
+    /// per rank under mpirun (`mpi`, see `lockstep rank`).
+    Run {
+        #[command(flatten)]
+        args: ScenarioArgs,
+        /// Which driver.
+        #[arg(long, value_parser = ["threads"], default_value = "threads")]
+        driver: String,
+        /// Policy preset (applied before --set).
+        #[arg(long, value_parser = ["fixed", "legacy"])]
+        policy: Option<String>,
+        /// Seed of the workload.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Wall seconds per modeled second; 0 runs the zero-cost backend.
+        #[arg(long, default_value_t = 0.0)]
+        time_scale: f64,
+        /// Deliver every request before the ranks start (arrivals at iteration
+        /// boundaries, for cross-driver comparisons).
+        #[arg(long)]
+        preload: bool,
+        /// A collective waiting longer fails naming the missing ranks.
+        #[arg(long, default_value_t = 30_000)]
+        timeout_ms: u64,
+        /// Write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
+    /// Per-iteration control-plane overhead with the zero-cost backend, next to a raw
+    /// loop of the same collectives (the floor).
+    Overhead {
+        /// Which driver.
+        #[arg(long, value_parser = ["threads"], default_value = "threads")]
+        driver: String,
+        /// DP ranks.
+        #[arg(long, default_value_t = 2)]
+        dp: u32,
+        /// Active requests per rank.
+        #[arg(long, default_value_t = 256)]
+        active: u32,
+        /// Measured iterations.
+        #[arg(long, default_value_t = 2000)]
+        iterations: u64,
+    },
     /// Run the scenario under two policies and print them side by side with deltas.
     Ab {
         #[command(flatten)]
@@ -180,6 +224,51 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(p) = json {
                 write_json(&p, &report)?;
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run {
+            args,
+            driver,
+            policy,
+            seed,
+            time_scale,
+            preload,
+            timeout_ms,
+            json,
+        } => {
+            let scenario = load(&args, policy.as_deref())?;
+            anyhow::ensure!(driver == "threads", "unknown driver {driver}");
+            let report = lockstep_cluster::drivers::threads::run(
+                &scenario,
+                &lockstep_cluster::drivers::threads::ThreadsOptions {
+                    seed,
+                    time_scale,
+                    collective_timeout: std::time::Duration::from_millis(timeout_ms),
+                    preload,
+                    ..Default::default()
+                },
+            )?;
+            print!("{}", report.table());
+            if let Some(p) = json {
+                write_json(&p, &report)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Overhead {
+            driver,
+            dp,
+            active,
+            iterations,
+        } => {
+            anyhow::ensure!(driver == "threads", "unknown driver {driver}");
+            let o = lockstep_cluster::drivers::overhead::threads(dp, active, iterations, 200)?;
+            println!("driver={driver} dp={dp} active_per_rank={active} iterations={iterations}");
+            println!(
+                "overhead_us={:.2} floor_us={:.2} ratio={:.2}",
+                o.overhead_us,
+                o.floor_us,
+                o.ratio()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Ab {

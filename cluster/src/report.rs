@@ -500,22 +500,55 @@ impl ClientRecord {
     }
 }
 
-/// Builds a server's report from its ranks' executors.
-#[allow(clippy::too_many_arguments)]
+/// What a server report needs from one rank; serializable, so the MPI driver can gather
+/// it to rank 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankSummary {
+    /// Rank.
+    pub rank: u32,
+    /// Cumulative counters.
+    pub totals: lockstep_actors::executor::RankTotals,
+    /// KV counters.
+    pub kv: lockstep_actors::kv::KvCounters,
+    /// Iterations run.
+    pub iterations: u64,
+    /// Violations (the first 100).
+    pub violations: Vec<Violation>,
+    /// Violations in all.
+    pub violation_count: u64,
+}
+
+impl RankSummary {
+    /// The summary of one rank's executor.
+    pub fn of(
+        exec: &lockstep_actors::executor::RankExecutor,
+        iterations: u64,
+        violations: Vec<Violation>,
+        violation_count: u64,
+    ) -> RankSummary {
+        RankSummary {
+            rank: exec.rank().0,
+            totals: *exec.totals(),
+            kv: *exec.kv().counters(),
+            iterations,
+            violations,
+            violation_count,
+        }
+    }
+}
+
+/// Builds a server's report from its ranks' summaries (in rank order).
 pub fn server_report(
     name: &str,
     role: lockstep_actors::config::Role,
     max_batch_size: u32,
-    ranks: &[&lockstep_actors::executor::RankExecutor],
-    iterations: u64,
+    ranks: &[RankSummary],
     busy_time_s: f64,
-    violations: Vec<Violation>,
-    violation_count: u64,
 ) -> ServerReport {
     let dp = ranks.len() as u32;
-    let routed_all: u64 = ranks.iter().map(|r| r.totals().routed_requests).sum();
-    let forward = ranks.first().map_or(0, |r| r.totals().forward_iterations);
-    let scheduled: u64 = ranks.iter().map(|r| r.totals().scheduled_requests).sum();
+    let routed_all: u64 = ranks.iter().map(|r| r.totals.routed_requests).sum();
+    let forward = ranks.first().map_or(0, |r| r.totals.forward_iterations);
+    let scheduled: u64 = ranks.iter().map(|r| r.totals.scheduled_requests).sum();
     let mean = if forward > 0 {
         scheduled as f64 / (forward as f64 * f64::from(dp))
     } else {
@@ -524,22 +557,29 @@ pub fn server_report(
     let mut deferrals = Deferrals::default();
     let mut dummies = Dummies::default();
     let mut kv = KvReport::default();
+    let mut violations = Vec::new();
+    let mut violation_count = 0;
     let rank_reports = ranks
         .iter()
         .map(|r| {
-            let t = r.totals();
+            let t = &r.totals;
             deferrals.no_free_index_slot += t.deferrals_no_free_index_slot;
             deferrals.out_of_blocks += t.deferrals_out_of_blocks;
             dummies.added += t.dummies_added;
             dummies.committed += t.dummies_committed;
             dummies.rolled_back += t.dummies_rolled_back;
             dummies.skipped += t.dummies_skipped;
-            let c = r.kv().counters();
-            kv.allocations += c.allocations;
-            kv.reuse_hits += c.reuse_hits;
-            kv.evictions += c.evictions;
+            kv.allocations += r.kv.allocations;
+            kv.reuse_hits += r.kv.reuse_hits;
+            kv.evictions += r.kv.evictions;
+            violation_count += r.violation_count;
+            for v in &r.violations {
+                if violations.len() < 100 {
+                    violations.push(v.clone());
+                }
+            }
             RankReport {
-                rank: r.rank().0,
+                rank: r.rank,
                 routed_requests: t.routed_requests,
                 routing_share: if routed_all > 0 {
                     t.routed_requests as f64 / routed_all as f64
@@ -561,9 +601,9 @@ pub fn server_report(
         role: role.name().to_string(),
         dp,
         max_batch_size,
-        iterations,
+        iterations: ranks.first().map_or(0, |r| r.iterations),
         forward_iterations: forward,
-        vetoed_iterations: ranks.first().map_or(0, |r| r.totals().vetoed_iterations),
+        vetoed_iterations: ranks.first().map_or(0, |r| r.totals.vetoed_iterations),
         mean_scheduled_requests: mean,
         occupancy: mean / f64::from(max_batch_size.max(1)),
         busy_time_s,

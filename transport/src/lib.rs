@@ -15,10 +15,14 @@ pub mod collective;
 pub mod in_process;
 pub mod ingress;
 pub mod sync;
+#[cfg(feature = "mpi")]
+pub mod mpi_group;
 
 pub use collective::{Collective, CollectiveError};
 pub use in_process::{InProcessGroup, InProcessMember};
 pub use ingress::{IngressError, IngressQueue};
+#[cfg(feature = "mpi")]
+pub use mpi_group::MpiMember;
 
 #[cfg(all(test, not(lockstep_loom)))]
 mod tests;

@@ -2,7 +2,11 @@
 //! per rank under `mpirun` (`mpi`). Both run the executor phases of `lockstep-actors`
 //! unchanged through [`rank_loop::run_rank`], with real collectives between them.
 
+pub mod client;
 pub mod device;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub mod overhead;
 pub mod rank_loop;
 pub mod threads;
 

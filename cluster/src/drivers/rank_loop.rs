@@ -67,22 +67,53 @@ fn exe<T>(
 /// from replicated data only — the shutdown flag, the gathered live counts, the waiting
 /// queue — so every rank leaves at the same iteration).
 pub fn run_rank<C: Collective>(
+    exec: RankExecutor,
+    coll_group: &mut C,
+    front: Option<&mut dyn FrontDoor>,
+    device: &DeviceHandle,
+    progress: &Arc<Progress>,
+) -> Result<RankRun, DriverError> {
+    run_rank_until(exec, coll_group, front, device, progress, &LoopOptions::default())
+}
+
+/// Options of a rank loop.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoopOptions {
+    /// Stop after this many iterations (every rank at the same one).
+    pub max_iterations: Option<u64>,
+    /// Fault injection: at this iteration this rank tags its gather with the wrong
+    /// phase, as a rank that reordered a collective would.
+    pub mismatch_tag_at: Option<u64>,
+}
+
+/// [`run_rank`], stopping after `max_iterations` iterations if given (every rank stops
+/// at the same one: used by the overhead benchmark).
+pub fn run_rank_until<C: Collective>(
     mut exec: RankExecutor,
     coll_group: &mut C,
     mut front: Option<&mut dyn FrontDoor>,
     device: &DeviceHandle,
     progress: &Arc<Progress>,
+    options: &LoopOptions,
 ) -> Result<RankRun, DriverError> {
     let rank = coll_group.rank();
     let mut violations = Vec::new();
     let mut violation_count = 0u64;
     let mut iterations = 0u64;
     loop {
+        if options.max_iterations.is_some_and(|m| iterations >= m) {
+            break;
+        }
         let iteration = exec.iteration();
         let tag = |phase| CollectiveTag { iteration, phase };
         progress.enter(Phase::Gather);
         let (t, state) = exec.begin_iteration();
-        let states: Vec<RankState> = coll(rank, coll_group.allgather(tag(Phase::Gather), &state))?;
+        let gather_tag = if options.mismatch_tag_at == Some(iteration) {
+            tag(Phase::Vote)
+        } else {
+            tag(Phase::Gather)
+        };
+        let states: Vec<RankState> = coll(rank, coll_group.allgather(gather_tag, &state))?;
         let live: u64 = states.iter().map(|s| u64::from(s.counts.live)).sum();
         if exec.shutdown_received() && live == 0 && exec.waiting().is_empty() {
             break;

@@ -1,0 +1,223 @@
+//! The MPI group (feature `mpi`): one process per rank under `mpirun`, collectives over
+//! `MPI_COMM_WORLD` through rsmpi. Every payload travels with its `(iteration, phase)`
+//! tag; a rank whose tag differs gets `TagMismatch` naming both ranks and both tags
+//! instead of corrupted data. MPI collectives cannot time out: a stuck peer is caught by
+//! the driver's watchdog, which aborts the whole job.
+
+use mpi::collective::SystemOperation;
+use mpi::datatype::PartitionMut;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use lockstep_actors::executor::CollectiveTag;
+
+use crate::collective::{Collective, CollectiveError};
+
+/// This process's membership of the MPI world.
+pub struct MpiMember {
+    // Dropped last: finalises MPI.
+    world: SimpleCommunicator,
+    _universe: mpi::environment::Universe,
+}
+
+impl MpiMember {
+    /// Initialises MPI (once per process). A binary started without `mpirun` is a world
+    /// of size 1.
+    pub fn init() -> Result<MpiMember, CollectiveError> {
+        let universe = mpi::initialize()
+            .ok_or_else(|| CollectiveError::GroupBroken("MPI was already initialised".into()))?;
+        let world = universe.world();
+        Ok(MpiMember {
+            world,
+            _universe: universe,
+        })
+    }
+
+    /// Aborts every process of the job (used by the watchdog path).
+    pub fn abort(&self, code: i32) -> ! {
+        self.world.abort(code)
+    }
+}
+
+fn encode<T: Serialize>(tag: CollectiveTag, value: &T) -> Result<Vec<u8>, CollectiveError> {
+    bincode::serde::encode_to_vec((tag, value), bincode::config::standard())
+        .map_err(|e| CollectiveError::Encode(e.to_string()))
+}
+
+fn decode<T: DeserializeOwned>(
+    rank: usize,
+    bytes: &[u8],
+) -> Result<(CollectiveTag, T), CollectiveError> {
+    let ((tag, value), used): ((CollectiveTag, T), usize) =
+        bincode::serde::decode_from_slice(bytes, bincode::config::standard()).map_err(|e| {
+            CollectiveError::Decode {
+                rank,
+                message: e.to_string(),
+            }
+        })?;
+    if used != bytes.len() {
+        return Err(CollectiveError::Decode {
+            rank,
+            message: format!("{} trailing bytes", bytes.len() - used),
+        });
+    }
+    Ok((tag, value))
+}
+
+impl MpiMember {
+    fn allgather_bytes(&self, mine: &[u8]) -> Vec<Vec<u8>> {
+        let size = self.world.size() as usize;
+        let len = mine.len() as i32;
+        let mut lens = vec![0i32; size];
+        self.world.all_gather_into(&len, &mut lens[..]);
+        let displs: Vec<i32> = lens
+            .iter()
+            .scan(0i32, |acc, &l| {
+                let d = *acc;
+                *acc += l;
+                Some(d)
+            })
+            .collect();
+        let total: i32 = lens.iter().sum();
+        let mut buf = vec![0u8; total as usize];
+        {
+            let mut partition = PartitionMut::new(&mut buf[..], &lens[..], &displs[..]);
+            self.world.all_gather_varcount_into(mine, &mut partition);
+        }
+        lens.iter()
+            .zip(&displs)
+            .map(|(&l, &d)| buf[d as usize..(d + l) as usize].to_vec())
+            .collect()
+    }
+
+    fn check_tags(
+        &self,
+        mine: CollectiveTag,
+        tags: impl IntoIterator<Item = (usize, CollectiveTag)>,
+    ) -> Result<(), CollectiveError> {
+        let me = self.world.rank() as usize;
+        for (rank, tag) in tags {
+            if tag != mine {
+                return Err(CollectiveError::TagMismatch {
+                    rank_a: me,
+                    tag_a: mine,
+                    rank_b: rank,
+                    tag_b: tag,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Collective for MpiMember {
+    fn rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+
+    fn size(&self) -> usize {
+        self.world.size() as usize
+    }
+
+    fn allgather<T: Serialize + DeserializeOwned>(
+        &mut self,
+        tag: CollectiveTag,
+        mine: &T,
+    ) -> Result<Vec<T>, CollectiveError> {
+        let bytes = encode(tag, mine)?;
+        let all = self.allgather_bytes(&bytes);
+        let mut out = Vec::with_capacity(all.len());
+        let mut tags = Vec::with_capacity(all.len());
+        for (rank, b) in all.iter().enumerate() {
+            let (t, v) = decode::<T>(rank, b)?;
+            tags.push((rank, t));
+            out.push(v);
+        }
+        self.check_tags(tag, tags)?;
+        Ok(out)
+    }
+
+    fn broadcast<T: Serialize + DeserializeOwned>(
+        &mut self,
+        tag: CollectiveTag,
+        root: usize,
+        value: Option<&T>,
+    ) -> Result<T, CollectiveError> {
+        let is_root = self.rank() == root;
+        let mut bytes = match (is_root, value) {
+            (true, Some(v)) => encode(tag, v)?,
+            (true, None) => Vec::new(),
+            (false, _) => Vec::new(),
+        };
+        // Count first, then payload.
+        let mut len = bytes.len() as u64;
+        let root_process = self.world.process_at_rank(root as i32);
+        root_process.broadcast_into(&mut len);
+        if !is_root {
+            bytes = vec![0u8; len as usize];
+        }
+        root_process.broadcast_into(&mut bytes[..]);
+        if len == 0 {
+            return Err(CollectiveError::Encode(format!(
+                "broadcast root {root} had no value at {tag:?}"
+            )));
+        }
+        let (t, v) = decode::<T>(root, &bytes)?;
+        self.check_tags(tag, [(root, t)])?;
+        Ok(v)
+    }
+
+    fn allreduce_max(&mut self, tag: CollectiveTag, mine: u64) -> Result<u64, CollectiveError> {
+        // Tags travel by allgather so a mismatch names the ranks; the reduction is MPI's.
+        let tags: Vec<CollectiveTag> = self.allgather(tag, &tag)?;
+        let _ = tags;
+        let mut out = 0u64;
+        self.world
+            .all_reduce_into(&mine, &mut out, SystemOperation::max());
+        Ok(out)
+    }
+
+    fn gather<T: Serialize + DeserializeOwned>(
+        &mut self,
+        tag: CollectiveTag,
+        root: usize,
+        mine: &T,
+    ) -> Result<Option<Vec<T>>, CollectiveError> {
+        let bytes = encode(tag, mine)?;
+        let size = self.size();
+        let root_process = self.world.process_at_rank(root as i32);
+        let len = bytes.len() as i32;
+        if self.rank() != root {
+            root_process.gather_into(&len);
+            root_process.gather_varcount_into(&bytes[..]);
+            return Ok(None);
+        }
+        let mut lens = vec![0i32; size];
+        root_process.gather_into_root(&len, &mut lens[..]);
+        let displs: Vec<i32> = lens
+            .iter()
+            .scan(0i32, |acc, &l| {
+                let d = *acc;
+                *acc += l;
+                Some(d)
+            })
+            .collect();
+        let total: i32 = lens.iter().sum();
+        let mut buf = vec![0u8; total as usize];
+        {
+            let mut partition = PartitionMut::new(&mut buf[..], &lens[..], &displs[..]);
+            root_process.gather_varcount_into_root(&bytes[..], &mut partition);
+        }
+        let mut out = Vec::with_capacity(size);
+        let mut tags = Vec::with_capacity(size);
+        for (rank, (&l, &d)) in lens.iter().zip(&displs).enumerate() {
+            let (t, v) = decode::<T>(rank, &buf[d as usize..(d + l) as usize])?;
+            tags.push((rank, t));
+            out.push(v);
+        }
+        self.check_tags(tag, tags)?;
+        Ok(Some(out))
+    }
+}
