@@ -10,6 +10,7 @@
 //! ends it as `crashed`.
 
 mod iterlog;
+mod records;
 mod server;
 
 use std::cmp::Reverse;
@@ -28,6 +29,7 @@ use crate::scenario::Scenario;
 use crate::workload::Workload;
 
 pub use iterlog::IterLogLine;
+use records::ById;
 use server::{ServerState, SimServer};
 
 /// A simulation that could not start (bad input). Results, including crashes and
@@ -93,7 +95,7 @@ struct Sim<'s, 'o> {
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     servers: Vec<SimServer>,
     workload: Workload,
-    records: BTreeMap<ReqId, Record>,
+    records: ById<Record>,
     profile: ModelProfile,
     backend: AnalyticBackend,
     handoffs: BTreeMap<ReqId, Handoff>,
@@ -163,7 +165,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         events: BinaryHeap::new(),
         servers,
         workload,
-        records: BTreeMap::new(),
+        records: ById::new(),
         profile,
         backend,
         handoffs: BTreeMap::new(),
