@@ -175,7 +175,7 @@ impl FreeList {
     fn full(n: u32) -> FreeList {
         let n = n as usize;
         let mut words = vec![u64::MAX; n.div_ceil(64)];
-        if n % 64 != 0
+        if !n.is_multiple_of(64)
             && let Some(last) = words.last_mut()
         {
             *last = (1u64 << (n % 64)) - 1;
