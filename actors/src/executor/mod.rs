@@ -38,7 +38,8 @@ use crate::policy::Policy;
 use crate::request::{Request, RequestSpec, SchedulableWindow};
 use crate::router::{RankLoad, Router};
 use crate::scheduler::{
-    CapacityConfig, CapacityScheduler, MicroBatchConfig, MicroBatchScheduler, published_window,
+    BatchEntry, CapacityConfig, CapacityOutput, CapacityScheduler, Classes, MicroBatchConfig,
+    MicroBatchScheduler, published_window,
 };
 use crate::seats::SlotPool;
 
@@ -158,6 +159,36 @@ struct Scratch {
     responses: Vec<Response>,
 }
 
+/// Working buffers kept across iterations so that a steady-state iteration allocates
+/// nothing; each user clears what it takes. Contents never carry meaning from one use to
+/// the next.
+#[derive(Debug, Default)]
+struct Buffers {
+    classes: Classes,
+    capacity: CapacityOutput,
+    planned: Vec<BatchEntry>,
+    /// Entry vectors of batches that ended, reused for the next batch.
+    spare_entries: Vec<Vec<ForwardEntry>>,
+    ids: Vec<ReqId>,
+}
+
+impl Buffers {
+    /// Keeps a dead batch's entry vector for reuse (a few suffice: at most three batches
+    /// are alive at once).
+    fn recycle(&mut self, batch: ScheduledBatch) {
+        if self.spare_entries.len() < 4 {
+            self.spare_entries.push(batch.entries);
+        }
+    }
+
+    /// An empty entry vector, reused when one is spare.
+    fn entries(&mut self) -> Vec<ForwardEntry> {
+        let mut v = self.spare_entries.pop().unwrap_or_default();
+        v.clear();
+        v
+    }
+}
+
 /// One rank's control plane.
 #[derive(Debug)]
 pub struct RankExecutor {
@@ -196,6 +227,7 @@ pub struct RankExecutor {
     carried_responses: Vec<Response>,
     totals: RankTotals,
     scratch: Scratch,
+    bufs: Buffers,
     kv_full_check_every: u64,
 }
 
@@ -262,6 +294,7 @@ impl RankExecutor {
             carried_responses: Vec::new(),
             totals: RankTotals::default(),
             scratch: Scratch::default(),
+            bufs: Buffers::default(),
             kv_full_check_every: 1,
         }
     }

@@ -297,7 +297,7 @@ impl Sim<'_, '_> {
 
     fn end_iteration(&mut self, s: usize) -> Result<(), SimError> {
         let now = self.now;
-        let done = match self.servers[s].finish_iteration() {
+        let mut done = match self.servers[s].finish_iteration() {
             Ok(Some(done)) => done,
             Ok(None) => return Ok(()),
             Err(e) => {
@@ -314,7 +314,7 @@ impl Sim<'_, '_> {
                 log.write_all(b"\n")?;
             }
         }
-        if let Some(v) = done.fatal {
+        if let Some(v) = done.fatal.take() {
             self.outcome = Some((
                 Outcome::Crashed,
                 format!("server `{}`: {v}", self.servers[s].name),
@@ -371,6 +371,8 @@ impl Sim<'_, '_> {
                 }
             }
         }
+        let progress = done.progress;
+        self.servers[s].recycle(done);
         if let Some(p) = self.opts.progress.as_mut() {
             p(self.finished, self.workload.total());
         }
@@ -386,7 +388,7 @@ impl Sim<'_, '_> {
             return Ok(());
         }
         // Go on unless the server is idle or stalled; an input wakes it.
-        if done.progress || !self.servers[s].ingress.is_empty() {
+        if progress || !self.servers[s].ingress.is_empty() {
             self.start_iteration(s);
         } else {
             self.servers[s].state = ServerState::Stalled;
