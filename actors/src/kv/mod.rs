@@ -140,7 +140,8 @@ struct Seq {
 
 /// A fixed, seedless hasher for integer keys (request ids, prefix keys): lookups are
 /// cheap and, unlike `RandomState`, identical on every run; nothing iterates these maps
-/// into a decision.
+/// into a decision. One odd multiply: its low bits (the bucket) permute the key's low
+/// bits, so consecutive ids never collide, and its high bits (the tag) mix all of them.
 #[derive(Debug, Clone, Copy, Default)]
 struct KeyHasher(u64);
 
@@ -150,11 +151,11 @@ impl Hasher for KeyHasher {
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
-            self.0 = mix(self.0 ^ u64::from(b));
+            self.write_u64(u64::from(b));
         }
     }
     fn write_u64(&mut self, n: u64) {
-        self.0 = mix(self.0 ^ n);
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
@@ -327,8 +328,14 @@ struct Pool {
     refcount: Vec<u32>,
     /// Per block: the prefix key it is published under, if any.
     block_key: Vec<Option<u64>>,
-    /// Prefix key -> block. Only looked up, never iterated into a decision.
+    /// Prefix key -> block. Only looked up, never iterated into a decision. An entry is
+    /// live while its block still carries that key (`block_key`); eviction only clears
+    /// the block's side, leaving a stale entry (a random-access removal per evicted block
+    /// cost more than the rest of the eviction), purged in bulk once stale entries
+    /// outnumber live ones.
     key_to_block: KeyMap<u64, u32>,
+    /// Stale entries in `key_to_block`.
+    stale_keys: usize,
     /// Live sequences. Only looked up; the full check iterates it to count.
     seqs: KeyMap<ReqId, Seq>,
     /// The KV index pool (lowest free slot first).
@@ -364,6 +371,7 @@ impl KvManager {
                 refcount: vec![0; n],
                 block_key: vec![None; n],
                 key_to_block: KeyMap::default(),
+                stale_keys: 0,
                 seqs: KeyMap::default(),
                 slots: SlotPool::new(config.index_pool_size),
                 used: 0,
@@ -456,7 +464,7 @@ impl KvManager {
             return 0;
         }
         let matched = chain_keys(block_hashes)
-            .take_while(|k| self.pool.key_to_block.contains_key(k))
+            .take_while(|&k| self.pool.block_of_key(k).is_some())
             .count() as u32;
         matched.saturating_mul(self.config.tokens_per_block)
     }
@@ -486,8 +494,8 @@ impl KvManager {
             // Cap so the last prompt token is always computed (its logits are needed).
             let cap = (prompt_len.saturating_sub(1) / self.config.tokens_per_block) as usize;
             for key in chain_keys(block_hashes).take(cap) {
-                match self.pool.key_to_block.get(&key) {
-                    Some(&b) => blocks.push(b),
+                match self.pool.block_of_key(key) {
+                    Some(b) => blocks.push(b),
                     None => break,
                 }
             }
@@ -538,6 +546,7 @@ impl KvManager {
             seqs,
             key_to_block,
             block_key,
+            stale_keys,
             ..
         } = &mut self.pool;
         let Some(seq) = seqs.get(&id) else {
@@ -553,10 +562,20 @@ impl KvManager {
             if block_key[b as usize].is_some() {
                 continue;
             }
-            if let std::collections::hash_map::Entry::Vacant(v) = key_to_block.entry(key) {
-                v.insert(b);
-                block_key[b as usize] = Some(key);
+            match key_to_block.entry(key) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(b);
+                }
+                std::collections::hash_map::Entry::Occupied(mut o) => {
+                    if block_key[*o.get() as usize] == Some(key) {
+                        continue;
+                    }
+                    // A stale entry is no mapping: take it over.
+                    o.insert(b);
+                    *stale_keys -= 1;
+                }
             }
+            block_key[b as usize] = Some(key);
         }
         Ok(())
     }
@@ -686,6 +705,7 @@ impl KvManager {
             }
         }
         let mut referenced = 0u32;
+        let mut keyed = 0u32;
         for b in 0..total {
             let i = b as usize;
             let in_free = p.free.contains(b);
@@ -731,6 +751,7 @@ impl KvManager {
                     ),
                 );
             }
+            keyed += u32::from(p.block_key[i].is_some());
             referenced += u32::from(refs > 0);
         }
         if referenced != p.used {
@@ -750,13 +771,23 @@ impl KvManager {
                 ),
             );
         }
-        for (&k, &b) in &p.key_to_block {
-            if p.block_key.get(b as usize).copied().flatten() != Some(k) {
-                return fail(
-                    "key_reverse",
-                    format!("key {k:#x} maps to block {b}, whose key is not it"),
-                );
-            }
+        // Every keyed block maps back (above), so the map is a bijection on the live
+        // entries exactly when they number the keyed blocks; the rest must be the stale
+        // entries counted as blocks were evicted.
+        let live = p
+            .key_to_block
+            .iter()
+            .filter(|&(&k, &b)| p.block_key.get(b as usize).copied().flatten() == Some(k))
+            .count();
+        if live != keyed as usize || p.key_to_block.len() - live != p.stale_keys {
+            return fail(
+                "key_reverse",
+                format!(
+                    "{} keys map to blocks, {live} live for {keyed} keyed blocks, {} counted stale",
+                    p.key_to_block.len(),
+                    p.stale_keys
+                ),
+            );
         }
         if p.slots.used() as usize != p.seqs.len() {
             return fail(
@@ -789,8 +820,8 @@ impl KvManager {
             } else if let Some(b) = self.pool.lru.pop_first() {
                 // Evict: the block's cached prefix is forgotten before it is reused.
                 let i = b as usize;
-                if let Some(k) = self.pool.block_key[i].take() {
-                    self.pool.key_to_block.remove(&k);
+                if self.pool.block_key[i].take().is_some() {
+                    self.pool.forget_key();
                 }
                 self.counters.evictions += 1;
                 b
@@ -806,6 +837,24 @@ impl KvManager {
 }
 
 impl Pool {
+    /// The block published under `key`, if the mapping is live.
+    fn block_of_key(&self, key: u64) -> Option<u32> {
+        let &b = self.key_to_block.get(&key)?;
+        (self.block_key[b as usize] == Some(key)).then_some(b)
+    }
+
+    /// A block's key was just cleared: its map entry is stale. Purges stale entries once
+    /// they outnumber the live ones (amortized O(1) per eviction, and sequential).
+    fn forget_key(&mut self) {
+        self.stale_keys += 1;
+        if self.stale_keys > 1024 && self.stale_keys > self.key_to_block.len() / 2 {
+            let block_key = &self.block_key;
+            self.key_to_block
+                .retain(|&k, &mut b| block_key[b as usize] == Some(k));
+            self.stale_keys = 0;
+        }
+    }
+
     /// Adds a reference to `b`, pulling it out of the LRU or free list when it was idle.
     fn reference(&mut self, b: u32) {
         let i = b as usize;
