@@ -415,6 +415,24 @@ impl RankExecutor {
         self.active.binary_search_by_key(&seq, |r| r.seq).ok()
     }
 
+    /// [`RankExecutor::find_seq`] for a batch walked in order: entries come in increasing
+    /// `seq` (the schedulers walk `active` in order), so each lookup resumes at `cursor`
+    /// with a short forward scan instead of a binary search. Every request before
+    /// `cursor` has a smaller `seq` than the last one looked up; a lookup out of order
+    /// falls back to the binary search.
+    fn find_seq_from(&self, cursor: &mut usize, seq: u64) -> Option<usize> {
+        let a = &self.active;
+        if *cursor > a.len() || (*cursor > 0 && a[*cursor - 1].seq >= seq) {
+            return self.find_seq(seq);
+        }
+        let mut i = *cursor;
+        while i < a.len() && a[i].seq < seq {
+            i += 1;
+        }
+        *cursor = i;
+        (i < a.len() && a[i].seq == seq).then_some(i)
+    }
+
     /// Appends a newly routed request, keeping `active` sorted by `seq`.
     fn push_active(&mut self, mut r: Request) {
         r.seq = self.next_seq;

@@ -79,12 +79,12 @@ pub fn expected(counts: &[u32], n_new: u32, mult: u32, cap: Option<u32>) -> u32 
 /// [`expected`] over any re-iterable sequence of counts (the router reads them straight
 /// from the gathered loads, without a copy).
 fn expected_of(
-    counts: impl Iterator<Item = u32> + Clone,
+    counts: impl ExactSizeIterator<Item = u32> + Clone,
     n_new: u32,
     mult: u32,
     cap: Option<u32>,
 ) -> u32 {
-    let dp = counts.clone().count() as u64;
+    let dp = counts.len() as u64;
     if dp == 0 {
         return 0;
     }
