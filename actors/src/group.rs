@@ -312,7 +312,8 @@ impl ServerGroup {
         Ok(reports)
     }
 
-    /// [`ServerGroup::end`] into `reports` (cleared first), a vector the caller reuses.
+    /// [`ServerGroup::end`] into `reports` (one per rank, overwritten), a vector the
+    /// caller reuses.
     pub fn end_into(&mut self, reports: &mut Vec<IterationReport>) -> Result<(), ExecutorError> {
         assert_eq!(
             self.awaiting_end.len(),
@@ -327,9 +328,15 @@ impl ServerGroup {
             b.transfers.push(t);
             b.statuses.push(status);
         }
-        reports.clear();
-        for (r, t) in self.ranks.iter_mut().zip(b.transfers.drain(..)) {
-            reports.push(r.on_transfer_status(t, &b.statuses)?);
+        // Reports are overwritten in place (their vectors reused), one per rank.
+        reports.resize_with(self.ranks.len(), IterationReport::default);
+        for ((r, t), report) in self
+            .ranks
+            .iter_mut()
+            .zip(b.transfers.drain(..))
+            .zip(reports.iter_mut())
+        {
+            r.transfer_result_into(t, &b.statuses, report)?;
         }
         Ok(())
     }

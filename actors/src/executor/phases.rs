@@ -787,6 +787,20 @@ impl RankExecutor {
         token: AwaitTransferResult,
         all: &[TransferStatus],
     ) -> Result<IterationReport, ExecutorError> {
+        let mut report = IterationReport::default();
+        self.transfer_result_into(token, all, &mut report)?;
+        Ok(report)
+    }
+
+    /// [`RankExecutor::on_transfer_status`] into a report the in-crate stepper reuses:
+    /// every field is overwritten, and the report's old vectors become the next
+    /// iteration's (cleared) scratch, so nothing is allocated or copied twice.
+    pub(crate) fn transfer_result_into(
+        &mut self,
+        token: AwaitTransferResult,
+        all: &[TransferStatus],
+        report: &mut IterationReport,
+    ) -> Result<(), ExecutorError> {
         let dp = self.sizes.dp as usize;
         if all.len() != dp {
             return Err(ExecutorError::WrongArity {
@@ -802,17 +816,17 @@ impl RankExecutor {
             self.apply_transfer(event);
         }
         self.check_invariants();
-        let mut stats = std::mem::take(&mut self.scratch.stats);
-        stats.kv_blocks_used = self.kv.used_blocks();
-        stats.kv_blocks_free = self.kv.free_blocks();
-        stats.seats_used = self.seats.used();
+        report.stats = std::mem::take(&mut self.scratch.stats);
+        report.stats.kv_blocks_used = self.kv.used_blocks();
+        report.stats.kv_blocks_free = self.kv.free_blocks();
+        report.stats.seats_used = self.seats.used();
         self.totals.iterations += 1;
         self.iteration += 1;
-        Ok(IterationReport {
-            stats,
-            violations: std::mem::take(&mut self.scratch.violations),
-            transfer_commands: std::mem::take(&mut self.scratch.commands),
-        })
+        report.violations.clear();
+        std::mem::swap(&mut report.violations, &mut self.scratch.violations);
+        report.transfer_commands.clear();
+        std::mem::swap(&mut report.transfer_commands, &mut self.scratch.commands);
+        Ok(())
     }
 
     pub(super) fn violation(&mut self, kind: InvariantKind, detail: String) {
