@@ -47,10 +47,16 @@ pub fn is_schedulable(r: &Request, window: &SchedulableWindow) -> bool {
 
 /// The predicate the padding decision reads (§6, switch `pad.predicate`).
 pub fn is_pad_schedulable(r: &Request, window: &SchedulableWindow, policy: &Policy) -> bool {
+    pad_schedulable_given(r, is_schedulable(r, window), policy)
+}
+
+/// [`is_pad_schedulable`] given `schedulable = is_schedulable(r, window)`, so a count
+/// of both evaluates the window once per request.
+fn pad_schedulable_given(r: &Request, schedulable: bool, policy: &Policy) -> bool {
     match policy.pad.predicate {
-        PadPredicate::Fixed => is_schedulable(r, window),
+        PadPredicate::Fixed => schedulable,
         PadPredicate::Legacy => {
-            is_schedulable(r, window)
+            schedulable
                 || r.state == RequestState::GenerationToComplete
                 || r.state.is_transfer_state()
         }
@@ -89,10 +95,11 @@ impl RankCounts {
                 c.routable += 1;
                 c.routable_prompt_tokens += u64::from(r.spec.prompt_len);
             }
-            if is_schedulable(r, window) {
+            let schedulable = is_schedulable(r, window);
+            if schedulable {
                 c.schedulable += 1;
             }
-            if is_pad_schedulable(r, window, policy) {
+            if pad_schedulable_given(r, schedulable, policy) {
                 c.pad_schedulable += 1;
             }
         }

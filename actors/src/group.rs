@@ -3,12 +3,12 @@
 //! stepper the tests use; the threads and MPI drivers run the same phases with real
 //! collectives instead.
 
-use std::collections::BTreeMap;
-
 use crate::config::{ConfigError, Role, ServerConfig};
 use crate::executor::{
-    AwaitTransfers, ExecutorError, FetchBatch, FetchMode, ForwardOutput, IterationReport,
-    PadIntent, RankExecutor, Response, ScheduledBatch,
+    AwaitFetch, AwaitForward, AwaitPadIntent, AwaitPrefixMatches, AwaitTransferResult,
+    AwaitTransfers, AwaitVote, BatchVote, ExecutorError, FetchBatch, FetchMode, ForwardOutput,
+    IterationReport, PadIntent, PrefixMatches, RankExecutor, RankState, Response, ScheduledBatch,
+    TransferStatus,
 };
 use crate::ids::{BatchNumber, RankId};
 use crate::kv::mix;
@@ -18,6 +18,11 @@ use crate::policy::Policy;
 pub trait TokenSource {
     /// One sampled token per entry of `batch`.
     fn sample(&mut self, batch: &ScheduledBatch) -> ForwardOutput;
+
+    /// [`TokenSource::sample`] into `out`, whose buffer a source may reuse.
+    fn sample_into(&mut self, batch: &ScheduledBatch, out: &mut ForwardOutput) {
+        *out = self.sample(batch);
+    }
 }
 
 /// Deterministic tokens: `mix(id, position)`, so token streams can be compared across
@@ -40,6 +45,17 @@ impl TokenSource for DeterministicTokens {
                 .map(|e| deterministic_token(e.id.0, e.position))
                 .collect(),
         }
+    }
+
+    fn sample_into(&mut self, batch: &ScheduledBatch, out: &mut ForwardOutput) {
+        out.batch = batch.number;
+        out.sampled.clear();
+        out.sampled.extend(
+            batch
+                .entries
+                .iter()
+                .map(|e| deterministic_token(e.id.0, e.position)),
+        );
     }
 }
 
@@ -73,9 +89,29 @@ pub struct ServerGroup {
     name: String,
     role: Role,
     ranks: Vec<RankExecutor>,
-    outputs: BTreeMap<(RankId, BatchNumber), ForwardOutput>,
+    /// Per rank: forward outputs not handed back yet (at most two, under overlap).
+    outputs: Vec<Vec<ForwardOutput>>,
+    /// Outputs handed back, reused for the next samples.
+    spare_outputs: Vec<ForwardOutput>,
     awaiting_end: Vec<AwaitTransfers>,
     warning: Option<String>,
+    bufs: Collectives,
+}
+
+/// The per-iteration collective results and phase tokens, kept across iterations so that
+/// an iteration allocates nothing. Every phase clears what it fills.
+#[derive(Debug, Default)]
+struct Collectives {
+    states: Vec<RankState>,
+    fetch: Vec<AwaitFetch>,
+    matches: Vec<PrefixMatches>,
+    prefix: Vec<AwaitPrefixMatches>,
+    pad: Vec<AwaitPadIntent>,
+    vote: Vec<AwaitVote>,
+    votes: Vec<BatchVote>,
+    forward: Vec<(AwaitForward, Option<BatchNumber>)>,
+    transfers: Vec<AwaitTransferResult>,
+    statuses: Vec<TransferStatus>,
 }
 
 impl ServerGroup {
@@ -83,16 +119,18 @@ impl ServerGroup {
     /// switch turns it into [`ServerGroup::warning`]).
     pub fn new(server: &ServerConfig, policy: Policy) -> Result<ServerGroup, ConfigError> {
         let derived = server.derive(&policy)?;
-        let ranks = (0..derived.sizes.dp)
+        let ranks: Vec<RankExecutor> = (0..derived.sizes.dp)
             .map(|r| RankExecutor::new(RankId(r), server, &derived.sizes, policy))
             .collect();
         Ok(ServerGroup {
             name: server.name.clone(),
             role: server.role,
+            outputs: (0..ranks.len()).map(|_| Vec::new()).collect(),
+            spare_outputs: Vec::new(),
             ranks,
-            outputs: BTreeMap::new(),
             awaiting_end: Vec::new(),
             warning: derived.warning,
+            bufs: Collectives::default(),
         })
     }
 
@@ -127,7 +165,7 @@ impl ServerGroup {
             .iter()
             .all(|r| r.active().is_empty() && r.sending().is_empty() && r.dummy().is_none())
             && self.ranks[0].waiting().is_empty()
-            && self.outputs.is_empty()
+            && self.outputs.iter().all(Vec::is_empty)
     }
 
     /// Whether an iteration was begun and not ended.
@@ -165,89 +203,142 @@ impl ServerGroup {
         fetch: &mut dyn FnMut(FetchMode) -> Option<FetchBatch>,
         tokens: &mut dyn TokenSource,
     ) -> Result<Option<BegunIteration>, ExecutorError> {
+        let mut out = BegunIteration {
+            forward_ran: false,
+            launched: Vec::new(),
+            responses: Vec::new(),
+        };
+        Ok(self.begin_into(fetch, tokens, &mut out)?.then_some(out))
+    }
+
+    /// [`ServerGroup::begin`] into `out`, whose vectors (and launched batches) are reused:
+    /// `Ok(true)` when an iteration ran and `out` holds it, `Ok(false)` when idle.
+    pub fn begin_into(
+        &mut self,
+        fetch: &mut dyn FnMut(FetchMode) -> Option<FetchBatch>,
+        tokens: &mut dyn TokenSource,
+        out: &mut BegunIteration,
+    ) -> Result<bool, ExecutorError> {
         assert!(
             self.awaiting_end.is_empty(),
             "ServerGroup::begin called twice without end"
         );
+        let b = &mut self.bufs;
         // 1. Gather.
-        let (tokens_fetch, states): (Vec<_>, Vec<_>) =
-            self.ranks.iter_mut().map(|r| r.begin_iteration()).unzip();
+        b.fetch.clear();
+        b.states.clear();
+        for r in &mut self.ranks {
+            let (t, state) = r.begin_iteration();
+            b.fetch.push(t);
+            b.states.push(state);
+        }
         // 2. Fetch (rank 0 decides, broadcast).
-        let mode = self.ranks[0].fetch_mode(&states);
+        let mode = self.ranks[0].fetch_mode(&b.states);
         let Some(fetched) = fetch(mode) else {
-            return Ok(None);
+            return Ok(false);
         };
-        let mut next = Vec::with_capacity(self.ranks.len());
-        let mut matches = Vec::with_capacity(self.ranks.len());
-        for (r, t) in self.ranks.iter_mut().zip(tokens_fetch) {
-            let (t, m) = r.on_fetch(t, &states, &fetched)?;
-            next.push(t);
-            matches.push(m);
+        b.prefix.clear();
+        b.matches.clear();
+        for (r, t) in self.ranks.iter_mut().zip(b.fetch.drain(..)) {
+            let (t, m) = r.on_fetch(t, &b.states, &fetched)?;
+            b.prefix.push(t);
+            b.matches.push(m);
         }
         // 3. Prefix matches (allgather) → route → pad intent (allreduce MAX).
-        let mut next2 = Vec::with_capacity(self.ranks.len());
+        b.pad.clear();
         let mut intent = PadIntent::None;
-        for (r, t) in self.ranks.iter_mut().zip(next) {
-            let (t, i) = r.on_prefix_matches(t, &matches)?;
+        for (r, t) in self.ranks.iter_mut().zip(b.prefix.drain(..)) {
+            let (t, i) = r.on_prefix_matches(t, &b.matches)?;
             intent = intent.max(i);
-            next2.push(t);
+            b.pad.push(t);
         }
         // 4-5. Pad and schedule → vote (allgather).
-        let (next3, votes): (Vec<_>, Vec<_>) = self
-            .ranks
-            .iter_mut()
-            .zip(next2)
-            .map(|(r, t)| r.on_pad_intent(t, intent))
-            .unzip();
-        // 6-7. Commit or roll back; launch; hand back the awaited output.
-        let mut launched = Vec::new();
-        let mut forward_ran = false;
-        let mut plans = Vec::with_capacity(self.ranks.len());
-        for (r, t) in self.ranks.iter_mut().zip(next3) {
-            let (t, plan) = r.on_vote(t, &votes)?;
-            forward_ran = plan.can_queue;
-            if let Some(batch) = plan.launch {
-                let out = tokens.sample(&batch);
-                self.outputs.insert((r.rank(), batch.number), out);
-                launched.push(batch);
-            }
-            plans.push((t, plan.await_output));
+        b.vote.clear();
+        b.votes.clear();
+        for (r, t) in self.ranks.iter_mut().zip(b.pad.drain(..)) {
+            let (t, v) = r.on_pad_intent(t, intent);
+            b.vote.push(t);
+            b.votes.push(v);
         }
+        // 6-7. Commit or roll back; launch; hand back the awaited output. The batch is
+        // read in place on its rank; `out.launched` gets a copy into reused vectors.
+        let mut launched = 0;
+        out.forward_ran = false;
+        b.forward.clear();
+        for (r, t) in self.ranks.iter_mut().zip(b.vote.drain(..)) {
+            let (t, can_queue, awaited) = r.vote(t, &b.votes)?;
+            out.forward_ran = can_queue;
+            if let Some(batch) = r.launched() {
+                let mut sampled = self.spare_outputs.pop().unwrap_or(ForwardOutput {
+                    batch: batch.number,
+                    sampled: Vec::new(),
+                });
+                tokens.sample_into(batch, &mut sampled);
+                self.outputs[r.rank().index()].push(sampled);
+                match out.launched.get_mut(launched) {
+                    Some(copy) => {
+                        copy.number = batch.number;
+                        copy.rank = batch.rank;
+                        copy.entries.clear();
+                        copy.entries.extend_from_slice(&batch.entries);
+                    }
+                    None => out.launched.push(batch.clone()),
+                }
+                launched += 1;
+            }
+            b.forward.push((t, awaited));
+        }
+        out.launched.truncate(launched);
         // 8. Update → responses (gather to rank 0).
-        let mut responses = Vec::new();
-        for (r, (t, awaited)) in self.ranks.iter_mut().zip(plans) {
-            let output = awaited.and_then(|b| self.outputs.remove(&(r.rank(), b)));
-            let (t, rr) = r.on_forward_output(t, output)?;
-            responses.extend(rr.responses);
+        out.responses.clear();
+        for (r, (t, awaited)) in self.ranks.iter_mut().zip(b.forward.drain(..)) {
+            let pending = &mut self.outputs[r.rank().index()];
+            let output = awaited.and_then(|n| {
+                let at = pending.iter().position(|o| o.batch == n)?;
+                Some(pending.remove(at))
+            });
+            let t = r.forward_output_into(t, output.as_ref(), &mut out.responses)?;
+            self.spare_outputs.extend(output);
             self.awaiting_end.push(t);
         }
-        Ok(Some(BegunIteration {
-            forward_ran,
-            launched,
-            responses,
-        }))
+        Ok(true)
     }
 
     /// Phase 9 (the transfer consensus) and the §10 checks on every rank; closes the
     /// iteration [`ServerGroup::begin`] opened.
     pub fn end(&mut self) -> Result<Vec<IterationReport>, ExecutorError> {
-        let awaiting = std::mem::take(&mut self.awaiting_end);
+        let mut reports = Vec::with_capacity(self.ranks.len());
+        self.end_into(&mut reports)?;
+        Ok(reports)
+    }
+
+    /// [`ServerGroup::end`] into `reports` (one per rank, overwritten), a vector the
+    /// caller reuses.
+    pub fn end_into(&mut self, reports: &mut Vec<IterationReport>) -> Result<(), ExecutorError> {
         assert_eq!(
-            awaiting.len(),
+            self.awaiting_end.len(),
             self.ranks.len(),
             "ServerGroup::end without begin"
         );
-        let (next, statuses): (Vec<_>, Vec<_>) = self
+        let b = &mut self.bufs;
+        b.transfers.clear();
+        b.statuses.clear();
+        for (r, t) in self.ranks.iter_mut().zip(self.awaiting_end.drain(..)) {
+            let (t, status) = r.transfer_status(t);
+            b.transfers.push(t);
+            b.statuses.push(status);
+        }
+        // Reports are overwritten in place (their vectors reused), one per rank.
+        reports.resize_with(self.ranks.len(), IterationReport::default);
+        for ((r, t), report) in self
             .ranks
             .iter_mut()
-            .zip(awaiting)
-            .map(|(r, t)| r.transfer_status(t))
-            .unzip();
-        let mut reports = Vec::with_capacity(self.ranks.len());
-        for (r, t) in self.ranks.iter_mut().zip(next) {
-            reports.push(r.on_transfer_status(t, &statuses)?);
+            .zip(b.transfers.drain(..))
+            .zip(reports.iter_mut())
+        {
+            r.transfer_result_into(t, &b.statuses, report)?;
         }
-        Ok(reports)
+        Ok(())
     }
 }
 

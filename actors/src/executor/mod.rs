@@ -38,7 +38,8 @@ use crate::policy::Policy;
 use crate::request::{Request, RequestSpec, SchedulableWindow};
 use crate::router::{RankLoad, Router};
 use crate::scheduler::{
-    CapacityConfig, CapacityScheduler, MicroBatchConfig, MicroBatchScheduler, published_window,
+    BatchEntry, CapacityConfig, CapacityOutput, CapacityScheduler, Classes, MicroBatchConfig,
+    MicroBatchScheduler, published_window,
 };
 use crate::seats::SlotPool;
 
@@ -158,6 +159,36 @@ struct Scratch {
     responses: Vec<Response>,
 }
 
+/// Working buffers kept across iterations so that a steady-state iteration allocates
+/// nothing; each user clears what it takes. Contents never carry meaning from one use to
+/// the next.
+#[derive(Debug, Default)]
+struct Buffers {
+    classes: Classes,
+    capacity: CapacityOutput,
+    planned: Vec<BatchEntry>,
+    /// Entry vectors of batches that ended, reused for the next batch.
+    spare_entries: Vec<Vec<ForwardEntry>>,
+    ids: Vec<ReqId>,
+}
+
+impl Buffers {
+    /// Keeps a dead batch's entry vector for reuse (a few suffice: at most three batches
+    /// are alive at once).
+    fn recycle(&mut self, batch: ScheduledBatch) {
+        if self.spare_entries.len() < 4 {
+            self.spare_entries.push(batch.entries);
+        }
+    }
+
+    /// An empty entry vector, reused when one is spare.
+    fn entries(&mut self) -> Vec<ForwardEntry> {
+        let mut v = self.spare_entries.pop().unwrap_or_default();
+        v.clear();
+        v
+    }
+}
+
 /// One rank's control plane.
 #[derive(Debug)]
 pub struct RankExecutor {
@@ -196,6 +227,7 @@ pub struct RankExecutor {
     carried_responses: Vec<Response>,
     totals: RankTotals,
     scratch: Scratch,
+    bufs: Buffers,
     kv_full_check_every: u64,
 }
 
@@ -262,6 +294,7 @@ impl RankExecutor {
             carried_responses: Vec::new(),
             totals: RankTotals::default(),
             scratch: Scratch::default(),
+            bufs: Buffers::default(),
             kv_full_check_every: 1,
         }
     }
@@ -387,6 +420,24 @@ impl RankExecutor {
     /// Lookup of a batch entry's request: `active` is sorted by `seq`.
     fn find_seq(&self, seq: u64) -> Option<usize> {
         self.active.binary_search_by_key(&seq, |r| r.seq).ok()
+    }
+
+    /// [`RankExecutor::find_seq`] for a batch walked in order: entries come in increasing
+    /// `seq` (the schedulers walk `active` in order), so each lookup resumes at `cursor`
+    /// with a short forward scan instead of a binary search. Every request before
+    /// `cursor` has a smaller `seq` than the last one looked up; a lookup out of order
+    /// falls back to the binary search.
+    fn find_seq_from(&self, cursor: &mut usize, seq: u64) -> Option<usize> {
+        let a = &self.active;
+        if *cursor > a.len() || (*cursor > 0 && a[*cursor - 1].seq >= seq) {
+            return self.find_seq(seq);
+        }
+        let mut i = *cursor;
+        while i < a.len() && a[i].seq < seq {
+            i += 1;
+        }
+        *cursor = i;
+        (i < a.len() && a[i].seq == seq).then_some(i)
     }
 
     /// Appends a newly routed request, keeping `active` sorted by `seq`.

@@ -16,21 +16,32 @@ use super::messages::*;
 use super::stats::{IterationReport, IterationStats};
 use super::{
     AwaitFetch, AwaitForward, AwaitPadIntent, AwaitPrefixMatches, AwaitTransferResult,
-    AwaitTransfers, AwaitVote, ExecutorError, RankExecutor, Scratch,
+    AwaitTransfers, AwaitVote, ExecutorError, RankExecutor,
 };
 
 impl RankExecutor {
     /// Phase 1: this rank's contribution to the gather (§3.1).
     pub fn begin_iteration(&mut self) -> (AwaitFetch, RankState) {
-        self.scratch = Scratch {
-            stats: IterationStats {
-                iteration: self.iteration,
-                rank: self.rank,
-                ..IterationStats::default()
-            },
-            responses: std::mem::take(&mut self.carried_responses),
-            ..Scratch::default()
+        // A fresh scratch, field by field, so its buffers keep their capacity.
+        let s = &mut self.scratch;
+        s.loads.clear();
+        s.popped.clear();
+        s.expected = 0;
+        s.counts = RankCounts::default();
+        s.tentative = None;
+        for b in [s.batch.take(), s.launched.take()].into_iter().flatten() {
+            self.bufs.recycle(b);
+        }
+        s.awaited = None;
+        s.stats = IterationStats {
+            iteration: self.iteration,
+            rank: self.rank,
+            ..IterationStats::default()
         };
+        s.violations.clear();
+        s.commands.clear();
+        s.responses.clear();
+        s.responses.append(&mut self.carried_responses);
         let state = RankState {
             rank: self.rank,
             counts: self.counts(),
@@ -96,13 +107,11 @@ impl RankExecutor {
                 }
             }
         }
-        self.scratch.loads = gathered
-            .iter()
-            .map(|s| RankLoad {
-                requests: s.counts.routable,
-                prompt_tokens: s.counts.routable_prompt_tokens,
-            })
-            .collect();
+        self.scratch.loads.clear();
+        self.scratch.loads.extend(gathered.iter().map(|s| RankLoad {
+            requests: s.counts.routable,
+            prompt_tokens: s.counts.routable_prompt_tokens,
+        }));
         self.admit();
         let matches = if self.router.needs_prefix_matches() {
             let kv = &self.kv;
@@ -133,15 +142,20 @@ impl RankExecutor {
             .map(|l| u64::from(l.requests))
             .sum();
         let max_new = u64::from(self.sizes.capacity).saturating_sub(routable);
-        let mut per_rank: Vec<u32> = self.scratch.loads.iter().map(|l| l.requests).collect();
+        // Per-rank counts only matter for strict pins: built on the first one.
+        let mut per_rank: Option<Vec<u32>> = None;
         let mut set_aside = Vec::new();
-        let mut popped = Vec::new();
+        let loads = &self.scratch.loads;
+        let popped = &mut self.scratch.popped;
+        popped.clear();
         while (popped.len() as u64) < max_new {
             let Some(spec) = self.waiting.pop_front() else {
                 break;
             };
             match spec.pinned {
                 Some(pin) if pin.strict => {
+                    let per_rank =
+                        per_rank.get_or_insert_with(|| loads.iter().map(|l| l.requests).collect());
                     let r = pin.rank.index();
                     if per_rank[r] >= m {
                         set_aside.push(spec);
@@ -156,8 +170,7 @@ impl RankExecutor {
         for spec in set_aside.into_iter().rev() {
             self.waiting.push_front(spec);
         }
-        self.scratch.stats.admitted_now = popped.len() as u32;
-        self.scratch.popped = popped;
+        self.scratch.stats.admitted_now = self.scratch.popped.len() as u32;
     }
 
     /// Phase 3: route the popped requests (every rank computes the same assignment and
@@ -190,14 +203,21 @@ impl RankExecutor {
                 want: n_new,
             });
         }
-        let matches: Vec<Vec<u32>> = all.iter().map(|m| m.tokens.clone()).collect();
-        let popped = std::mem::take(&mut self.scratch.popped);
+        let by_prefix = self.router.needs_prefix_matches();
+        let matches: Vec<Vec<u32>> = if by_prefix {
+            all.iter().map(|m| m.tokens.clone()).collect()
+        } else {
+            Vec::new()
+        };
         let assignment = self.router.route(RouteInput {
             loads: &self.scratch.loads,
-            new: &popped,
+            new: &self.scratch.popped,
             max_per_rank: self.sizes.max_admitted_per_rank,
-            prefix_matches: self.router.needs_prefix_matches().then_some(&matches[..]),
+            prefix_matches: by_prefix.then_some(&matches[..]),
         });
+        // Out of the scratch while requests are pushed (that borrows all of `self`), then
+        // back, empty, with its capacity.
+        let mut popped = std::mem::take(&mut self.scratch.popped);
         if let Some(v) = &assignment.violation {
             self.violation(InvariantKind::Routing, v.to_string());
         }
@@ -206,12 +226,14 @@ impl RankExecutor {
             Role::Agg | Role::Ctx => RequestState::ContextInit,
         };
         let mut routed_now = 0;
-        for (spec, rank) in popped.into_iter().zip(&assignment.ranks) {
+        for (spec, rank) in popped.drain(..).zip(&assignment.ranks) {
             if *rank == self.rank {
                 self.push_active(Request::new(spec, arrival_state));
                 routed_now += 1;
             }
         }
+        popped.clear();
+        self.scratch.popped = popped;
         self.routed_total += n_new as u64;
         self.routed_to_rank += routed_now as u64;
         self.totals.routed_requests += routed_now as u64;
@@ -298,7 +320,8 @@ impl RankExecutor {
         {
             self.try_pad(kind);
         }
-        let entries = self.schedule_batch();
+        let mut entries = self.bufs.entries();
+        self.schedule_batch(&mut entries);
         let mut batch = ScheduledBatch {
             number: BatchNumber(self.next_batch),
             rank: self.rank,
@@ -394,8 +417,13 @@ impl RankExecutor {
     /// Capacity then micro-batch scheduling; then the resources each entry needs: an index
     /// slot (none: deferred, "no free index slot"), a seat (none: the rank cannot seat an
     /// admitted request, a fatal violation), and blocks for the step (none: deferred).
-    fn schedule_batch(&mut self) -> Vec<ForwardEntry> {
-        let out = self.capacity.schedule(&self.active, &self.kv);
+    fn schedule_batch(&mut self, entries: &mut Vec<ForwardEntry>) {
+        // The buffers leave `self.bufs` while the phases below borrow all of `self`.
+        let mut classes = std::mem::take(&mut self.bufs.classes);
+        let mut out = std::mem::take(&mut self.bufs.capacity);
+        let mut planned = std::mem::take(&mut self.bufs.planned);
+        self.capacity
+            .schedule_with(&self.active, &self.kv, &mut classes, &mut out);
         for &i in &out.paused {
             self.pause(i);
         }
@@ -404,14 +432,17 @@ impl RankExecutor {
             self.start_receive(i);
         }
         let in_flight: BTreeSet<ReqId> = BTreeSet::new();
-        let planned = self.micro.schedule(&self.active, &out.fitting, &in_flight);
-        let mut entries = Vec::with_capacity(planned.len());
-        for e in planned {
+        self.micro
+            .schedule_into(&self.active, &out.fitting, &in_flight, &mut planned);
+        entries.reserve(planned.len());
+        for e in &planned {
             if let Some(entry) = self.prepare_entry(e.index, e.kind) {
                 entries.push(entry);
             }
         }
-        entries
+        self.bufs.classes = classes;
+        self.bufs.capacity = out;
+        self.bufs.planned = planned;
     }
 
     fn prepare_entry(&mut self, index: usize, kind: EntryKind) -> Option<ForwardEntry> {
@@ -539,6 +570,22 @@ impl RankExecutor {
         token: AwaitVote,
         votes: &[BatchVote],
     ) -> Result<(AwaitForward, LaunchPlan), ExecutorError> {
+        let (token, can_queue, await_output) = self.vote(token, votes)?;
+        let plan = LaunchPlan {
+            can_queue,
+            launch: self.scratch.launched.clone(),
+            await_output,
+        };
+        Ok((token, plan))
+    }
+
+    /// [`RankExecutor::on_vote`] without handing out a copy of the batch: the in-crate
+    /// stepper reads it in place with [`RankExecutor::launched`].
+    pub(crate) fn vote(
+        &mut self,
+        token: AwaitVote,
+        votes: &[BatchVote],
+    ) -> Result<(AwaitForward, bool, Option<BatchNumber>), ExecutorError> {
         let dp = self.sizes.dp as usize;
         if votes.len() != dp {
             return Err(ExecutorError::WrongArity {
@@ -559,6 +606,9 @@ impl RankExecutor {
             batch
         } else {
             self.totals.vetoed_iterations += 1;
+            if let Some(b) = batch {
+                self.bufs.recycle(b);
+            }
             None
         };
         let await_output = if self.sizes.overlap {
@@ -566,19 +616,21 @@ impl RankExecutor {
         } else {
             launch.as_ref().map(|b| b.number)
         };
-        self.scratch.launched = launch.clone();
+        self.scratch.launched = launch;
         self.scratch.awaited = await_output;
         self.scratch.stats.forward_ran = can_queue;
         Ok((
             AwaitForward {
                 iteration: token.iteration,
             },
-            LaunchPlan {
-                can_queue,
-                launch,
-                await_output,
-            },
+            can_queue,
+            await_output,
         ))
+    }
+
+    /// The batch this iteration launches, between the vote and the forward output.
+    pub(crate) fn launched(&self) -> Option<&ScheduledBatch> {
+        self.scratch.launched.as_ref()
     }
 
     fn resolve_dummy(&mut self, tentative: TentativeDummy, can_queue: bool) {
@@ -607,37 +659,7 @@ impl RankExecutor {
         token: AwaitForward,
         output: Option<ForwardOutput>,
     ) -> Result<(AwaitTransfers, RankResponses), ExecutorError> {
-        let got = output.as_ref().map(|o| o.batch);
-        if got != self.scratch.awaited {
-            return Err(ExecutorError::WrongBatch {
-                rank: self.rank,
-                got,
-                want: self.scratch.awaited,
-            });
-        }
-        let launched = self.scratch.launched.take();
-        if self.sizes.overlap {
-            // Launch N+1 happened; now process batch N's tokens, then update N+1's states.
-            if let (Some(prev), Some(out)) = (self.in_flight.take(), output.as_ref()) {
-                self.apply_tokens(&prev, out);
-            }
-            if let Some(batch) = &launched {
-                self.apply_launch(batch);
-            }
-            self.in_flight = launched.clone();
-        } else if let Some(batch) = &launched {
-            self.apply_launch(batch);
-            if let Some(out) = output.as_ref() {
-                self.apply_tokens(batch, out);
-            }
-        }
-        if let Some(batch) = &launched {
-            self.record_batch(batch);
-            // The dummy ran; it never outlives the iteration of its forward (§6).
-            if self.dummy.is_some() {
-                self.free_dummy();
-            }
-        }
+        self.process_output(output.as_ref())?;
         let responses = RankResponses {
             rank: self.rank,
             responses: std::mem::take(&mut self.scratch.responses),
@@ -648,6 +670,66 @@ impl RankExecutor {
             },
             responses,
         ))
+    }
+
+    /// [`RankExecutor::on_forward_output`] with the output borrowed and the responses
+    /// appended to `out` (the in-crate stepper gathers every rank into one vector).
+    pub(crate) fn forward_output_into(
+        &mut self,
+        token: AwaitForward,
+        output: Option<&ForwardOutput>,
+        out: &mut Vec<Response>,
+    ) -> Result<AwaitTransfers, ExecutorError> {
+        self.process_output(output)?;
+        out.append(&mut self.scratch.responses);
+        Ok(AwaitTransfers {
+            iteration: token.iteration,
+        })
+    }
+
+    fn process_output(&mut self, output: Option<&ForwardOutput>) -> Result<(), ExecutorError> {
+        let got = output.map(|o| o.batch);
+        if got != self.scratch.awaited {
+            return Err(ExecutorError::WrongBatch {
+                rank: self.rank,
+                got,
+                want: self.scratch.awaited,
+            });
+        }
+        let launched = self.scratch.launched.take();
+        if self.sizes.overlap {
+            // Launch N+1 happened; now process batch N's tokens, then update N+1's states.
+            let prev = self.in_flight.take();
+            if let (Some(prev), Some(out)) = (&prev, output) {
+                self.apply_tokens(prev, out);
+            }
+            if let Some(prev) = prev {
+                self.bufs.recycle(prev);
+            }
+            if let Some(batch) = &launched {
+                self.apply_launch(batch);
+            }
+        } else if let Some(batch) = &launched {
+            self.apply_launch(batch);
+            if let Some(out) = output {
+                self.apply_tokens(batch, out);
+            }
+        }
+        if let Some(batch) = &launched {
+            self.record_batch(batch);
+            // The dummy ran; it never outlives the iteration of its forward (§6).
+            if self.dummy.is_some() {
+                self.free_dummy();
+            }
+        }
+        // Under overlap the batch stays in flight until next iteration's output (moved,
+        // not copied: nothing above reads `in_flight`).
+        if self.sizes.overlap {
+            self.in_flight = launched;
+        } else if let Some(batch) = launched {
+            self.bufs.recycle(batch);
+        }
+        Ok(())
     }
 
     fn record_batch(&mut self, batch: &ScheduledBatch) {
@@ -705,6 +787,20 @@ impl RankExecutor {
         token: AwaitTransferResult,
         all: &[TransferStatus],
     ) -> Result<IterationReport, ExecutorError> {
+        let mut report = IterationReport::default();
+        self.transfer_result_into(token, all, &mut report)?;
+        Ok(report)
+    }
+
+    /// [`RankExecutor::on_transfer_status`] into a report the in-crate stepper reuses:
+    /// every field is overwritten, and the report's old vectors become the next
+    /// iteration's (cleared) scratch, so nothing is allocated or copied twice.
+    pub(crate) fn transfer_result_into(
+        &mut self,
+        token: AwaitTransferResult,
+        all: &[TransferStatus],
+        report: &mut IterationReport,
+    ) -> Result<(), ExecutorError> {
         let dp = self.sizes.dp as usize;
         if all.len() != dp {
             return Err(ExecutorError::WrongArity {
@@ -720,17 +816,17 @@ impl RankExecutor {
             self.apply_transfer(event);
         }
         self.check_invariants();
-        let mut stats = std::mem::take(&mut self.scratch.stats);
-        stats.kv_blocks_used = self.kv.used_blocks();
-        stats.kv_blocks_free = self.kv.free_blocks();
-        stats.seats_used = self.seats.used();
+        report.stats = std::mem::take(&mut self.scratch.stats);
+        report.stats.kv_blocks_used = self.kv.used_blocks();
+        report.stats.kv_blocks_free = self.kv.free_blocks();
+        report.stats.seats_used = self.seats.used();
         self.totals.iterations += 1;
         self.iteration += 1;
-        Ok(IterationReport {
-            stats,
-            violations: std::mem::take(&mut self.scratch.violations),
-            transfer_commands: std::mem::take(&mut self.scratch.commands),
-        })
+        report.violations.clear();
+        std::mem::swap(&mut report.violations, &mut self.scratch.violations);
+        report.transfer_commands.clear();
+        std::mem::swap(&mut report.transfer_commands, &mut self.scratch.commands);
+        Ok(())
     }
 
     pub(super) fn violation(&mut self, kind: InvariantKind, detail: String) {
@@ -897,21 +993,25 @@ impl RankExecutor {
                 "a dummy is alive at the end of the iteration".into(),
             );
         }
-        let mut ids: Vec<ReqId> = self
-            .active
-            .iter()
-            .chain(self.sending.iter())
-            .map(|r| r.id())
-            .collect();
+        let mut ids = std::mem::take(&mut self.bufs.ids);
+        ids.clear();
+        ids.extend(
+            self.active
+                .iter()
+                .chain(self.sending.iter())
+                .map(|r| r.id()),
+        );
         let n = ids.len();
         ids.sort_unstable();
         ids.dedup();
-        if ids.len() != n {
+        let distinct = ids.len();
+        self.bufs.ids = ids;
+        if distinct != n {
             self.violation(
                 InvariantKind::Accounting,
                 format!(
                     "{} request ids appear twice among active and sending",
-                    n - ids.len()
+                    n - distinct
                 ),
             );
         }

@@ -13,8 +13,9 @@ impl RankExecutor {
     /// next token is its last → GENERATION_TO_COMPLETE, i.e. retiring).
     pub(super) fn apply_launch(&mut self, batch: &ScheduledBatch) {
         let overlap = self.sizes.overlap;
+        let mut cursor = 0;
         for e in batch.real_entries() {
-            let Some(i) = self.find_seq(e.seq) else {
+            let Some(i) = self.find_seq_from(&mut cursor, e.seq) else {
                 continue;
             };
             let max_new = self.effective_max_new(&self.active[i]);
@@ -52,6 +53,8 @@ impl RankExecutor {
     /// Effects of `batch`'s sampled tokens: append, emit a response, finish requests that
     /// reached their length (freeing seat and KV; on a ctx server, start the KV send).
     pub(super) fn apply_tokens(&mut self, batch: &ScheduledBatch, output: &ForwardOutput) {
+        // A finished request leaves `active` at the cursor: what precedes it is unchanged.
+        let mut cursor = 0;
         for (e, &token) in batch.entries.iter().zip(&output.sampled) {
             if e.is_dummy {
                 continue;
@@ -63,7 +66,7 @@ impl RankExecutor {
             if sampled == 0 {
                 continue;
             }
-            let Some(i) = self.find_seq(e.seq) else {
+            let Some(i) = self.find_seq_from(&mut cursor, e.seq) else {
                 continue;
             };
             let max_new = self.effective_max_new(&self.active[i]);

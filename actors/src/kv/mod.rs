@@ -10,7 +10,8 @@
 //! choice is deterministic (lowest free id first, LRU by a logical tick, never a hash-map
 //! iteration order); the index pool size is received, never recomputed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::{Deserialize, Serialize};
 
@@ -137,25 +138,206 @@ struct Seq {
     blocks: Vec<u32>,
 }
 
+/// A fixed, seedless hasher for integer keys (request ids, prefix keys): lookups are
+/// cheap and, unlike `RandomState`, identical on every run; nothing iterates these maps
+/// into a decision. One odd multiply: its low bits (the bucket) permute the key's low
+/// bits, so consecutive ids never collide, and its high bits (the tag) mix all of them.
+#[derive(Debug, Clone, Copy, Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type KeyMap<K, V> = HashMap<K, V, BuildHasherDefault<KeyHasher>>;
+
+/// Unreferenced, unkeyed blocks as a bitset: `pop_first` takes the lowest id in amortized
+/// O(1) (a cursor skips the leading empty words), `insert`/`remove`/`contains` are O(1).
+#[derive(Debug, Clone)]
+struct FreeList {
+    words: Vec<u64>,
+    len: usize,
+    /// Every word before `first` is zero.
+    first: usize,
+}
+
+impl FreeList {
+    /// Every block of `0..n` free.
+    fn full(n: u32) -> FreeList {
+        let n = n as usize;
+        let mut words = vec![u64::MAX; n.div_ceil(64)];
+        if !n.is_multiple_of(64)
+            && let Some(last) = words.last_mut()
+        {
+            *last = (1u64 << (n % 64)) - 1;
+        }
+        FreeList {
+            words,
+            len: n,
+            first: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn contains(&self, b: u32) -> bool {
+        let (w, bit) = (b as usize / 64, b % 64);
+        self.words.get(w).is_some_and(|x| x & (1 << bit) != 0)
+    }
+
+    fn insert(&mut self, b: u32) {
+        let (w, bit) = (b as usize / 64, b % 64);
+        if self.words[w] & (1 << bit) == 0 {
+            self.words[w] |= 1 << bit;
+            self.len += 1;
+            self.first = self.first.min(w);
+        }
+    }
+
+    fn remove(&mut self, b: u32) {
+        let (w, bit) = (b as usize / 64, b % 64);
+        if self.words[w] & (1 << bit) != 0 {
+            self.words[w] &= !(1 << bit);
+            self.len -= 1;
+        }
+    }
+
+    /// The lowest free block, taken.
+    fn pop_first(&mut self) -> Option<u32> {
+        while let Some(&x) = self.words.get(self.first) {
+            if x != 0 {
+                let bit = x.trailing_zeros();
+                self.words[self.first] &= x - 1;
+                self.len -= 1;
+                return Some(self.first as u32 * 64 + bit);
+            }
+            self.first += 1;
+        }
+        None
+    }
+}
+
+impl PartialEq for FreeList {
+    /// The same blocks; the cursor is only a search hint.
+    fn eq(&self, other: &FreeList) -> bool {
+        self.words == other.words
+    }
+}
+
+impl Eq for FreeList {}
+
+/// Unreferenced, keyed blocks in release order: ticks only grow, so a queue appended at
+/// the back is ordered by tick and its front is the least recently used. A block taken out
+/// of the middle (a reuse hit) leaves a stale entry, recognised because the block's tick
+/// no longer matches; stale entries are skipped on pop and compacted away when they
+/// outnumber the live ones.
+#[derive(Debug, Clone)]
+struct Lru {
+    queue: VecDeque<(u64, u32)>,
+    /// Per block: its tick, while it is cached.
+    tick_of: Vec<Option<u64>>,
+    len: usize,
+}
+
+impl Lru {
+    fn new(blocks: usize) -> Lru {
+        Lru {
+            queue: VecDeque::new(),
+            tick_of: vec![None; blocks],
+            len: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn contains(&self, b: u32) -> bool {
+        self.tick_of[b as usize].is_some()
+    }
+
+    /// Appends `b` as the most recently used; `tick` exceeds every tick before it.
+    fn push(&mut self, tick: u64, b: u32) {
+        self.queue.push_back((tick, b));
+        self.tick_of[b as usize] = Some(tick);
+        self.len += 1;
+    }
+
+    fn remove(&mut self, b: u32) {
+        if self.tick_of[b as usize].take().is_some() {
+            self.len -= 1;
+            if self.queue.len() > 2 * self.len + 64 {
+                let tick_of = &self.tick_of;
+                self.queue.retain(|&(t, b)| tick_of[b as usize] == Some(t));
+            }
+        }
+    }
+
+    /// The least recently used block, taken.
+    fn pop_first(&mut self) -> Option<u32> {
+        while let Some((t, b)) = self.queue.pop_front() {
+            if self.tick_of[b as usize] == Some(t) {
+                self.tick_of[b as usize] = None;
+                self.len -= 1;
+                return Some(b);
+            }
+        }
+        None
+    }
+
+    /// Live entries of the queue, each checked against its block's tick.
+    fn live_entries(&self) -> usize {
+        self.queue
+            .iter()
+            .filter(|&&(t, b)| self.tick_of.get(b as usize) == Some(&Some(t)))
+            .count()
+    }
+}
+
+impl PartialEq for Lru {
+    /// The same blocks at the same ticks (which fixes the order); stale entries aside.
+    fn eq(&self, other: &Lru) -> bool {
+        self.len == other.len && self.tick_of == other.tick_of
+    }
+}
+
+impl Eq for Lru {}
+
 /// Everything a failed call must leave untouched (counters live apart so a refused
 /// `add_sequence` can count its deferral while the pool compares equal).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Pool {
-    /// Unreferenced, unkeyed blocks; `BTreeSet` so allocation takes the lowest id.
-    free: BTreeSet<u32>,
+    /// Unreferenced, unkeyed blocks; allocation takes the lowest id.
+    free: FreeList,
     /// Unreferenced, keyed blocks by the logical tick they were released at: the first
     /// entry is the least recently used, so eviction order never depends on hashing.
-    lru: BTreeMap<u64, u32>,
-    /// Per block: its tick in `lru`, if it is there.
-    lru_tick: Vec<Option<u64>>,
+    lru: Lru,
     /// Per block: how many sequences list it.
     refcount: Vec<u32>,
     /// Per block: the prefix key it is published under, if any.
     block_key: Vec<Option<u64>>,
-    /// Prefix key -> block. Only looked up, never iterated into a decision.
-    key_to_block: BTreeMap<u64, u32>,
-    /// Live sequences.
-    seqs: BTreeMap<ReqId, Seq>,
+    /// Prefix key -> block. Only looked up, never iterated into a decision. An entry is
+    /// live while its block still carries that key (`block_key`); eviction only clears
+    /// the block's side, leaving a stale entry (a random-access removal per evicted block
+    /// cost more than the rest of the eviction), purged in bulk once stale entries
+    /// outnumber live ones.
+    key_to_block: KeyMap<u64, u32>,
+    /// Stale entries in `key_to_block`.
+    stale_keys: usize,
+    /// Live sequences. Only looked up; the full check iterates it to count.
+    seqs: KeyMap<ReqId, Seq>,
     /// The KV index pool (lowest free slot first).
     slots: SlotPool,
     /// Blocks with a non-zero reference count.
@@ -184,13 +366,13 @@ impl KvManager {
         KvManager {
             config,
             pool: Pool {
-                free: (0..config.total_blocks).collect(),
-                lru: BTreeMap::new(),
-                lru_tick: vec![None; n],
+                free: FreeList::full(config.total_blocks),
+                lru: Lru::new(n),
                 refcount: vec![0; n],
                 block_key: vec![None; n],
-                key_to_block: BTreeMap::new(),
-                seqs: BTreeMap::new(),
+                key_to_block: KeyMap::default(),
+                stale_keys: 0,
+                seqs: KeyMap::default(),
                 slots: SlotPool::new(config.index_pool_size),
                 used: 0,
                 tick: 0,
@@ -282,7 +464,7 @@ impl KvManager {
             return 0;
         }
         let matched = chain_keys(block_hashes)
-            .take_while(|k| self.pool.key_to_block.contains_key(k))
+            .take_while(|&k| self.pool.block_of_key(k).is_some())
             .count() as u32;
         matched.saturating_mul(self.config.tokens_per_block)
     }
@@ -312,8 +494,8 @@ impl KvManager {
             // Cap so the last prompt token is always computed (its logits are needed).
             let cap = (prompt_len.saturating_sub(1) / self.config.tokens_per_block) as usize;
             for key in chain_keys(block_hashes).take(cap) {
-                match self.pool.key_to_block.get(&key) {
-                    Some(&b) => blocks.push(b),
+                match self.pool.block_of_key(key) {
+                    Some(b) => blocks.push(b),
                     None => break,
                 }
             }
@@ -330,14 +512,24 @@ impl KvManager {
     /// Grows `id` to hold `tokens` tokens, allocating blocks (free list first, lowest id
     /// first; then evicting the least recently used cached block). Never shrinks.
     pub fn ensure_tokens(&mut self, id: ReqId, tokens: u32) -> Result<(), KvError> {
-        if !self.has_sequence(id) {
+        let want = self.blocks_for_tokens(tokens);
+        let free = self.free_blocks();
+        let Some(seq) = self.pool.seqs.get_mut(&id) else {
             return Err(KvError::UnknownSequence(id));
+        };
+        let needed = want.saturating_sub(seq.blocks.len() as u32);
+        // The common step: the sequence's last block still has room.
+        if needed == 0 {
+            return Ok(());
         }
-        let needed = self.blocks_needed(id, tokens);
-        self.check_blocks(needed)?;
-        let new = self.take_blocks(needed);
+        if needed > free {
+            return Err(KvError::OutOfBlocks { needed, free });
+        }
+        // Out of the map while blocks are taken (that borrows the whole pool), then back.
+        let mut blocks = std::mem::take(&mut seq.blocks);
+        self.take_blocks_into(needed, &mut blocks);
         if let Some(seq) = self.pool.seqs.get_mut(&id) {
-            seq.blocks.extend(new);
+            seq.blocks = blocks;
         }
         Ok(())
     }
@@ -350,27 +542,40 @@ impl KvManager {
         block_hashes: &[u64],
         computed_tokens: u32,
     ) -> Result<(), KvError> {
-        let Some(seq) = self.pool.seqs.get(&id) else {
+        let Pool {
+            seqs,
+            key_to_block,
+            block_key,
+            stale_keys,
+            ..
+        } = &mut self.pool;
+        let Some(seq) = seqs.get(&id) else {
             return Err(KvError::UnknownSequence(id));
         };
         if !self.config.enable_block_reuse {
             return Ok(());
         }
         let n = (computed_tokens / self.config.tokens_per_block) as usize;
-        let pairs: Vec<(u64, u32)> = chain_keys(block_hashes)
-            .zip(seq.blocks.iter().copied())
-            .take(n)
-            .collect();
-        for (key, b) in pairs {
+        for (key, &b) in chain_keys(block_hashes).zip(&seq.blocks).take(n) {
             // One key per block and one block per key: an existing mapping on either side
             // wins, so a published block is never re-keyed under a reader's feet.
-            if self.pool.key_to_block.contains_key(&key)
-                || self.pool.block_key[b as usize].is_some()
-            {
+            if block_key[b as usize].is_some() {
                 continue;
             }
-            self.pool.key_to_block.insert(key, b);
-            self.pool.block_key[b as usize] = Some(key);
+            match key_to_block.entry(key) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(b);
+                }
+                std::collections::hash_map::Entry::Occupied(mut o) => {
+                    if block_key[*o.get() as usize] == Some(key) {
+                        continue;
+                    }
+                    // A stale entry is no mapping: take it over.
+                    o.insert(b);
+                    *stale_keys -= 1;
+                }
+            }
+            block_key[b as usize] = Some(key);
         }
         Ok(())
     }
@@ -412,7 +617,8 @@ impl KvManager {
                 size: self.pool.slots.size(),
             });
         };
-        let blocks = self.take_blocks(needed);
+        let mut blocks = Vec::with_capacity(needed as usize);
+        self.take_blocks_into(needed, &mut blocks);
         self.pool.seqs.insert(ReqId::DUMMY, Seq { slot, blocks });
         self.counters.dummy_allocations += 1;
         Ok(TentativeDummyKv { _private: () })
@@ -499,13 +705,12 @@ impl KvManager {
             }
         }
         let mut referenced = 0u32;
+        let mut keyed = 0u32;
         for b in 0..total {
             let i = b as usize;
-            let in_free = p.free.contains(&b);
-            let in_lru = match p.lru_tick[i] {
-                Some(t) => p.lru.get(&t) == Some(&b),
-                None => false,
-            };
+            let in_free = p.free.contains(b);
+            // Whether the queue holds the entry this tick names is checked in bulk below.
+            let in_lru = p.lru.contains(b);
             let refs = p.refcount[i];
             let places = u32::from(in_free) + u32::from(in_lru) + u32::from(refs > 0);
             if places != 1 {
@@ -546,6 +751,7 @@ impl KvManager {
                     ),
                 );
             }
+            keyed += u32::from(p.block_key[i].is_some());
             referenced += u32::from(refs > 0);
         }
         if referenced != p.used {
@@ -554,23 +760,34 @@ impl KvManager {
                 format!("{referenced} blocks referenced, used counter {}", p.used),
             );
         }
-        if p.lru.len() != p.lru_tick.iter().flatten().count() {
+        let ticked = p.lru.tick_of.iter().flatten().count();
+        let live = p.lru.live_entries();
+        if p.lru.len() != ticked || live != ticked {
             return fail(
                 "lru_ticks",
                 format!(
-                    "lru holds {}, {} blocks carry a tick",
+                    "lru holds {}, {live} queued, {ticked} blocks carry a tick",
                     p.lru.len(),
-                    p.lru_tick.iter().flatten().count()
                 ),
             );
         }
-        for (&k, &b) in &p.key_to_block {
-            if p.block_key.get(b as usize).copied().flatten() != Some(k) {
-                return fail(
-                    "key_reverse",
-                    format!("key {k:#x} maps to block {b}, whose key is not it"),
-                );
-            }
+        // Every keyed block maps back (above), so the map is a bijection on the live
+        // entries exactly when they number the keyed blocks; the rest must be the stale
+        // entries counted as blocks were evicted.
+        let live = p
+            .key_to_block
+            .iter()
+            .filter(|&(&k, &b)| p.block_key.get(b as usize).copied().flatten() == Some(k))
+            .count();
+        if live != keyed as usize || p.key_to_block.len() - live != p.stale_keys {
+            return fail(
+                "key_reverse",
+                format!(
+                    "{} keys map to blocks, {live} live for {keyed} keyed blocks, {} counted stale",
+                    p.key_to_block.len(),
+                    p.stale_keys
+                ),
+            );
         }
         if p.slots.used() as usize != p.seqs.len() {
             return fail(
@@ -594,18 +811,17 @@ impl KvManager {
         Ok(())
     }
 
-    /// Takes `n` blocks; the caller has checked `n <= free_blocks()`.
-    fn take_blocks(&mut self, n: u32) -> Vec<u32> {
-        let mut out = Vec::with_capacity(n as usize);
+    /// Takes `n` blocks onto `out`; the caller has checked `n <= free_blocks()`.
+    fn take_blocks_into(&mut self, n: u32, out: &mut Vec<u32>) {
+        out.reserve(n as usize);
         for _ in 0..n {
             let b = if let Some(b) = self.pool.free.pop_first() {
                 b
-            } else if let Some((_, b)) = self.pool.lru.pop_first() {
+            } else if let Some(b) = self.pool.lru.pop_first() {
                 // Evict: the block's cached prefix is forgotten before it is reused.
                 let i = b as usize;
-                self.pool.lru_tick[i] = None;
-                if let Some(k) = self.pool.block_key[i].take() {
-                    self.pool.key_to_block.remove(&k);
+                if self.pool.block_key[i].take().is_some() {
+                    self.pool.forget_key();
                 }
                 self.counters.evictions += 1;
                 b
@@ -617,19 +833,36 @@ impl KvManager {
             self.counters.allocations += 1;
             out.push(b);
         }
-        out
     }
 }
 
 impl Pool {
+    /// The block published under `key`, if the mapping is live.
+    fn block_of_key(&self, key: u64) -> Option<u32> {
+        let &b = self.key_to_block.get(&key)?;
+        (self.block_key[b as usize] == Some(key)).then_some(b)
+    }
+
+    /// A block's key was just cleared: its map entry is stale. Purges stale entries once
+    /// they outnumber the live ones (amortized O(1) per eviction, and sequential).
+    fn forget_key(&mut self) {
+        self.stale_keys += 1;
+        if self.stale_keys > 1024 && self.stale_keys > self.key_to_block.len() / 2 {
+            let block_key = &self.block_key;
+            self.key_to_block
+                .retain(|&k, &mut b| block_key[b as usize] == Some(k));
+            self.stale_keys = 0;
+        }
+    }
+
     /// Adds a reference to `b`, pulling it out of the LRU or free list when it was idle.
     fn reference(&mut self, b: u32) {
         let i = b as usize;
         if self.refcount[i] == 0 {
-            if let Some(t) = self.lru_tick[i].take() {
-                self.lru.remove(&t);
+            if self.lru.contains(b) {
+                self.lru.remove(b);
             } else {
-                self.free.remove(&b);
+                self.free.remove(b);
             }
             self.used += 1;
         }
@@ -647,8 +880,7 @@ impl Pool {
         self.used -= 1;
         if self.block_key[i].is_some() {
             self.tick += 1;
-            self.lru.insert(self.tick, b);
-            self.lru_tick[i] = Some(self.tick);
+            self.lru.push(self.tick, b);
         } else {
             self.free.insert(b);
         }

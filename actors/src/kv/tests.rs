@@ -367,6 +367,72 @@ fn check_invariants_reports_a_corrupted_pool() {
     assert!(e.detail.contains("refcount 2"), "{}", e.detail);
 }
 
+#[test]
+fn free_list_pops_lowest_first_across_words() {
+    let mut f = FreeList::full(130);
+    assert_eq!(f.len(), 130);
+    assert!(!f.contains(130));
+    let first: Vec<u32> = (0..70).map(|_| f.pop_first().unwrap()).collect();
+    assert_eq!(first, (0..70).collect::<Vec<u32>>());
+    f.insert(65);
+    f.insert(3);
+    f.remove(71);
+    assert_eq!(f.pop_first(), Some(3));
+    assert_eq!(f.pop_first(), Some(65));
+    assert_eq!(f.pop_first(), Some(70));
+    assert_eq!(f.pop_first(), Some(72));
+    assert_eq!(f.len(), 130 - 70 - 3);
+    while f.pop_first().is_some() {}
+    assert_eq!((f.len(), f.pop_first()), (0, None));
+    assert_eq!(
+        f,
+        FreeList {
+            words: vec![0; 3],
+            len: 0,
+            first: 0
+        },
+        "the cursor is a hint"
+    );
+}
+
+#[test]
+fn evicted_prefixes_stop_matching_and_stale_keys_are_purged() {
+    // 64 blocks, 8 per sequence: every sequence evicts the cached blocks of one freed
+    // 8 sequences earlier, so thousands of evictions pass the purge threshold.
+    let mut kv = kv(64, 2);
+    let hashes = |i: u64| (0..8).map(|j| i * 1_000 + j).collect::<Vec<u64>>();
+    for i in 1..=600u64 {
+        let h = hashes(i);
+        assert_eq!(kv.add_sequence(ReqId(i), &h, 8 * TPB), Ok(0));
+        kv.ensure_tokens(ReqId(i), 8 * TPB).unwrap();
+        kv.register_prefix(ReqId(i), &h, 8 * TPB).unwrap();
+        kv.free_sequence(ReqId(i)).unwrap();
+        if i % 50 == 0 {
+            assert_eq!(kv.check_invariants(), Ok(()), "after sequence {i}");
+        }
+    }
+    assert!(kv.counters().evictions > 4_000);
+    assert!(
+        kv.pool.key_to_block.len() <= 2 * 64 + 1_024,
+        "stale entries are purged: {} entries",
+        kv.pool.key_to_block.len()
+    );
+    // The last 8 sequences are cached (a reuse never covers the last prompt token);
+    // older ones were evicted and must not match through a stale entry.
+    assert_eq!(kv.longest_prefix_match(&hashes(600)), 8 * TPB);
+    assert_eq!(kv.longest_prefix_match(&hashes(593)), 8 * TPB);
+    assert_eq!(kv.longest_prefix_match(&hashes(592)), 0);
+    assert_eq!(kv.longest_prefix_match(&hashes(1)), 0);
+    // Re-publishing an evicted prefix takes its stale entry over.
+    let h = hashes(1);
+    kv.add_sequence(ReqId(10_000), &h, 8 * TPB).unwrap();
+    kv.ensure_tokens(ReqId(10_000), 8 * TPB).unwrap();
+    kv.register_prefix(ReqId(10_000), &h, 8 * TPB).unwrap();
+    kv.free_sequence(ReqId(10_000)).unwrap();
+    assert_eq!(kv.longest_prefix_match(&h), 8 * TPB);
+    assert_eq!(kv.check_invariants(), Ok(()));
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Add {

@@ -73,14 +73,25 @@ pub struct Assignment {
 /// `expected(counts, n_new, mult, cap) = min(cap, max(ceil(mult * ceil((Σcounts + n_new)
 /// / dp)), max(counts)))` (§5). `cap = None`: no cap.
 pub fn expected(counts: &[u32], n_new: u32, mult: u32, cap: Option<u32>) -> u32 {
+    expected_of(counts.iter().copied(), n_new, mult, cap)
+}
+
+/// [`expected`] over any re-iterable sequence of counts (the router reads them straight
+/// from the gathered loads, without a copy).
+fn expected_of(
+    counts: impl ExactSizeIterator<Item = u32> + Clone,
+    n_new: u32,
+    mult: u32,
+    cap: Option<u32>,
+) -> u32 {
     let dp = counts.len() as u64;
     if dp == 0 {
         return 0;
     }
     // u64 so that neither the sum nor `mult * share` can overflow for u32 inputs.
-    let total: u64 = counts.iter().map(|&c| u64::from(c)).sum::<u64>() + u64::from(n_new);
+    let total: u64 = counts.clone().map(u64::from).sum::<u64>() + u64::from(n_new);
     let share = u64::from(mult).saturating_mul(total.div_ceil(dp));
-    let highest = counts.iter().copied().max().map_or(0, u64::from);
+    let highest = counts.max().map_or(0, u64::from);
     let uncapped = share.max(highest);
     let capped = cap.map_or(uncapped, |c| uncapped.min(u64::from(c)));
     u32::try_from(capped).unwrap_or(u32::MAX)
@@ -158,16 +169,13 @@ impl Router {
     /// Routes one round. Pinned requests (`spec.pinned`) go to their rank first while it
     /// is under `M`, strict before relaxed; the rest per the router's rule. Deterministic.
     pub fn route(&mut self, input: RouteInput<'_>) -> Assignment {
+        if input.new.is_empty() {
+            return self.route_nothing(input.loads, input.max_per_rank);
+        }
         let counts_before: Vec<u32> = input.loads.iter().map(|l| l.requests).collect();
         let n_new = u32::try_from(input.new.len()).unwrap_or(u32::MAX);
         let m = input.max_per_rank;
-        // §5: balanced caps `expected` at M with multiplier 1; conversation uses mult 2 and
-        // no cap (stickiness may go up to M anyway); kv_aware uses mult 2 capped at M.
-        let (mult, cap) = match self.kind {
-            RouterKind::Balanced => (1, Some(m)),
-            RouterKind::Conversation => (2, None),
-            RouterKind::KvAware => (2, Some(m)),
-        };
+        let (mult, cap) = self.multiplier_and_cap(m);
         let expected = expected(&counts_before, n_new, mult, cap);
         // §10: the invariant is checked on the counts before this round; a failure is
         // reported, never turned into a dropped request.
@@ -204,6 +212,31 @@ impl Router {
 
 /// The working state of one routing round: counts and prompt-token loads as requests are
 /// placed, and where each new request went so far.
+impl Router {
+    /// The round of most iterations: nothing new to place. The same `expected` as the
+    /// general path, without its buffers; with no new request the invariant holds
+    /// (room >= 0) and no router state changes.
+    fn route_nothing(&self, loads: &[RankLoad], m: u32) -> Assignment {
+        let (mult, cap) = self.multiplier_and_cap(m);
+        let expected = expected_of(loads.iter().map(|l| l.requests), 0, mult, cap);
+        Assignment {
+            ranks: Vec::new(),
+            expected,
+            violation: None,
+        }
+    }
+
+    /// §5: balanced caps `expected` at M with multiplier 1; conversation uses mult 2 and
+    /// no cap (stickiness may go up to M anyway); kv_aware uses mult 2 capped at M.
+    fn multiplier_and_cap(&self, m: u32) -> (u32, Option<u32>) {
+        match self.kind {
+            RouterKind::Balanced => (1, Some(m)),
+            RouterKind::Conversation => (2, None),
+            RouterKind::KvAware => (2, Some(m)),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Round {
     counts: Vec<u32>,

@@ -62,42 +62,62 @@ impl CapacityScheduler {
     /// their resources whatever this iteration decides, so they come off the cap first
     /// (§2, §4). `fitting`, `disagg_gen_init` and `paused` are in `active` order.
     pub fn schedule(&self, active: &[Request], kv: &impl KvView) -> CapacityOutput {
-        let classes = self.classify(active, kv);
-        let cap = (self.config.max_num_requests as usize).saturating_sub(classes.charged_slots);
         let mut out = CapacityOutput::default();
+        self.schedule_with(active, kv, &mut Classes::default(), &mut out);
+        out
+    }
+
+    /// [`CapacityScheduler::schedule`] into buffers the caller keeps across iterations
+    /// (cleared here), so the executor's per-iteration step allocates nothing.
+    pub(crate) fn schedule_with(
+        &self,
+        active: &[Request],
+        kv: &impl KvView,
+        classes: &mut Classes,
+        out: &mut CapacityOutput,
+    ) {
+        self.classify(active, kv, classes);
+        let classes = &*classes;
+        let cap = (self.config.max_num_requests as usize).saturating_sub(classes.charged_slots);
+        out.fitting.clear();
+        out.disagg_gen_init.clear();
+        out.paused.clear();
+        let out = &mut *out;
         match self.config.policy {
             CapacitySchedulerPolicy::GuaranteedNoEvict => {
                 let mut avail = i64::from(kv.free_blocks());
-                reserve_in_progress(active, kv, &classes, cap, &mut avail, &mut out);
-                admit_new_to_completion(active, kv, &classes, cap, &mut avail, &mut out);
-                admit_disagg_gen_init(active, kv, &classes, &mut avail, &mut out);
+                reserve_in_progress(active, kv, classes, cap, &mut avail, out);
+                admit_new_to_completion(active, kv, classes, cap, &mut avail, out);
+                admit_disagg_gen_init(active, kv, classes, &mut avail, out);
             }
             CapacitySchedulerPolicy::MaxUtilization => {
                 let mut avail = i64::from(kv.free_blocks());
-                step_in_progress_or_pause(active, kv, &classes, cap, &mut avail, &mut out);
-                admit_new_prompt(active, kv, &classes, cap, &mut avail, &mut out);
-                admit_disagg_gen_init(active, kv, &classes, &mut avail, &mut out);
+                step_in_progress_or_pause(active, kv, classes, cap, &mut avail, out);
+                admit_new_prompt(active, kv, classes, cap, &mut avail, out);
+                admit_disagg_gen_init(active, kv, classes, &mut avail, out);
             }
             CapacitySchedulerPolicy::StaticBatch => {
                 let mut avail = i64::from(kv.free_blocks());
                 if classes.in_progress.is_empty() {
                     // Nothing in progress: a new static batch may form. A gen-side arrival
                     // (DISAGG_GENERATION_INIT) is new work too, so it waits with the rest.
-                    admit_new_to_completion(active, kv, &classes, cap, &mut avail, &mut out);
-                    admit_disagg_gen_init(active, kv, &classes, &mut avail, &mut out);
+                    admit_new_to_completion(active, kv, classes, cap, &mut avail, out);
+                    admit_disagg_gen_init(active, kv, classes, &mut avail, out);
                 } else {
-                    reserve_in_progress(active, kv, &classes, cap, &mut avail, &mut out);
+                    reserve_in_progress(active, kv, classes, cap, &mut avail, out);
                 }
             }
         }
         out.fitting.sort_unstable();
         out.paused.sort_unstable();
-        out
     }
 
     /// Sorts `active` into the groups the policies walk (each list in `active` order).
-    fn classify(&self, active: &[Request], kv: &impl KvView) -> Classes {
-        let mut c = Classes::default();
+    fn classify(&self, active: &[Request], kv: &impl KvView, c: &mut Classes) {
+        c.in_progress.clear();
+        c.new_contexts.clear();
+        c.disagg_gen_init.clear();
+        c.charged_slots = 0;
         for (i, r) in active.iter().enumerate() {
             match r.state {
                 // Passes the window gate separately: it needs blocks to completion (§4, §8).
@@ -134,13 +154,12 @@ impl CapacityScheduler {
                 _ => {}
             }
         }
-        c
     }
 }
 
 /// The groups a policy walks, as indices into `active`.
 #[derive(Debug, Default)]
-struct Classes {
+pub(crate) struct Classes {
     /// Generation steps and started prefills.
     in_progress: Vec<usize>,
     /// Contexts without a KV sequence.

@@ -89,20 +89,39 @@ impl MicroBatchScheduler {
         fitting: &[usize],
         in_flight: &BTreeSet<ReqId>,
     ) -> Vec<BatchEntry> {
+        let mut entries = Vec::new();
+        self.schedule_into(active, fitting, in_flight, &mut entries);
+        entries
+    }
+
+    /// [`MicroBatchScheduler::schedule`] into `entries` (cleared first), a buffer the
+    /// caller keeps across iterations.
+    pub fn schedule_into(
+        &self,
+        active: &[Request],
+        fitting: &[usize],
+        in_flight: &BTreeSet<ReqId>,
+        entries: &mut Vec<BatchEntry>,
+    ) {
+        entries.clear();
         let max_entries = self.config.max_batch_size as usize;
         let max_tokens = u64::from(self.config.max_num_tokens);
         let chunking = self.config.enable_chunked_prefill;
         // Entries in `fitting` order; a context awaiting its chunk is a `Context` entry
         // with chunk 0 until the budget is shared out below.
-        let mut entries: Vec<BatchEntry> = Vec::new();
         let mut used: u64 = 0;
+        // The capacity scheduler hands out strictly increasing indices, which cannot
+        // repeat; only other input needs the set of indices already taken.
+        let increasing = fitting.windows(2).all(|w| w[0] < w[1]);
         let mut seen: BTreeSet<usize> = BTreeSet::new();
         for &index in fitting {
             if entries.len() >= max_entries {
                 break;
             }
             let Some(r) = active.get(index) else { continue };
-            if in_flight.contains(&r.id()) || !seen.insert(index) {
+            if (!in_flight.is_empty() && in_flight.contains(&r.id()))
+                || (!increasing && !seen.insert(index))
+            {
                 continue;
             }
             let draft = u64::from(r.spec.draft_len);
@@ -142,7 +161,7 @@ impl MicroBatchScheduler {
         }
         if chunking {
             let budget = max_tokens.saturating_sub(used);
-            let chunks = self.share_budget(active, &entries, budget);
+            let chunks = self.share_budget(active, entries, budget);
             let mut chunks = chunks.into_iter();
             for e in entries.iter_mut() {
                 if let EntryKind::Context { chunk } = &mut e.kind {
@@ -151,7 +170,6 @@ impl MicroBatchScheduler {
             }
             entries.retain(|e| !matches!(e.kind, EntryKind::Context { chunk: 0 }));
         }
-        entries
     }
 
     /// Chunked prefill: shares `budget` tokens among the collected contexts of `entries`

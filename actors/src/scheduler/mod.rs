@@ -9,6 +9,7 @@
 mod capacity;
 mod micro_batch;
 
+pub(crate) use capacity::Classes;
 pub use capacity::{CapacityConfig, CapacityOutput, CapacityScheduler};
 pub use micro_batch::{BatchEntry, EntryKind, MicroBatchConfig, MicroBatchScheduler};
 

@@ -10,6 +10,7 @@
 //! ends it as `crashed`.
 
 mod iterlog;
+mod records;
 mod server;
 
 use std::cmp::Reverse;
@@ -28,6 +29,7 @@ use crate::scenario::Scenario;
 use crate::workload::Workload;
 
 pub use iterlog::IterLogLine;
+use records::ById;
 use server::{ServerState, SimServer};
 
 /// A simulation that could not start (bad input). Results, including crashes and
@@ -93,7 +95,7 @@ struct Sim<'s, 'o> {
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     servers: Vec<SimServer>,
     workload: Workload,
-    records: BTreeMap<ReqId, Record>,
+    records: ById<Record>,
     profile: ModelProfile,
     backend: AnalyticBackend,
     handoffs: BTreeMap<ReqId, Handoff>,
@@ -163,7 +165,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         events: BinaryHeap::new(),
         servers,
         workload,
-        records: BTreeMap::new(),
+        records: ById::new(),
         profile,
         backend,
         handoffs: BTreeMap::new(),
@@ -295,7 +297,7 @@ impl Sim<'_, '_> {
 
     fn end_iteration(&mut self, s: usize) -> Result<(), SimError> {
         let now = self.now;
-        let done = match self.servers[s].finish_iteration() {
+        let mut done = match self.servers[s].finish_iteration() {
             Ok(Some(done)) => done,
             Ok(None) => return Ok(()),
             Err(e) => {
@@ -312,7 +314,7 @@ impl Sim<'_, '_> {
                 log.write_all(b"\n")?;
             }
         }
-        if let Some(v) = done.fatal {
+        if let Some(v) = done.fatal.take() {
             self.outcome = Some((
                 Outcome::Crashed,
                 format!("server `{}`: {v}", self.servers[s].name),
@@ -369,6 +371,8 @@ impl Sim<'_, '_> {
                 }
             }
         }
+        let progress = done.progress;
+        self.servers[s].recycle(done);
         if let Some(p) = self.opts.progress.as_mut() {
             p(self.finished, self.workload.total());
         }
@@ -384,7 +388,7 @@ impl Sim<'_, '_> {
             return Ok(());
         }
         // Go on unless the server is idle or stalled; an input wakes it.
-        if done.progress || !self.servers[s].ingress.is_empty() {
+        if progress || !self.servers[s].ingress.is_empty() {
             self.start_iteration(s);
         } else {
             self.servers[s].state = ServerState::Stalled;

@@ -4,7 +4,9 @@
 use std::collections::VecDeque;
 
 use lockstep_actors::config::{Role, ServerConfig};
-use lockstep_actors::executor::{FetchBatch, FetchMode, Response, TransferCommand};
+use lockstep_actors::executor::{
+    FetchBatch, FetchMode, IterationReport, Response, TransferCommand,
+};
 use lockstep_actors::group::{BegunIteration, DeterministicTokens, ServerGroup};
 use lockstep_actors::ids::RankId;
 use lockstep_actors::invariants::Violation;
@@ -59,7 +61,12 @@ pub struct SimServer {
     pub ingress: VecDeque<RequestSpec>,
     pub state: ServerState,
     pub transfers: TransferAcc,
-    pending: Option<(BegunIteration, u64, u64, u64)>,
+    /// The running iteration's start, host and device time; its results are in `begun`.
+    pending: Option<(u64, u64, u64)>,
+    /// Buffers reused by every iteration: phases 1-8, the cost model's shapes, phase 9.
+    begun: BegunIteration,
+    shapes: Vec<BatchShape>,
+    reports: Vec<IterationReport>,
     iterations: u64,
     busy_ns: u64,
     violations: Vec<Violation>,
@@ -98,6 +105,13 @@ impl SimServer {
             state: ServerState::Idle,
             transfers: TransferAcc::default(),
             pending: None,
+            begun: BegunIteration {
+                forward_ran: false,
+                launched: Vec::new(),
+                responses: Vec::new(),
+            },
+            shapes: Vec::new(),
+            reports: Vec::new(),
             iterations: 0,
             busy_ns: 0,
             violations: Vec::new(),
@@ -124,24 +138,29 @@ impl SimServer {
                 shutdown: false,
             })
         };
-        match self.group.begin(&mut fetch, &mut self.tokens)? {
-            None => {
+        let ran = self
+            .group
+            .begin_into(&mut fetch, &mut self.tokens, &mut self.begun)?;
+        match ran {
+            false => {
                 self.state = ServerState::Idle;
                 Ok(None)
             }
-            Some(it) => {
+            true => {
+                let it = &self.begun;
                 let dp = self.group.ranks().len();
-                let mut shapes = vec![BatchShape::default(); dp];
+                self.shapes.clear();
+                self.shapes.resize(dp, BatchShape::default());
                 for b in &it.launched {
-                    shapes[b.rank.index()] = BatchShape::of(b);
+                    self.shapes[b.rank.index()] = BatchShape::of(b);
                 }
-                let time = backend.iteration_ns(&shapes, it.forward_ran, self.overlap);
+                let time = backend.iteration_ns(&self.shapes, it.forward_ran, self.overlap);
                 // Every iteration takes some time, so virtual time always advances.
                 let total = time.total_ns.max(1_000);
                 self.state = ServerState::Busy;
                 self.iterations += 1;
                 self.busy_ns += total;
-                self.pending = Some((it, now, time.host_ns, time.device_ns));
+                self.pending = Some((now, time.host_ns, time.device_ns));
                 Ok(Some(total))
             }
         }
@@ -152,15 +171,16 @@ impl SimServer {
     pub fn finish_iteration(
         &mut self,
     ) -> Result<Option<FinishedIteration>, lockstep_actors::executor::ExecutorError> {
-        let Some((it, started, host_ns, device_ns)) = self.pending.take() else {
+        let Some((started, host_ns, device_ns)) = self.pending.take() else {
             return Ok(None);
         };
-        let reports = self.group.end()?;
+        self.group.end_into(&mut self.reports)?;
+        let it = &mut self.begun;
         let mut commands = Vec::new();
         let mut fatal = None;
         let mut progress = it.forward_ran || !it.responses.is_empty();
         let mut log_lines = Vec::new();
-        for report in &reports {
+        for report in &self.reports {
             let st = &report.stats;
             progress |= st.admitted_now > 0 || !report.transfer_commands.is_empty();
             for c in &report.transfer_commands {
@@ -182,12 +202,21 @@ impl SimServer {
             }
         }
         Ok(Some(FinishedIteration {
-            responses: it.responses,
+            responses: std::mem::take(&mut it.responses),
             commands,
             fatal,
             progress,
             log_lines,
         }))
+    }
+
+    /// Hands back a finished iteration's response vector for reuse.
+    pub fn recycle(&mut self, done: FinishedIteration) {
+        let mut responses = done.responses;
+        responses.clear();
+        if responses.capacity() > self.begun.responses.capacity() {
+            self.begun.responses = responses;
+        }
     }
 
     /// One line per rank for a deadlock report.
