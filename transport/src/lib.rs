@@ -14,9 +14,9 @@
 pub mod collective;
 pub mod in_process;
 pub mod ingress;
-pub mod sync;
 #[cfg(feature = "mpi")]
 pub mod mpi_group;
+pub mod sync;
 
 pub use collective::{Collective, CollectiveError};
 pub use in_process::{InProcessGroup, InProcessMember};

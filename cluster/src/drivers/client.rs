@@ -67,8 +67,11 @@ impl Client {
         };
         if preload {
             while let Some(t) = c.workload.next_arrival_ns() {
-                let Some(a) = c.workload.pop_due(t) else { break };
-                c.records.insert(a.spec.id, ClientRecord::new(a.spec.clone(), 0));
+                let Some(a) = c.workload.pop_due(t) else {
+                    break;
+                };
+                c.records
+                    .insert(a.spec.id, ClientRecord::new(a.spec.clone(), 0));
                 c.push(IngressItem::Request(a.spec))?;
             }
             c.push(IngressItem::Shutdown)?;
@@ -95,9 +98,12 @@ impl Client {
                     if (t as f64 * self.scale) as u64 > self.now() {
                         break;
                     }
-                    let Some(a) = self.workload.pop_due(t) else { break };
+                    let Some(a) = self.workload.pop_due(t) else {
+                        break;
+                    };
                     let now = self.now();
-                    self.records.insert(a.spec.id, ClientRecord::new(a.spec.clone(), now));
+                    self.records
+                        .insert(a.spec.id, ClientRecord::new(a.spec.clone(), now));
                     self.push(IngressItem::Request(a.spec))?;
                 }
                 if !self.shutdown_sent

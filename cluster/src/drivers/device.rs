@@ -77,18 +77,17 @@ impl DeviceHandle {
     }
 
     /// Waits for the output of batch `number` (outputs arrive in launch order).
-    pub fn await_output(
-        &self,
-        number: BatchNumber,
-    ) -> Result<ForwardOutput, super::DriverError> {
+    pub fn await_output(&self, number: BatchNumber) -> Result<ForwardOutput, super::DriverError> {
         loop {
-            let out = self
-                .outputs
-                .recv_timeout(self.timeout)
-                .map_err(|e| super::DriverError::Device {
+            let out = self.outputs.recv_timeout(self.timeout).map_err(|e| {
+                super::DriverError::Device {
                     rank: self.rank,
-                    message: format!("no output for batch {number} within {:?}: {e}", self.timeout),
-                })?;
+                    message: format!(
+                        "no output for batch {number} within {:?}: {e}",
+                        self.timeout
+                    ),
+                }
+            })?;
             if out.batch == number {
                 return Ok(out);
             }

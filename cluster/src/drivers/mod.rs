@@ -31,7 +31,9 @@ pub enum DriverError {
         source: lockstep_actors::executor::ExecutorError,
     },
     /// No iteration progress within the watchdog time.
-    #[error("watchdog: rank {rank} made no progress for {waited_ms} ms (stuck in {phase}); state: {state}")]
+    #[error(
+        "watchdog: rank {rank} made no progress for {waited_ms} ms (stuck in {phase}); state: {state}"
+    )]
     Stuck {
         /// The stuck rank.
         rank: usize,

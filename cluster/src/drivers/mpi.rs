@@ -63,7 +63,8 @@ pub fn run_rank_process(
     opts: &MpiOptions,
 ) -> Result<Option<Report>, DriverError> {
     let started = Instant::now();
-    let mut member = MpiMember::init().map_err(|source| DriverError::Collective { rank: 0, source })?;
+    let mut member =
+        MpiMember::init().map_err(|source| DriverError::Collective { rank: 0, source })?;
     let rank = member.rank();
     let Prepared {
         server,
@@ -113,12 +114,7 @@ pub fn run_rank_process(
         responses: resp_tx,
     });
     let exec = RankExecutor::new(RankId(rank as u32), server, &sizes, scenario.policy);
-    let device = start_device(
-        rank,
-        coefficients,
-        opts.common.time_scale,
-        opts.watchdog,
-    );
+    let device = start_device(rank, coefficients, opts.common.time_scale, opts.watchdog);
     let loop_opts = LoopOptions {
         max_iterations: None,
         mismatch_tag_at: opts
@@ -134,7 +130,12 @@ pub fn run_rank_process(
         &loop_opts,
     )?;
     drop(front);
-    let summary = RankSummary::of(&run.exec, run.iterations, run.violations, run.violation_count);
+    let summary = RankSummary::of(
+        &run.exec,
+        run.iterations,
+        run.violations,
+        run.violation_count,
+    );
     let done = CollectiveTag {
         iteration: u64::MAX,
         phase: Phase::Responses,

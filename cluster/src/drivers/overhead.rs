@@ -74,7 +74,12 @@ impl FrontDoor for Preloaded {
 
 /// Runs the control plane for `warmup + iterations` iterations on `dp` threads and the raw
 /// collective loop for as many, and reports both per-iteration times.
-pub fn threads(dp: u32, active: u32, iterations: u64, warmup: u64) -> Result<Overhead, DriverError> {
+pub fn threads(
+    dp: u32,
+    active: u32,
+    iterations: u64,
+    warmup: u64,
+) -> Result<Overhead, DriverError> {
     let server = bench_server(dp, active);
     let sizes = server
         .derive(&Policy::FIXED)
@@ -183,7 +188,8 @@ pub fn raw_iteration<C: Collective>(
     let _: Vec<BatchVote> = c
         .allgather(tag(Phase::Vote), &BatchVote { batch_size: active })
         .map_err(err)?;
-    let _: Option<Vec<RankResponses>> = c.gather(tag(Phase::Responses), 0, responses).map_err(err)?;
+    let _: Option<Vec<RankResponses>> =
+        c.gather(tag(Phase::Responses), 0, responses).map_err(err)?;
     let _: Vec<TransferStatus> = c
         .allgather(tag(Phase::Transfers), &TransferStatus::default())
         .map_err(err)?;

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use lockstep_actors::executor::CollectiveTag;
 use lockstep_actors::executor::{
     BatchVote, FetchBatch, FetchMode, IterationReport, PadIntent, Phase, PrefixMatches,
     RankExecutor, RankResponses, RankState, Response, TransferStatus,
 };
-use lockstep_actors::executor::CollectiveTag;
 use lockstep_actors::invariants::Violation;
 use lockstep_transport::Collective;
 
@@ -52,7 +52,10 @@ impl Progress {
     }
 }
 
-fn coll<T>(rank: usize, r: Result<T, lockstep_transport::CollectiveError>) -> Result<T, DriverError> {
+fn coll<T>(
+    rank: usize,
+    r: Result<T, lockstep_transport::CollectiveError>,
+) -> Result<T, DriverError> {
     r.map_err(|source| DriverError::Collective { rank, source })
 }
 
@@ -73,7 +76,14 @@ pub fn run_rank<C: Collective>(
     device: &DeviceHandle,
     progress: &Arc<Progress>,
 ) -> Result<RankRun, DriverError> {
-    run_rank_until(exec, coll_group, front, device, progress, &LoopOptions::default())
+    run_rank_until(
+        exec,
+        coll_group,
+        front,
+        device,
+        progress,
+        &LoopOptions::default(),
+    )
 }
 
 /// Options of a rank loop.

@@ -155,7 +155,12 @@ pub fn start_device(
             timeout,
         )
     } else {
-        DeviceHandle::start(rank, ZeroCostBackend, DeviceTiming { time_scale: 0.0 }, timeout)
+        DeviceHandle::start(
+            rank,
+            ZeroCostBackend,
+            DeviceTiming { time_scale: 0.0 },
+            timeout,
+        )
     }
 }
 

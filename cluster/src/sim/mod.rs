@@ -420,6 +420,9 @@ impl Sim<'_, '_> {
         }
         let mut spec = rec.spec.clone();
         spec.generated_before = 1;
+        // The gen server receives the KV; it never prefills, so the prompt's block
+        // hashes (prefix reuse) mean nothing there.
+        spec.block_hashes = Vec::new();
         let target = self.pick(&[Role::Gen]);
         self.servers[target].ingress.push_back(spec);
         self.wake(target);
