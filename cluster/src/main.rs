@@ -67,8 +67,9 @@ enum Command {
     Run {
         #[command(flatten)]
         args: ScenarioArgs,
-        /// Which driver.
-        #[arg(long, value_parser = ["threads"], default_value = "threads")]
+        /// Which driver (`mpi` re-launches this binary under `mpirun`, one process per
+        /// rank; it needs a build with `--features mpi`).
+        #[arg(long, value_parser = ["threads", "mpi"], default_value = "threads")]
         driver: String,
         /// Policy preset (applied before --set).
         #[arg(long, value_parser = ["fixed", "legacy"])]
@@ -87,6 +88,33 @@ enum Command {
         #[arg(long, default_value_t = 30_000)]
         timeout_ms: u64,
         /// Write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
+    /// One rank of an MPI run: `mpirun -n DP lockstep rank SCENARIO.toml ...` (built with
+    /// `--features mpi`). Rank 0 plays the workload and writes the report.
+    Rank {
+        #[command(flatten)]
+        args: ScenarioArgs,
+        /// Policy preset (applied before --set).
+        #[arg(long, value_parser = ["fixed", "legacy"])]
+        policy: Option<String>,
+        /// Seed of the workload.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Wall seconds per modeled second; 0 runs the zero-cost backend.
+        #[arg(long, default_value_t = 0.0)]
+        time_scale: f64,
+        /// Deliver every request before the ranks start.
+        #[arg(long)]
+        preload: bool,
+        /// No iteration progress for this long aborts the whole job.
+        #[arg(long, default_value_t = 10_000)]
+        watchdog_ms: u64,
+        /// Fault injection (tests): RANK:ITERATION tags that rank's gather wrongly.
+        #[arg(long, value_name = "RANK:ITERATION")]
+        inject_tag_mismatch: Option<String>,
+        /// Write the report as JSON (rank 0).
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
     },
@@ -236,8 +264,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             timeout_ms,
             json,
         } => {
+            if driver == "mpi" {
+                return relaunch_under_mpirun(&args, policy.as_deref(), seed, time_scale, json);
+            }
             let scenario = load(&args, policy.as_deref())?;
-            anyhow::ensure!(driver == "threads", "unknown driver {driver}");
             let report = lockstep_cluster::drivers::threads::run(
                 &scenario,
                 &lockstep_cluster::drivers::threads::ThreadsOptions {
@@ -254,6 +284,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Rank {
+            args,
+            policy,
+            seed,
+            time_scale,
+            preload,
+            watchdog_ms,
+            inject_tag_mismatch,
+            json,
+        } => rank_command(
+            &args,
+            policy.as_deref(),
+            seed,
+            time_scale,
+            preload,
+            watchdog_ms,
+            inject_tag_mismatch.as_deref(),
+            json.as_deref(),
+        ),
         Command::Overhead {
             driver,
             dp,
@@ -287,4 +336,116 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `run --driver mpi`: re-launch this binary as `mpirun -n DP lockstep rank ...`.
+fn relaunch_under_mpirun(
+    args: &ScenarioArgs,
+    policy: Option<&str>,
+    seed: u64,
+    time_scale: f64,
+    json: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    let scenario = load(args, policy)?;
+    let [server] = &scenario.servers[..] else {
+        anyhow::bail!("the mpi driver runs one aggregated server");
+    };
+    let dp = server.derive(&scenario.policy)?.sizes.dp;
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new("mpirun");
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "-n", &dp.to_string()])
+        .arg(exe)
+        .arg("rank")
+        .arg(&args.scenario)
+        .args(["--seed", &seed.to_string(), "--time-scale", &time_scale.to_string()]);
+    if let Some(p) = policy {
+        cmd.args(["--policy", p]);
+    }
+    for s in &args.set {
+        cmd.args(["--set", s]);
+    }
+    if let Some(j) = json {
+        cmd.arg("--json").arg(j);
+    }
+    let status = cmd.status().context("starting mpirun (is OpenMPI installed?)")?;
+    Ok(if status.success() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+#[cfg(feature = "mpi")]
+#[allow(clippy::too_many_arguments)]
+fn rank_command(
+    args: &ScenarioArgs,
+    policy: Option<&str>,
+    seed: u64,
+    time_scale: f64,
+    preload: bool,
+    watchdog_ms: u64,
+    inject: Option<&str>,
+    json: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    use lockstep_cluster::drivers::mpi::{MpiOptions, run_rank_process};
+    use lockstep_cluster::drivers::threads::ThreadsOptions;
+    let scenario = load(args, policy)?;
+    let text = std::fs::read(&args.scenario)?;
+    let mut digest = lockstep_actors::kv::mix(text.len() as u64);
+    for chunk in text.chunks(8).chain(args.set.iter().map(|s| s.as_bytes())) {
+        let mut word = [0u8; 8];
+        word[..chunk.len().min(8)].copy_from_slice(&chunk[..chunk.len().min(8)]);
+        digest = lockstep_actors::kv::mix(digest ^ u64::from_le_bytes(word));
+    }
+    let mismatch = match inject {
+        None => None,
+        Some(s) => {
+            let (r, it) = s
+                .split_once(':')
+                .context("--inject-tag-mismatch takes RANK:ITERATION")?;
+            Some((r.parse()?, it.parse()?))
+        }
+    };
+    let opts = MpiOptions {
+        common: ThreadsOptions {
+            seed,
+            time_scale,
+            preload,
+            ..ThreadsOptions::default()
+        },
+        watchdog: std::time::Duration::from_millis(watchdog_ms),
+        mismatch_tag_at: mismatch,
+    };
+    match run_rank_process(&scenario, digest, &opts) {
+        Ok(Some(report)) => {
+            print!("{}", report.table());
+            if let Some(p) = json {
+                write_json(p, &report)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(None) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: {e}");
+            // A failing rank must not leave its peers waiting in a collective.
+            std::process::exit(2);
+        }
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+#[allow(clippy::too_many_arguments)]
+fn rank_command(
+    _args: &ScenarioArgs,
+    _policy: Option<&str>,
+    _seed: u64,
+    _time_scale: f64,
+    _preload: bool,
+    _watchdog_ms: u64,
+    _inject: Option<&str>,
+    _json: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("this lockstep was built without MPI: rebuild with `cargo build --release --features mpi`")
 }

@@ -113,6 +113,9 @@ pub struct RankReport {
     pub dummy_iterations: u64,
     /// Requests completed here.
     pub completed: u64,
+    /// Digest of the ids routed here, in routing order (hex): equal digests mean the
+    /// same routing assignments.
+    pub routing_digest: String,
 }
 
 /// Deferral counters of a server (all ranks).
@@ -227,6 +230,22 @@ pub struct Report {
     pub latency_ms: Latency,
     /// Servers in scenario order.
     pub servers: Vec<ServerReport>,
+    /// Per request, in id order: output tokens, the token stream's digest, and the
+    /// failure reason if any (for comparing drivers and runs request by request).
+    pub per_request: Vec<RequestDetail>,
+}
+
+/// One request's outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestDetail {
+    /// Request id.
+    pub id: u64,
+    /// Output tokens received.
+    pub output_tokens: u32,
+    /// Digest of the token stream (hex).
+    pub token_digest: String,
+    /// Completed, or the failure reason.
+    pub failure: Option<String>,
 }
 
 impl Report {
@@ -458,6 +477,8 @@ pub struct ClientRecord {
     pub completed: bool,
     /// Why it failed, if it did.
     pub failure: Option<String>,
+    /// A digest of the token stream received.
+    pub token_digest: u64,
 }
 
 impl ClientRecord {
@@ -471,6 +492,19 @@ impl ClientRecord {
             output_tokens: 0,
             completed: false,
             failure: None,
+            token_digest: 0,
+        }
+    }
+
+    /// Records the tokens of one response received at `now_ns`.
+    pub fn on_tokens(&mut self, r: &lockstep_actors::executor::Response, now_ns: u64) {
+        if r.new_tokens > 0 {
+            self.first_token_ns.get_or_insert(now_ns);
+            self.output_tokens += r.new_tokens;
+            // The stream's identity, so drivers can be compared token for token.
+            self.token_digest = lockstep_actors::kv::mix(
+                self.token_digest ^ (u64::from(r.last_token) << 32 | u64::from(r.new_tokens)),
+            );
         }
     }
 
@@ -478,10 +512,7 @@ impl ClientRecord {
     /// the request; disaggregated drivers handle `ContextDone` themselves).
     pub fn on_response(&mut self, r: &lockstep_actors::executor::Response, now_ns: u64) {
         use lockstep_actors::executor::Finish;
-        if r.new_tokens > 0 {
-            self.first_token_ns.get_or_insert(now_ns);
-            self.output_tokens += r.new_tokens;
-        }
+        self.on_tokens(r, now_ns);
         match &r.finish {
             None | Some(Finish::ContextDone) => {}
             Some(Finish::Completed) => self.end(now_ns, true, None),
@@ -593,6 +624,7 @@ pub fn server_report(
                 },
                 dummy_iterations: t.dummy_iterations,
                 completed: t.completed,
+                routing_digest: format!("{:016x}", t.routing_digest),
             }
         })
         .collect();
@@ -633,6 +665,19 @@ pub fn assemble_report(
         Some((o, d)) => (o, Some(d)),
         None => (Outcome::Completed, None),
     };
+    let per_request = records
+        .iter()
+        .map(|r| RequestDetail {
+            id: r.spec.id.0,
+            output_tokens: r.output_tokens,
+            token_digest: format!("{:016x}", r.token_digest),
+            failure: match (r.end_ns, r.completed) {
+                (Some(_), true) => None,
+                (Some(_), false) => Some(r.failure.clone().unwrap_or_else(|| "failed".into())),
+                (None, _) => Some(format!("still open when the run ended ({})", outcome.name())),
+            },
+        })
+        .collect();
     let mut counts = RequestCounts {
         submitted: records.len() as u64,
         ..RequestCounts::default()
@@ -685,6 +730,7 @@ pub fn assemble_report(
             e2e: Percentiles::of(&mut e2e),
         },
         servers,
+        per_request,
     }
 }
 

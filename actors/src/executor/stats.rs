@@ -88,6 +88,9 @@ pub struct RankTotals {
     pub vetoed_iterations: u64,
     /// Requests routed to this rank.
     pub routed_requests: u64,
+    /// A running digest of the ids routed here, in order (equal digests: the same
+    /// routing assignments, whichever driver ran them).
+    pub routing_digest: u64,
     /// Dummies added / committed / rolled back / skipped.
     pub dummies_added: u64,
     /// Committed.

@@ -16,7 +16,7 @@ use lockstep_transport::{InProcessGroup, IngressQueue};
 use super::DriverError;
 use super::client::{Client, IngressItem};
 use super::device::{DeviceHandle, DeviceTiming};
-use super::rank_loop::{FrontDoor, Progress, RankRun, run_rank};
+use super::rank_loop::{FrontDoor, LoopOptions, Progress, RankRun, run_rank_until};
 use crate::report::{RankSummary, Report, assemble_report, server_report};
 use crate::scenario::Scenario;
 use crate::workload::Workload;
@@ -35,6 +35,8 @@ pub struct ThreadsOptions {
     /// Deliver every arrival before the ranks start (arrivals at iteration boundaries:
     /// the schedule is then independent of thread timing, for cross-driver equality).
     pub preload: bool,
+    /// Fault injection (tests): this rank tags its gather wrongly at this iteration.
+    pub mismatch_tag_at: Option<(usize, u64)>,
 }
 
 impl Default for ThreadsOptions {
@@ -45,6 +47,7 @@ impl Default for ThreadsOptions {
             collective_timeout: Duration::from_secs(30),
             ingress_capacity: 1 << 16,
             preload: false,
+            mismatch_tag_at: None,
         }
     }
 }
@@ -193,17 +196,24 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
         });
         let time_scale = opts.time_scale;
         let timeout = opts.collective_timeout;
+        let loop_opts = LoopOptions {
+            max_iterations: None,
+            mismatch_tag_at: opts
+                .mismatch_tag_at
+                .and_then(|(rank, it)| (rank == r).then_some(it)),
+        };
         handles.push(
             std::thread::Builder::new()
                 .name(format!("rank-{r}"))
                 .spawn(move || -> Result<RankRun, DriverError> {
                     let device = start_device(r, coefficients, time_scale, timeout);
-                    run_rank(
+                    run_rank_until(
                         exec,
                         &mut member,
                         front.as_mut().map(|f| f as &mut dyn FrontDoor),
                         &device,
                         &Arc::new(Progress::default()),
+                        &loop_opts,
                     )
                 })
                 .map_err(|e| DriverError::Invalid(format!("spawning rank {r}: {e}")))?,

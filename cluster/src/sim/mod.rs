@@ -24,7 +24,7 @@ use lockstep_actors::ids::{RankId, ReqId};
 use lockstep_actors::request::RequestSpec;
 use lockstep_gpu::{AnalyticBackend, ModelProfile};
 
-use crate::report::{Latency, Outcome, Percentiles, Report, RequestCounts, Throughput};
+use crate::report::{Outcome, Report};
 use crate::scenario::Scenario;
 use crate::workload::Workload;
 
@@ -68,16 +68,8 @@ enum Event {
     TransferDone(ReqId),
 }
 
-/// Per-request bookkeeping of the client side.
-#[derive(Debug, Clone)]
-struct Record {
-    spec: RequestSpec,
-    arrival_ns: u64,
-    first_token_ns: Option<u64>,
-    end_ns: Option<u64>,
-    output_tokens: u32,
-    completed: bool,
-}
+/// Per-request bookkeeping of the client side (shared with the real drivers).
+type Record = crate::report::ClientRecord;
 
 /// A ctx → gen handoff in progress.
 #[derive(Debug, Clone, Copy, Default)]
@@ -203,8 +195,17 @@ impl Sim<'_, '_> {
             debug_assert!(now >= self.now, "time went back: {now} < {}", self.now);
             self.now = now;
             if next_arrival == Some(now) {
+                // Arrivals of one instant reach the ingress together, then servers wake:
+                // a fetch sees every request that arrived at that instant.
+                let mut woken = Vec::new();
                 while let Some(arrival) = self.workload.pop_due(now) {
-                    self.admit_arrival(arrival.spec, arrival.at_ns);
+                    let target = self.admit_arrival(arrival.spec, arrival.at_ns);
+                    if !woken.contains(&target) {
+                        woken.push(target);
+                    }
+                }
+                for target in woken {
+                    self.wake(target);
                 }
                 continue;
             }
@@ -233,22 +234,13 @@ impl Sim<'_, '_> {
     }
 
     /// The front door: an arrival goes to an agg server, or to a ctx server first.
-    fn admit_arrival(&mut self, spec: RequestSpec, at_ns: u64) {
+    /// Returns the server to wake.
+    fn admit_arrival(&mut self, spec: RequestSpec, at_ns: u64) -> usize {
         let id = spec.id;
-        self.records.insert(
-            id,
-            Record {
-                spec: spec.clone(),
-                arrival_ns: at_ns,
-                first_token_ns: None,
-                end_ns: None,
-                output_tokens: 0,
-                completed: false,
-            },
-        );
+        self.records.insert(id, Record::new(spec.clone(), at_ns));
         let target = self.pick(&[Role::Agg, Role::Ctx]);
         self.servers[target].ingress.push_back(spec);
-        self.wake(target);
+        target
     }
 
     fn pick(&mut self, roles: &[Role]) -> usize {
@@ -331,16 +323,21 @@ impl Sim<'_, '_> {
             let Some(rec) = self.records.get_mut(&r.id) else {
                 continue;
             };
-            if r.new_tokens > 0 {
-                rec.first_token_ns.get_or_insert(now);
-                rec.output_tokens += r.new_tokens;
-            }
+            rec.on_tokens(r, now);
             match &r.finish {
                 None => {}
-                Some(Finish::Completed) => self.end_request(r.id, true),
+                Some(Finish::Completed) => self.end_request(r.id, true, None),
                 Some(Finish::ContextDone) => self.hand_off(s, r.id),
-                Some(Finish::Failed(_)) | Some(Finish::Cancelled) => {
-                    self.end_request(r.id, false);
+                Some(Finish::Failed(why)) => {
+                    let why = why.clone();
+                    self.end_request(r.id, false, Some(why));
+                    if let Some(h) = self.handoffs.remove(&r.id) {
+                        // The other side must free its KV too.
+                        self.fail_other_side(h, r.id, role);
+                    }
+                }
+                Some(Finish::Cancelled) => {
+                    self.end_request(r.id, false, Some("cancelled".into()));
                     if let Some(h) = self.handoffs.remove(&r.id) {
                         // The other side must free its KV too.
                         self.fail_other_side(h, r.id, role);
@@ -396,13 +393,12 @@ impl Sim<'_, '_> {
         Ok(())
     }
 
-    fn end_request(&mut self, id: ReqId, completed: bool) {
+    fn end_request(&mut self, id: ReqId, completed: bool, failure: Option<String>) {
         let now = self.now;
         if let Some(rec) = self.records.get_mut(&id)
             && rec.end_ns.is_none()
         {
-            rec.end_ns = Some(now);
-            rec.completed = completed;
+            rec.end(now, completed, failure);
             self.finished += 1;
             self.workload.on_finished(id, now, completed);
         }
@@ -415,7 +411,7 @@ impl Sim<'_, '_> {
             return;
         };
         if rec.spec.max_new_tokens <= 1 {
-            self.end_request(id, true);
+            self.end_request(id, true, None);
             return;
         }
         let mut spec = rec.spec.clone();
@@ -469,64 +465,14 @@ impl Sim<'_, '_> {
     }
 
     fn report(&self, wall_time_s: f64) -> Report {
-        let (outcome, detail) = match &self.outcome {
-            Some((o, d)) => (*o, Some(d.clone())),
-            None => (Outcome::Completed, None),
-        };
-        let mut counts = RequestCounts {
-            submitted: self.records.len() as u64,
-            ..RequestCounts::default()
-        };
-        let (mut ttft, mut tpot, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut total_tokens, mut output_tokens) = (0u64, 0u64);
-        for r in self.records.values() {
-            match (r.end_ns, r.completed) {
-                (Some(end), true) => {
-                    counts.completed += 1;
-                    output_tokens += u64::from(r.output_tokens);
-                    total_tokens += u64::from(r.output_tokens) + u64::from(r.spec.prompt_len);
-                    e2e.push((end - r.arrival_ns) as f64 / 1e6);
-                    if let Some(first) = r.first_token_ns {
-                        ttft.push((first - r.arrival_ns) as f64 / 1e6);
-                        if r.output_tokens > 1 {
-                            tpot.push((end - first) as f64 / 1e6 / f64::from(r.output_tokens - 1));
-                        }
-                    }
-                }
-                (Some(_), false) => counts.failed += 1,
-                // A crashed or deadlocked run fails what it still held: every request is
-                // accounted for, and the outcome says why.
-                (None, _) => counts.failed += 1,
-            }
-        }
-        let secs = self.now as f64 / 1e9;
-        let per_s = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
-        Report {
-            scenario: self.scenario.name.clone(),
-            legacy_switches: self
-                .scenario
-                .policy
-                .legacy_switches()
-                .into_iter()
-                .map(String::from)
-                .collect(),
-            seed: self.scenario.seed.unwrap_or(self.opts.seed),
-            outcome,
-            outcome_detail: detail,
-            requests: counts,
-            virtual_time_s: secs,
+        crate::report::assemble_report(
+            self.scenario,
+            self.scenario.seed.unwrap_or(self.opts.seed),
+            self.records.values().cloned().collect(),
+            self.now,
             wall_time_s,
-            throughput: Throughput {
-                total_tokens_per_s: per_s(total_tokens as f64),
-                output_tokens_per_s: per_s(output_tokens as f64),
-                requests_per_s: per_s(counts.completed as f64),
-            },
-            latency_ms: Latency {
-                ttft: Percentiles::of(&mut ttft),
-                tpot: Percentiles::of(&mut tpot),
-                e2e: Percentiles::of(&mut e2e),
-            },
-            servers: self.servers.iter().map(|s| s.report()).collect(),
-        }
+            self.servers.iter().map(|s| s.report()).collect(),
+            self.outcome.clone(),
+        )
     }
 }

@@ -8,14 +8,12 @@ use lockstep_actors::ids::ReqId;
 #[derive(Debug)]
 pub(super) struct ById<T> {
     slots: Vec<Option<T>>,
-    len: usize,
 }
 
 impl<T> ById<T> {
     pub(super) fn new() -> ById<T> {
         ById {
             slots: Vec::new(),
-            len: 0,
         }
     }
 
@@ -25,9 +23,7 @@ impl<T> ById<T> {
         if i >= self.slots.len() {
             self.slots.resize_with(i + 1, || None);
         }
-        if self.slots[i].replace(value).is_none() {
-            self.len += 1;
-        }
+        self.slots[i] = Some(value);
     }
 
     pub(super) fn get(&self, id: &ReqId) -> Option<&T> {
@@ -38,10 +34,6 @@ impl<T> ById<T> {
     pub(super) fn get_mut(&mut self, id: &ReqId) -> Option<&mut T> {
         let i = usize::try_from(id.0).ok()?;
         self.slots.get_mut(i)?.as_mut()
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.len
     }
 
     /// Entries in id order.

@@ -15,7 +15,7 @@ use lockstep_actors::request::RequestSpec;
 use lockstep_gpu::{Backend, BatchShape};
 
 use crate::report::{
-    Deferrals, Dummies, KvReport, Percentiles, RankReport, ServerReport, TransferReport,
+    Percentiles, RankSummary, ServerReport, TransferReport, server_report,
 };
 
 use super::SimError;
@@ -253,77 +253,31 @@ impl SimServer {
     }
 
     pub fn report(&self) -> ServerReport {
-        let ranks = self.group.ranks();
-        let dp = ranks.len() as u32;
-        let routed_all: u64 = ranks.iter().map(|r| r.totals().routed_requests).sum();
-        let forward = ranks[0].totals().forward_iterations;
-        let scheduled: u64 = ranks.iter().map(|r| r.totals().scheduled_requests).sum();
-        let mean = if forward > 0 {
-            scheduled as f64 / (forward as f64 * f64::from(dp))
-        } else {
-            0.0
-        };
-        let mut deferrals = Deferrals::default();
-        let mut dummies = Dummies::default();
-        let mut kv = KvReport::default();
-        let rank_reports = ranks
+        // One summary per rank; server-wide violations are already collected here.
+        let summaries: Vec<RankSummary> = self
+            .group
+            .ranks()
             .iter()
-            .map(|r| {
-                let t = r.totals();
-                deferrals.no_free_index_slot += t.deferrals_no_free_index_slot;
-                deferrals.out_of_blocks += t.deferrals_out_of_blocks;
-                dummies.added += t.dummies_added;
-                dummies.committed += t.dummies_committed;
-                dummies.rolled_back += t.dummies_rolled_back;
-                dummies.skipped += t.dummies_skipped;
-                let c = r.kv().counters();
-                kv.allocations += c.allocations;
-                kv.reuse_hits += c.reuse_hits;
-                kv.evictions += c.evictions;
-                RankReport {
-                    rank: r.rank().0,
-                    routed_requests: t.routed_requests,
-                    routing_share: if routed_all > 0 {
-                        t.routed_requests as f64 / routed_all as f64
-                    } else {
-                        0.0
-                    },
-                    mean_scheduled_requests: if t.forward_iterations > 0 {
-                        t.scheduled_requests as f64 / t.forward_iterations as f64
-                    } else {
-                        0.0
-                    },
-                    dummy_iterations: t.dummy_iterations,
-                    completed: t.completed,
-                }
-            })
+            .map(|r| RankSummary::of(r, self.iterations, Vec::new(), 0))
             .collect();
+        let mut report = server_report(
+            &self.name,
+            self.role,
+            self.max_batch_size,
+            &summaries,
+            self.busy_ns as f64 / 1e9,
+        );
         let mut times = self.transfers.times_ms.clone();
         let p = Percentiles::of(&mut times);
-        ServerReport {
-            name: self.name.clone(),
-            role: self.role.name().to_string(),
-            dp,
-            max_batch_size: self.max_batch_size,
-            iterations: self.iterations,
-            forward_iterations: forward,
-            vetoed_iterations: ranks[0].totals().vetoed_iterations,
-            mean_scheduled_requests: mean,
-            occupancy: mean / f64::from(self.max_batch_size),
-            busy_time_s: self.busy_ns as f64 / 1e9,
-            ranks: rank_reports,
-            deferrals,
-            dummies,
-            kv,
-            transfers: TransferReport {
-                count: self.transfers.count,
-                bytes: self.transfers.bytes,
-                mean_ms: p.mean,
-                p99_ms: p.p99,
-                timeouts: self.transfers.timeouts,
-            },
-            violations: self.violations.clone(),
-            violation_count: self.violation_count,
-        }
+        report.transfers = TransferReport {
+            count: self.transfers.count,
+            bytes: self.transfers.bytes,
+            mean_ms: p.mean,
+            p99_ms: p.p99,
+            timeouts: self.transfers.timeouts,
+        };
+        report.violations = self.violations.clone();
+        report.violation_count = self.violation_count;
+        report
     }
 }

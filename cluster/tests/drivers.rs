@@ -1,0 +1,254 @@
+//! The real drivers against the simulator: with arrivals delivered at iteration
+//! boundaries (every request before the first iteration), `sim`, `threads` and `mpi` give
+//! identical per-request token streams, routing assignments and iteration counts. And the
+//! faults: a mismatched collective is a tag error, not a hang; a lost rank ends the job.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lockstep_cluster::drivers::threads::{self, ThreadsOptions};
+use lockstep_cluster::report::Report;
+use lockstep_cluster::scenario::Scenario;
+use lockstep_cluster::sim::{self, SimOptions};
+
+fn scenario_text(dp: u32, overlap: bool) -> String {
+    format!(
+        r#"
+name = "cross-driver"
+[[server]]
+name = "agg0"
+tensor_parallel_size = {dp}
+max_batch_size = 8
+max_num_tokens = 2048
+enable_chunked_prefill = true
+disable_overlap_scheduler = {no_overlap}
+[server.kv_cache_config]
+tokens_per_block = 16
+max_tokens = 65536
+[workload]
+kind = "closed_loop"
+concurrency = 80
+num_requests = 80
+input_len = [16, 900]
+output_len = [1, 40]
+"#,
+        no_overlap = !overlap
+    )
+}
+
+fn scenario(dp: u32, overlap: bool) -> Scenario {
+    Scenario::parse(&scenario_text(dp, overlap), "cross-driver").unwrap()
+}
+
+/// What must be identical across drivers.
+fn fingerprint(r: &Report) -> (u64, Vec<String>, String) {
+    let s = &r.servers[0];
+    (
+        s.iterations,
+        s.ranks.iter().map(|k| k.routing_digest.clone()).collect(),
+        serde_json::to_string(&r.per_request).unwrap(),
+    )
+}
+
+fn simulate(s: &Scenario) -> Report {
+    sim::run(
+        s,
+        SimOptions {
+            seed: 3,
+            iter_log: None,
+            progress: None,
+        },
+    )
+    .unwrap()
+}
+
+fn threads_run(s: &Scenario) -> Report {
+    threads::run(
+        s,
+        &ThreadsOptions {
+            seed: 3,
+            preload: true,
+            collective_timeout: Duration::from_secs(20),
+            ..ThreadsOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn sim_and_threads_agree_request_by_request_at_2_and_4_ranks() {
+    for (dp, overlap) in [(2, true), (4, true), (2, false)] {
+        let s = scenario(dp, overlap);
+        let a = simulate(&s);
+        let b = threads_run(&s);
+        assert_eq!(a.requests.completed, 80);
+        assert_eq!(fingerprint(&a), fingerprint(&b), "dp {dp} overlap {overlap}");
+        assert!(a.servers[0].ranks.iter().all(|r| r.routed_requests > 0));
+    }
+}
+
+#[test]
+fn a_mismatched_collective_is_a_tag_error_naming_both_ranks_not_a_hang() {
+    let s = scenario(2, true);
+    let started = std::time::Instant::now();
+    let err = threads::run(
+        &s,
+        &ThreadsOptions {
+            seed: 3,
+            preload: true,
+            collective_timeout: Duration::from_secs(20),
+            mismatch_tag_at: Some((1, 5)),
+            ..ThreadsOptions::default()
+        },
+    )
+    .expect_err("a rank tagging its gather as a vote must fail")
+    .to_string();
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert!(err.contains("tag") && err.contains("Gather") && err.contains("Vote"), "{err}");
+}
+
+fn mpi_bin() -> Option<PathBuf> {
+    // Built by scripts/test.sh with `--features mpi` into its own target dir.
+    std::env::var_os("LOCKSTEP_MPI_BIN").map(PathBuf::from)
+}
+
+fn mpirun(bin: &PathBuf, n: u32, args: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new("mpirun");
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "-n", &n.to_string()])
+        .arg(bin)
+        .arg("rank")
+        .args(args);
+    c
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lockstep-drivers-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+#[test]
+fn mpi_agrees_with_sim_and_threads_at_2_and_4_ranks() {
+    let Some(bin) = mpi_bin() else {
+        eprintln!("LOCKSTEP_MPI_BIN not set: the MPI cases run from scripts/test.sh");
+        return;
+    };
+    for dp in [2, 4] {
+        let path = temp(&format!("eq-{dp}.toml"));
+        std::fs::write(&path, scenario_text(dp, true)).unwrap();
+        let json = temp(&format!("eq-{dp}.json"));
+        let out = mpirun(
+            &bin,
+            dp,
+            &[
+                path.to_str().unwrap(),
+                "--seed",
+                "3",
+                "--preload",
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        )
+        .output()
+        .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mpi: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let s = scenario(dp, true);
+        assert_eq!(fingerprint(&mpi), fingerprint(&simulate(&s)), "dp {dp}");
+        assert_eq!(fingerprint(&mpi), fingerprint(&threads_run(&s)), "dp {dp}");
+    }
+}
+
+#[test]
+fn mpi_world_size_mismatch_is_a_clear_error_on_every_rank() {
+    let Some(bin) = mpi_bin() else { return };
+    let path = temp("size.toml");
+    std::fs::write(&path, scenario_text(4, true)).unwrap();
+    let out = mpirun(&bin, 2, &[path.to_str().unwrap(), "--preload"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("world size 2") && err.contains("dp = 4"), "{err}");
+}
+
+#[test]
+fn mpi_mismatched_collective_is_a_tag_error() {
+    let Some(bin) = mpi_bin() else { return };
+    let path = temp("tag.toml");
+    std::fs::write(&path, scenario_text(2, true)).unwrap();
+    let started = std::time::Instant::now();
+    let out = mpirun(
+        &bin,
+        2,
+        &[
+            path.to_str().unwrap(),
+            "--preload",
+            "--watchdog-ms",
+            "5000",
+            "--inject-tag-mismatch",
+            "1:5",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tag") && err.contains("Gather") && err.contains("Vote"), "{err}");
+}
+
+#[test]
+fn mpi_a_killed_rank_makes_the_others_exit_non_zero_within_the_watchdog_time() {
+    let Some(bin) = mpi_bin() else { return };
+    let path = temp("kill.toml");
+    // Slow enough to be killed mid-run: the cost model in real time.
+    let text = scenario_text(2, true).replace("num_requests = 80", "num_requests = 4000")
+        .replace("concurrency = 80", "concurrency = 64");
+    std::fs::write(&path, text).unwrap();
+    let mut child = mpirun(
+        &bin,
+        2,
+        &[path.to_str().unwrap(), "--time-scale", "1.0", "--watchdog-ms", "3000"],
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    // Kill one rank process (the one whose command line names this scenario).
+    let pids = std::process::Command::new("pgrep")
+        .args(["-f", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let pids: Vec<String> = String::from_utf8_lossy(&pids.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let victim = pids
+        .iter()
+        .find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.contains("rank") && !c.starts_with("mpirun"))
+        })
+        .expect("a rank process")
+        .clone();
+    let killed = std::time::Instant::now();
+    std::process::Command::new("kill")
+        .args(["-9", &victim])
+        .status()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "the job did not end after a rank was killed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success(), "the job must fail when a rank is lost");
+}
