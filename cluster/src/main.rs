@@ -359,7 +359,12 @@ fn relaunch_under_mpirun(
         .arg(exe)
         .arg("rank")
         .arg(&args.scenario)
-        .args(["--seed", &seed.to_string(), "--time-scale", &time_scale.to_string()]);
+        .args([
+            "--seed",
+            &seed.to_string(),
+            "--time-scale",
+            &time_scale.to_string(),
+        ]);
     if let Some(p) = policy {
         cmd.args(["--policy", p]);
     }
@@ -369,7 +374,9 @@ fn relaunch_under_mpirun(
     if let Some(j) = json {
         cmd.arg("--json").arg(j);
     }
-    let status = cmd.status().context("starting mpirun (is OpenMPI installed?)")?;
+    let status = cmd
+        .status()
+        .context("starting mpirun (is OpenMPI installed?)")?;
     Ok(if status.success() {
         ExitCode::SUCCESS
     } else {
@@ -447,5 +454,7 @@ fn rank_command(
     _inject: Option<&str>,
     _json: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("this lockstep was built without MPI: rebuild with `cargo build --release --features mpi`")
+    anyhow::bail!(
+        "this lockstep was built without MPI: rebuild with `cargo build --release --features mpi`"
+    )
 }

@@ -674,7 +674,10 @@ pub fn assemble_report(
             failure: match (r.end_ns, r.completed) {
                 (Some(_), true) => None,
                 (Some(_), false) => Some(r.failure.clone().unwrap_or_else(|| "failed".into())),
-                (None, _) => Some(format!("still open when the run ended ({})", outcome.name())),
+                (None, _) => Some(format!(
+                    "still open when the run ended ({})",
+                    outcome.name()
+                )),
             },
         })
         .collect();

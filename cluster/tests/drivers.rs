@@ -82,7 +82,11 @@ fn sim_and_threads_agree_request_by_request_at_2_and_4_ranks() {
         let a = simulate(&s);
         let b = threads_run(&s);
         assert_eq!(a.requests.completed, 80);
-        assert_eq!(fingerprint(&a), fingerprint(&b), "dp {dp} overlap {overlap}");
+        assert_eq!(
+            fingerprint(&a),
+            fingerprint(&b),
+            "dp {dp} overlap {overlap}"
+        );
         assert!(a.servers[0].ranks.iter().all(|r| r.routed_requests > 0));
     }
 }
@@ -103,8 +107,15 @@ fn a_mismatched_collective_is_a_tag_error_naming_both_ranks_not_a_hang() {
     )
     .expect_err("a rank tagging its gather as a vote must fail")
     .to_string();
-    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
-    assert!(err.contains("tag") && err.contains("Gather") && err.contains("Vote"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.contains("tag") && err.contains("Gather") && err.contains("Vote"),
+        "{err}"
+    );
 }
 
 fn mpi_bin() -> Option<PathBuf> {
@@ -153,7 +164,11 @@ fn mpi_agrees_with_sim_and_threads_at_2_and_4_ranks() {
         )
         .output()
         .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mpi: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
         let s = scenario(dp, true);
         assert_eq!(fingerprint(&mpi), fingerprint(&simulate(&s)), "dp {dp}");
@@ -171,7 +186,10 @@ fn mpi_world_size_mismatch_is_a_clear_error_on_every_rank() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("world size 2") && err.contains("dp = 4"), "{err}");
+    assert!(
+        err.contains("world size 2") && err.contains("dp = 4"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -197,7 +215,10 @@ fn mpi_mismatched_collective_is_a_tag_error() {
     assert!(!out.status.success());
     assert!(started.elapsed() < Duration::from_secs(30));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("tag") && err.contains("Gather") && err.contains("Vote"), "{err}");
+    assert!(
+        err.contains("tag") && err.contains("Gather") && err.contains("Vote"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -205,13 +226,20 @@ fn mpi_a_killed_rank_makes_the_others_exit_non_zero_within_the_watchdog_time() {
     let Some(bin) = mpi_bin() else { return };
     let path = temp("kill.toml");
     // Slow enough to be killed mid-run: the cost model in real time.
-    let text = scenario_text(2, true).replace("num_requests = 80", "num_requests = 4000")
+    let text = scenario_text(2, true)
+        .replace("num_requests = 80", "num_requests = 4000")
         .replace("concurrency = 80", "concurrency = 64");
     std::fs::write(&path, text).unwrap();
     let mut child = mpirun(
         &bin,
         2,
-        &[path.to_str().unwrap(), "--time-scale", "1.0", "--watchdog-ms", "3000"],
+        &[
+            path.to_str().unwrap(),
+            "--time-scale",
+            "1.0",
+            "--watchdog-ms",
+            "3000",
+        ],
     )
     .stdout(std::process::Stdio::null())
     .stderr(std::process::Stdio::piped())

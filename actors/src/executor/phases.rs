@@ -228,8 +228,7 @@ impl RankExecutor {
         let mut routed_now = 0;
         for (spec, rank) in popped.drain(..).zip(&assignment.ranks) {
             if *rank == self.rank {
-                self.totals.routing_digest =
-                    crate::kv::mix(self.totals.routing_digest ^ spec.id.0);
+                self.totals.routing_digest = crate::kv::mix(self.totals.routing_digest ^ spec.id.0);
                 self.push_active(Request::new(spec, arrival_state));
                 routed_now += 1;
             }

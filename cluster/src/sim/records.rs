@@ -12,9 +12,7 @@ pub(super) struct ById<T> {
 
 impl<T> ById<T> {
     pub(super) fn new() -> ById<T> {
-        ById {
-            slots: Vec::new(),
-        }
+        ById { slots: Vec::new() }
     }
 
     /// Inserts or replaces the entry of `id`.

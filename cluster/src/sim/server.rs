@@ -14,9 +14,7 @@ use lockstep_actors::policy::Policy;
 use lockstep_actors::request::RequestSpec;
 use lockstep_gpu::{Backend, BatchShape};
 
-use crate::report::{
-    Percentiles, RankSummary, ServerReport, TransferReport, server_report,
-};
+use crate::report::{Percentiles, RankSummary, ServerReport, TransferReport, server_report};
 
 use super::SimError;
 use super::iterlog::IterLogLine;
