@@ -152,14 +152,15 @@ fn fixed_policy_keeps_every_seat_busy_in_the_binding_case_and_legacy_does_not() 
         .apply_set("policy.admission.charge_retiring=true")
         .unwrap();
     let c = run(&charge_only, 0);
-    // Alone, the admission defect pads the starved iterations with dummies instead.
+    // Alone, the admission defect pads the starved iterations with dummies instead: about
+    // every other forward runs dummies only.
+    let cs = &c.servers[0];
+    assert!(cs.mean_scheduled_requests < 1.2, "{cs:?}");
     assert!(
-        c.servers[0].mean_scheduled_requests < 1.2,
-        "{:?}",
-        c.servers[0]
+        cs.ranks[0].dummy_iterations * 2 + 4 >= cs.forward_iterations,
+        "{cs:?}"
     );
-    assert!(c.servers[0].dummies.committed > 50);
-    assert!(c.virtual_time_s > 1.5 * fixed.virtual_time_s);
+    assert!(c.virtual_time_s > fixed.virtual_time_s);
 }
 
 #[test]

@@ -202,9 +202,26 @@ impl Router {
                 kv_aware::route(&mut round, input.new, input.prefix_matches, expected)
             }
         }
+        let ranks = round.finish(input.new);
+        // Pins and sticky conversations may place up to M, above the balance target; the
+        // reported `expected` covers what was placed (never past M), so the cap check of
+        // §10 still catches a rank above M (e.g. a dummy that survived a rejected
+        // iteration) without flagging a legal placement.
+        let mut final_counts = counts_before.clone();
+        for r in &ranks {
+            if let Some(c) = final_counts.get_mut(r.index()) {
+                *c += 1;
+            }
+        }
+        let placed_max = ranks
+            .iter()
+            .filter_map(|r| final_counts.get(r.index()))
+            .copied()
+            .max()
+            .unwrap_or(0);
         Assignment {
-            ranks: round.finish(input.new),
-            expected,
+            ranks,
+            expected: expected.max(placed_max.min(m)),
             violation,
         }
     }
