@@ -4,6 +4,7 @@
 #   1. the whole workspace suite, with the MPI cases run through mpirun;
 #   2. the loom models (a separate build with --cfg lockstep_loom).
 set -euo pipefail
+shopt -s inherit_errexit 2>/dev/null || true
 cd "$(dirname "$0")/.."
 
 need_apt=()
@@ -28,8 +29,17 @@ echo "== building the MPI driver"
 CARGO_TARGET_DIR=target/mpi cargo build --release -p lockstep-cluster --features mpi
 export LOCKSTEP_MPI_BIN="$PWD/target/mpi/release/lockstep"
 
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
 echo "== workspace tests"
-cargo test --workspace --all-targets
+cargo test --workspace --all-targets 2>&1 | tee -a "$log"
 
 echo "== loom models"
-RUSTFLAGS="--cfg lockstep_loom" CARGO_TARGET_DIR=target/loom cargo test --release -p loom-tests
+RUSTFLAGS="--cfg lockstep_loom" CARGO_TARGET_DIR=target/loom \
+  cargo test --release -p loom-tests --tests 2>&1 | tee -a "$log"
+
+# One closing line over every runner above.
+passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
+failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s += $1} END {print s + 0}')
+echo "summary: $passed passed, $failed failed"
