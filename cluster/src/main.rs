@@ -121,8 +121,9 @@ enum Command {
     /// Per-iteration control-plane overhead with the zero-cost backend, next to a raw
     /// loop of the same collectives (the floor).
     Overhead {
-        /// Which driver.
-        #[arg(long, value_parser = ["threads"], default_value = "threads")]
+        /// Which driver (`mpi` re-launches this binary under mpirun; `mpi-rank` is what
+        /// each MPI process runs).
+        #[arg(long, value_parser = ["threads", "mpi", "mpi-rank"], default_value = "threads")]
         driver: String,
         /// DP ranks.
         #[arg(long, default_value_t = 2)]
@@ -309,8 +310,42 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             active,
             iterations,
         } => {
-            anyhow::ensure!(driver == "threads", "unknown driver {driver}");
-            let o = lockstep_cluster::drivers::overhead::threads(dp, active, iterations, 200)?;
+            let o = match driver.as_str() {
+                "threads" => {
+                    lockstep_cluster::drivers::overhead::threads(dp, active, iterations, 200)?
+                }
+                "mpi" => {
+                    let exe = std::env::current_exe()?;
+                    let status = std::process::Command::new("mpirun")
+                        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+                        .args(["--oversubscribe", "-n", &dp.to_string()])
+                        .arg(exe)
+                        .args(["overhead", "--driver", "mpi-rank", "--dp", &dp.to_string()])
+                        .args([
+                            "--active",
+                            &active.to_string(),
+                            "--iterations",
+                            &iterations.to_string(),
+                        ])
+                        .status()
+                        .context("starting mpirun (is OpenMPI installed?)")?;
+                    return Ok(if status.success() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    });
+                }
+                _ => match mpi_overhead(dp, active, iterations)? {
+                    Some(o) => o,
+                    None => return Ok(ExitCode::SUCCESS),
+                },
+            };
+            let driver = if driver == "mpi-rank" {
+                "mpi"
+            } else {
+                driver.as_str()
+            };
             println!("driver={driver} dp={dp} active_per_rank={active} iterations={iterations}");
             println!(
                 "overhead_us={:.2} floor_us={:.2} ratio={:.2}",
@@ -454,6 +489,28 @@ fn rank_command(
     _inject: Option<&str>,
     _json: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
+    anyhow::bail!(
+        "this lockstep was built without MPI: rebuild with `cargo build --release --features mpi`"
+    )
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_overhead(
+    dp: u32,
+    active: u32,
+    iterations: u64,
+) -> anyhow::Result<Option<lockstep_cluster::drivers::overhead::Overhead>> {
+    Ok(lockstep_cluster::drivers::overhead::mpi_rank(
+        dp, active, iterations, 200,
+    )?)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_overhead(
+    _dp: u32,
+    _active: u32,
+    _iterations: u64,
+) -> anyhow::Result<Option<lockstep_cluster::drivers::overhead::Overhead>> {
     anyhow::bail!(
         "this lockstep was built without MPI: rebuild with `cargo build --release --features mpi`"
     )

@@ -89,6 +89,13 @@ pub enum ExecutorError {
     },
 }
 
+/// The full structural walk of the KV pool is O(blocks): every iteration on pools of up
+/// to 4,096 blocks (every test-sized pool), every 16,384 iterations on larger ones.
+/// Conservation, seats, leaks, dummies, cap and routing are checked every iteration.
+pub fn default_kv_full_check_every(kv_blocks: u32) -> u64 {
+    if kv_blocks <= 4096 { 1 } else { 16_384 }
+}
+
 macro_rules! phase_token {
     ($(#[$doc:meta])* $name:ident, $phase:expr) => {
         $(#[$doc])*
@@ -295,13 +302,13 @@ impl RankExecutor {
             totals: RankTotals::default(),
             scratch: Scratch::default(),
             bufs: Buffers::default(),
-            kv_full_check_every: 1,
+            kv_full_check_every: default_kv_full_check_every(sizes.kv_blocks_per_rank),
         }
     }
 
     /// How often the KV pool's full structural check runs (every `n` iterations; 0:
     /// never). Conservation (used + free = total) is checked every iteration regardless.
-    /// Default 1; the simulator uses a larger period on big pools.
+    /// Default: [`default_kv_full_check_every`].
     pub fn set_kv_full_check_every(&mut self, n: u64) {
         self.kv_full_check_every = n;
     }

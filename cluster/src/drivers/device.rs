@@ -15,13 +15,17 @@ enum DeviceCommand {
     Stop,
 }
 
-/// A rank's handle on its device thread.
+/// A rank's handle on its device: a thread running the modeled forward, or — for the
+/// zero-cost backend, where there is no forward time to overlap — the same sampling done
+/// inline at launch, so overhead measurements count the control plane, not thread
+/// hand-offs of empty work.
 pub struct DeviceHandle {
     rank: usize,
     commands: Sender<DeviceCommand>,
     outputs: Receiver<ForwardOutput>,
     thread: Option<std::thread::JoinHandle<()>>,
     timeout: Duration,
+    inline: Option<std::cell::RefCell<std::collections::VecDeque<ForwardOutput>>>,
 }
 
 /// How the device models time.
@@ -39,6 +43,18 @@ impl DeviceHandle {
         timing: DeviceTiming,
         timeout: Duration,
     ) -> DeviceHandle {
+        if timing.time_scale <= 0.0 {
+            let (commands, _) = bounded::<DeviceCommand>(1);
+            let (_, outputs) = bounded::<ForwardOutput>(1);
+            return DeviceHandle {
+                rank,
+                commands,
+                outputs,
+                thread: None,
+                timeout,
+                inline: Some(Default::default()),
+            };
+        }
         // Two batches can be outstanding under overlap; a little slack costs nothing.
         let (commands, command_rx) = bounded::<DeviceCommand>(4);
         let (output_tx, outputs) = bounded::<ForwardOutput>(4);
@@ -63,11 +79,16 @@ impl DeviceHandle {
             outputs,
             thread: Some(thread),
             timeout,
+            inline: None,
         }
     }
 
     /// Launches a batch (returns at once).
     pub fn launch(&self, batch: ScheduledBatch) -> Result<(), super::DriverError> {
+        if let Some(q) = &self.inline {
+            q.borrow_mut().push_back(DeterministicTokens.sample(&batch));
+            return Ok(());
+        }
         self.commands
             .send(DeviceCommand::Launch(batch))
             .map_err(|_| super::DriverError::Device {
@@ -78,6 +99,18 @@ impl DeviceHandle {
 
     /// Waits for the output of batch `number` (outputs arrive in launch order).
     pub fn await_output(&self, number: BatchNumber) -> Result<ForwardOutput, super::DriverError> {
+        if let Some(q) = &self.inline {
+            let mut q = q.borrow_mut();
+            while let Some(out) = q.pop_front() {
+                if out.batch == number {
+                    return Ok(out);
+                }
+            }
+            return Err(super::DriverError::Device {
+                rank: self.rank,
+                message: format!("no output for batch {number}: it was never launched"),
+            });
+        }
         loop {
             let out = self.outputs.recv_timeout(self.timeout).map_err(|e| {
                 super::DriverError::Device {

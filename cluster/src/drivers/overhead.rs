@@ -224,3 +224,73 @@ fn raw_floor(dp: u32, active: u32, iterations: u64, warmup: u64) -> Result<f64, 
     }
     Ok(worst.as_secs_f64() * 1e6 / iterations as f64)
 }
+
+/// One process of `lockstep overhead --driver mpi` (under mpirun, one process per rank):
+/// the same two measurements over MPI. Rank 0 returns the figures.
+#[cfg(feature = "mpi")]
+pub fn mpi_rank(
+    dp: u32,
+    active: u32,
+    iterations: u64,
+    warmup: u64,
+) -> Result<Option<Overhead>, DriverError> {
+    use lockstep_transport::MpiMember;
+    let mut member =
+        MpiMember::init().map_err(|source| DriverError::Collective { rank: 0, source })?;
+    let rank = member.rank();
+    if member.size() != dp as usize {
+        return Err(DriverError::Invalid(format!(
+            "rank {rank}: MPI world size {} does not match --dp {dp}",
+            member.size()
+        )));
+    }
+    let server = bench_server(dp, active);
+    let sizes = server
+        .derive(&Policy::FIXED)
+        .map_err(|e| DriverError::Invalid(e.to_string()))?
+        .sizes;
+    let control = |total: u64, member: &mut MpiMember| -> Result<Duration, DriverError> {
+        // A fresh device per run: an overlapped run ends with one output never awaited.
+        let device = DeviceHandle::start(
+            rank,
+            ZeroCostBackend,
+            DeviceTiming { time_scale: 0.0 },
+            Duration::from_secs(60),
+        );
+        let exec = RankExecutor::new(RankId(rank as u32), &server, &sizes, Policy::FIXED);
+        let mut front = (rank == 0).then(|| Preloaded {
+            pending: Some(FetchBatch {
+                requests: bench_requests(dp, active),
+                ..FetchBatch::default()
+            }),
+        });
+        let start = Instant::now();
+        run_rank_until(
+            exec,
+            member,
+            front.as_mut().map(|f| f as &mut dyn FrontDoor),
+            &device,
+            &Arc::new(Progress::default()),
+            &LoopOptions {
+                max_iterations: Some(total),
+                mismatch_tag_at: None,
+            },
+        )?;
+        Ok(start.elapsed())
+    };
+    let short = control(warmup, &mut member)?;
+    let long = control(warmup + iterations, &mut member)?;
+    let (state, responses) = floor_payloads(rank, active);
+    for i in 0..warmup {
+        raw_iteration(&mut member, i, &state, &responses, active)?;
+    }
+    let start = Instant::now();
+    for i in warmup..warmup + iterations {
+        raw_iteration(&mut member, i, &state, &responses, active)?;
+    }
+    let floor = start.elapsed();
+    Ok((rank == 0).then(|| Overhead {
+        overhead_us: long.saturating_sub(short).as_secs_f64() * 1e6 / iterations as f64,
+        floor_us: floor.as_secs_f64() * 1e6 / iterations as f64,
+    }))
+}

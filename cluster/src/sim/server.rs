@@ -81,17 +81,6 @@ impl SimServer {
             tracing::warn!(server = index, "{w}");
         }
         let sizes = group.ranks()[0].sizes().clone();
-        let mut group = group;
-        // The full KV walk is O(blocks): every iteration on small pools, periodically on
-        // large ones (conservation is checked every iteration regardless).
-        let every = if sizes.kv_blocks_per_rank <= 4096 {
-            1
-        } else {
-            16_384
-        };
-        for r in group.ranks_mut() {
-            r.set_kv_full_check_every(every);
-        }
         Ok(SimServer {
             name: cfg.name.clone(),
             role: cfg.role,
