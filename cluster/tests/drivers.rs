@@ -280,3 +280,62 @@ fn mpi_a_killed_rank_makes_the_others_exit_non_zero_within_the_watchdog_time() {
     };
     assert!(!status.success(), "the job must fail when a rank is lost");
 }
+
+#[test]
+fn mpi_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops() {
+    let Some(bin) = mpi_bin() else { return };
+    let path = temp("stop.toml");
+    let text = scenario_text(2, true)
+        .replace("num_requests = 80", "num_requests = 4000")
+        .replace("concurrency = 80", "concurrency = 64");
+    std::fs::write(&path, text).unwrap();
+    let child = mpirun(
+        &bin,
+        2,
+        &[
+            path.to_str().unwrap(),
+            "--time-scale",
+            "1.0",
+            "--watchdog-ms",
+            "2000",
+        ],
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let pids = std::process::Command::new("pgrep")
+        .args(["-f", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let victim = String::from_utf8_lossy(&pids.stdout)
+        .lines()
+        .map(str::to_string)
+        .find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.contains("rank") && !c.starts_with("mpirun"))
+        })
+        .expect("a rank process");
+    // A stopped rank neither progresses nor dies: only the peers' watchdog can end this.
+    std::process::Command::new("kill")
+        .args(["-STOP", &victim])
+        .status()
+        .unwrap();
+    let stopped = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &victim])
+        .status();
+    assert!(
+        stopped.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        stopped.elapsed()
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("made no progress for 2000 ms") && err.contains("live"),
+        "{err}"
+    );
+}

@@ -45,10 +45,10 @@ fn watchdog(rank: usize, progress: Arc<Progress>, limit: Duration) {
                 continue;
             }
             if since.elapsed() >= limit {
-                let phase = progress.phase.load(Ordering::Relaxed);
                 eprintln!(
-                    "lockstep watchdog: rank {rank} made no progress for {} ms (iteration {now}, in phase #{phase}); a peer is lost or stuck — aborting the job",
-                    limit.as_millis()
+                    "lockstep watchdog: rank {rank} made no progress for {} ms; a peer is lost or stuck — aborting the job; rank {rank}: {}",
+                    limit.as_millis(),
+                    progress.describe()
                 );
                 std::process::exit(3);
             }

@@ -37,13 +37,42 @@ pub struct RankRun {
     pub violation_count: u64,
 }
 
-/// Progress published for the watchdog: the iteration and the phase the rank is in.
+/// Progress published for the watchdog: the iteration, the phase the rank is in, and
+/// its counts at the last gather (so a stuck rank can be described without touching its
+/// actors from another thread).
 #[derive(Debug, Default)]
 pub struct Progress {
     /// Iterations completed.
     pub iteration: AtomicU64,
-    /// Last phase entered (as `Phase as u64`, `u64::MAX` before the first).
+    /// Last phase entered (as `Phase as u64`).
     pub phase: AtomicU64,
+    /// Live requests at the last gather.
+    pub live: AtomicU64,
+    /// Routable requests at the last gather.
+    pub routable: AtomicU64,
+    /// Retiring requests at the last gather.
+    pub retiring: AtomicU64,
+    /// Schedulable requests at the last gather.
+    pub schedulable: AtomicU64,
+    /// Waiting queue length at the last gather.
+    pub waiting: AtomicU64,
+}
+
+impl Progress {
+    /// One line for a watchdog message.
+    pub fn describe(&self) -> String {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "iteration {}, last collective tag phase #{}, live {}, routable {}, retiring {}, schedulable {}, waiting {}",
+            l(&self.iteration),
+            l(&self.phase),
+            l(&self.live),
+            l(&self.routable),
+            l(&self.retiring),
+            l(&self.schedulable),
+            l(&self.waiting)
+        )
+    }
 }
 
 impl Progress {
@@ -118,6 +147,20 @@ pub fn run_rank_until<C: Collective>(
         let tag = |phase| CollectiveTag { iteration, phase };
         progress.enter(Phase::Gather);
         let (t, state) = exec.begin_iteration();
+        let c = state.counts;
+        progress.live.store(u64::from(c.live), Ordering::Relaxed);
+        progress
+            .routable
+            .store(u64::from(c.routable), Ordering::Relaxed);
+        progress
+            .retiring
+            .store(u64::from(c.retiring), Ordering::Relaxed);
+        progress
+            .schedulable
+            .store(u64::from(c.schedulable), Ordering::Relaxed);
+        progress
+            .waiting
+            .store(exec.waiting().len() as u64, Ordering::Relaxed);
         let gather_tag = if options.mismatch_tag_at == Some(iteration) {
             tag(Phase::Vote)
         } else {
