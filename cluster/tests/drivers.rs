@@ -221,16 +221,15 @@ fn mpi_mismatched_collective_is_a_tag_error() {
     );
 }
 
-#[test]
-fn mpi_a_killed_rank_makes_the_others_exit_non_zero_within_the_watchdog_time() {
-    let Some(bin) = mpi_bin() else { return };
-    let path = temp("kill.toml");
-    // Slow enough to be killed mid-run: the cost model in real time.
+/// A slow MPI job (the cost model in real time) and the pid of one of its rank processes.
+fn slow_job(name: &str, watchdog_ms: &str) -> (std::process::Child, String, PathBuf) {
+    let bin = mpi_bin().expect("checked by the caller");
+    let path = temp(name);
     let text = scenario_text(2, true)
         .replace("num_requests = 80", "num_requests = 4000")
         .replace("concurrency = 80", "concurrency = 64");
     std::fs::write(&path, text).unwrap();
-    let mut child = mpirun(
+    let child = mpirun(
         &bin,
         2,
         &[
@@ -238,7 +237,7 @@ fn mpi_a_killed_rank_makes_the_others_exit_non_zero_within_the_watchdog_time() {
             "--time-scale",
             "1.0",
             "--watchdog-ms",
-            "3000",
+            watchdog_ms,
         ],
     )
     .stdout(std::process::Stdio::null())
@@ -246,23 +245,27 @@ fn mpi_a_killed_rank_makes_the_others_exit_non_zero_within_the_watchdog_time() {
     .spawn()
     .unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    // Kill one rank process (the one whose command line names this scenario).
     let pids = std::process::Command::new("pgrep")
         .args(["-f", path.to_str().unwrap()])
         .output()
         .unwrap();
-    let pids: Vec<String> = String::from_utf8_lossy(&pids.stdout)
+    let victim = String::from_utf8_lossy(&pids.stdout)
         .lines()
         .map(str::to_string)
-        .collect();
-    let victim = pids
-        .iter()
         .find(|p| {
             std::fs::read_to_string(format!("/proc/{p}/cmdline"))
                 .is_ok_and(|c| c.contains("rank") && !c.starts_with("mpirun"))
         })
-        .expect("a rank process")
-        .clone();
+        .expect("a rank process");
+    (child, victim, path)
+}
+
+#[test]
+fn mpi_a_killed_rank_makes_the_others_exit_non_zero_within_the_watchdog_time() {
+    if mpi_bin().is_none() {
+        return;
+    }
+    let (mut child, victim, _) = slow_job("kill.toml", "3000");
     let killed = std::time::Instant::now();
     std::process::Command::new("kill")
         .args(["-9", &victim])
@@ -283,40 +286,10 @@ fn mpi_a_killed_rank_makes_the_others_exit_non_zero_within_the_watchdog_time() {
 
 #[test]
 fn mpi_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops() {
-    let Some(bin) = mpi_bin() else { return };
-    let path = temp("stop.toml");
-    let text = scenario_text(2, true)
-        .replace("num_requests = 80", "num_requests = 4000")
-        .replace("concurrency = 80", "concurrency = 64");
-    std::fs::write(&path, text).unwrap();
-    let child = mpirun(
-        &bin,
-        2,
-        &[
-            path.to_str().unwrap(),
-            "--time-scale",
-            "1.0",
-            "--watchdog-ms",
-            "2000",
-        ],
-    )
-    .stdout(std::process::Stdio::null())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
-    let pids = std::process::Command::new("pgrep")
-        .args(["-f", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let victim = String::from_utf8_lossy(&pids.stdout)
-        .lines()
-        .map(str::to_string)
-        .find(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| c.contains("rank") && !c.starts_with("mpirun"))
-        })
-        .expect("a rank process");
+    if mpi_bin().is_none() {
+        return;
+    }
+    let (child, victim, _) = slow_job("stop.toml", "2000");
     // A stopped rank neither progresses nor dies: only the peers' watchdog can end this.
     std::process::Command::new("kill")
         .args(["-STOP", &victim])

@@ -66,22 +66,27 @@ fn decode<T: DeserializeOwned>(
     Ok((tag, value))
 }
 
+/// Displacements of each rank's bytes and a buffer for all of them.
+fn layout(lens: &[i32]) -> (Vec<i32>, Vec<u8>) {
+    let displs: Vec<i32> = lens
+        .iter()
+        .scan(0i32, |acc, &l| {
+            let d = *acc;
+            *acc += l;
+            Some(d)
+        })
+        .collect();
+    let total: i32 = lens.iter().sum();
+    (displs, vec![0u8; total as usize])
+}
+
 impl MpiMember {
     fn allgather_bytes(&self, mine: &[u8]) -> Vec<Vec<u8>> {
         let size = self.world.size() as usize;
         let len = mine.len() as i32;
         let mut lens = vec![0i32; size];
         self.world.all_gather_into(&len, &mut lens[..]);
-        let displs: Vec<i32> = lens
-            .iter()
-            .scan(0i32, |acc, &l| {
-                let d = *acc;
-                *acc += l;
-                Some(d)
-            })
-            .collect();
-        let total: i32 = lens.iter().sum();
-        let mut buf = vec![0u8; total as usize];
+        let (displs, mut buf) = layout(&lens);
         {
             let mut partition = PartitionMut::new(&mut buf[..], &lens[..], &displs[..]);
             self.world.all_gather_varcount_into(mine, &mut partition);
@@ -196,16 +201,7 @@ impl Collective for MpiMember {
         }
         let mut lens = vec![0i32; size];
         root_process.gather_into_root(&len, &mut lens[..]);
-        let displs: Vec<i32> = lens
-            .iter()
-            .scan(0i32, |acc, &l| {
-                let d = *acc;
-                *acc += l;
-                Some(d)
-            })
-            .collect();
-        let total: i32 = lens.iter().sum();
-        let mut buf = vec![0u8; total as usize];
+        let (displs, mut buf) = layout(&lens);
         {
             let mut partition = PartitionMut::new(&mut buf[..], &lens[..], &displs[..]);
             root_process.gather_varcount_into_root(&bytes[..], &mut partition);
