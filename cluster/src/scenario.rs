@@ -1,7 +1,7 @@
 //! A scenario file: servers, policy and (with the simulator) workload and model. Parsing
 //! names the offending key; every derived size comes from `ServerConfig::derive`.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use lockstep_actors::config::{
     ConfigError, Derived, ServerConfig, policy_from_table, set_policy_key,
@@ -55,6 +55,18 @@ struct RawScenario {
     workload: Option<WorkloadConfig>,
     #[serde(default)]
     model: ModelConfig,
+    #[serde(default)]
+    faults: Faults,
+}
+
+/// `[faults]`: deterministic fault injection for the simulator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Faults {
+    /// Every n-th KV transfer is lost: only its timeout
+    /// (`cache_transceiver_config.kv_transfer_timeout_ms`) ends it.
+    #[serde(default)]
+    pub lost_transfer_every: Option<u64>,
 }
 
 /// A loaded scenario.
@@ -72,6 +84,8 @@ pub struct Scenario {
     pub workload: Option<WorkloadConfig>,
     /// `[model]`.
     pub model: ModelConfig,
+    /// `[faults]`.
+    pub faults: Faults,
     /// Seed given in the file (overrides `--seed`).
     pub seed: Option<u64>,
     /// The folder relative trace paths are resolved against.
@@ -107,6 +121,7 @@ impl Scenario {
             servers: raw.server,
             workload: raw.workload,
             model: raw.model,
+            faults: raw.faults,
             seed: raw.seed,
             base_dir: std::path::PathBuf::from("."),
         })

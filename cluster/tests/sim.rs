@@ -278,3 +278,38 @@ fn disaggregated_runs_move_kv_and_report_transfers() {
     assert_eq!(ctx.transfers.count, 100);
     assert!(r.latency_ms.tpot.mean > 0.0);
 }
+
+#[test]
+fn a_lost_transfer_times_out_and_fails_only_that_request() {
+    let mut s = load(
+        "disagg-small.toml",
+        &[
+            "workload.num_requests=100",
+            "server.gen0.cache_transceiver_config.kv_transfer_timeout_ms=500",
+        ],
+    );
+    s.faults.lost_transfer_every = Some(10);
+    let r = run(&s, 0);
+    assert_eq!(r.outcome, Outcome::Completed, "{:?}", r.outcome_detail);
+    assert_eq!(r.requests.submitted, 100);
+    assert_eq!(r.requests.failed, 10, "every 10th of 100 transfers is lost");
+    assert_eq!(r.requests.completed, 90);
+    let failed: Vec<_> = r
+        .per_request
+        .iter()
+        .filter(|d| d.failure.is_some())
+        .collect();
+    assert!(
+        failed.iter().all(|d| d
+            .failure
+            .as_deref()
+            .unwrap()
+            .contains("timed out after 500 ms")),
+        "{failed:?}"
+    );
+    for srv in &r.servers {
+        assert_eq!(srv.transfers.timeouts, 10, "{}", srv.name);
+        // KV freed on both sides: the end-of-iteration leak and conservation checks hold.
+        assert_eq!(srv.violation_count, 0, "{}: {:?}", srv.name, srv.violations);
+    }
+}

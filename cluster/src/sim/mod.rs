@@ -66,6 +66,8 @@ enum Event {
     IterationEnd(usize),
     /// A KV transfer finishes.
     TransferDone(ReqId),
+    /// A KV transfer hit its timeout (it was lost, or slower than the timeout).
+    TransferTimeout(ReqId),
 }
 
 /// Per-request bookkeeping of the client side (shared with the real drivers).
@@ -78,6 +80,7 @@ struct Handoff {
     decode: Option<(usize, RankId)>,
     started_ns: u64,
     bytes: u64,
+    timeout_ms: u64,
 }
 
 struct Sim<'s, 'o> {
@@ -94,6 +97,7 @@ struct Sim<'s, 'o> {
     rr_agg: usize,
     rr_ctx: usize,
     rr_gen: usize,
+    receives: u64,
     finished: u64,
     outcome: Option<(Outcome, String)>,
     iterations_without_response: u64,
@@ -164,6 +168,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         rr_agg: 0,
         rr_ctx: 0,
         rr_gen: 0,
+        receives: 0,
         finished: 0,
         outcome: None,
         iterations_without_response: 0,
@@ -214,7 +219,11 @@ impl Sim<'_, '_> {
             };
             match event {
                 Event::IterationEnd(s) => self.end_iteration(s)?,
-                Event::TransferDone(id) => self.finish_transfer(id),
+                Event::TransferDone(id) => self.finish_transfer(id, None),
+                Event::TransferTimeout(id) => {
+                    let ms = self.handoffs.get(&id).map_or(0, |h| h.timeout_ms);
+                    self.finish_transfer(id, Some(format!("kv transfer timed out after {ms} ms")))
+                }
             }
         }
         // Nothing can make progress any more.
@@ -360,11 +369,29 @@ impl Sim<'_, '_> {
                     let prompt = self.records.get(&id).map_or(0, |r| r.spec.prompt_len);
                     let duration = self.scenario.model.transfer_ns(&self.profile, prompt);
                     let bytes = self.profile.kv.bytes_per_token() * u64::from(prompt);
+                    let timeout_ms = self.scenario.servers[s]
+                        .cache_transceiver_config
+                        .kv_transfer_timeout_ms
+                        .max(1) as u64;
                     let h = self.handoffs.entry(id).or_default();
                     h.decode = Some((s, *rank));
                     h.started_ns = now;
                     h.bytes = bytes;
-                    self.push(now + duration, Event::TransferDone(id));
+                    h.timeout_ms = timeout_ms;
+                    self.receives += 1;
+                    // Fault injection: every n-th transfer is lost and only its timeout
+                    // ends it; a transfer slower than the timeout times out too.
+                    let lost = self
+                        .scenario
+                        .faults
+                        .lost_transfer_every
+                        .is_some_and(|n| n > 0 && self.receives % n == 0);
+                    let timeout_ns = timeout_ms * 1_000_000;
+                    if lost || duration > timeout_ns {
+                        self.push(now + timeout_ns, Event::TransferTimeout(id));
+                    } else {
+                        self.push(now + duration, Event::TransferDone(id));
+                    }
                 }
             }
         }
@@ -433,24 +460,29 @@ impl Sim<'_, '_> {
         self.wake(s);
     }
 
-    fn finish_transfer(&mut self, id: ReqId) {
+    /// Ends a transfer on both sides: done, or failed (`Some(reason)`), which fails that
+    /// request only and frees its KV on both sides (§8).
+    fn finish_transfer(&mut self, id: ReqId, failure: Option<String>) {
         let Some(h) = self.handoffs.remove(&id) else {
             return;
         };
         let now = self.now;
-        if let Some((g, rank)) = h.decode {
-            let t = &mut self.servers[g].transfers;
-            t.count += 1;
-            t.bytes += h.bytes;
-            t.times_ms.push((now - h.started_ns) as f64 / 1e6);
-            self.deliver(g, rank, id, TransferOutcome::Done);
-        }
-        if let Some((c, rank)) = h.ctx {
-            let t = &mut self.servers[c].transfers;
-            t.count += 1;
-            t.bytes += h.bytes;
-            t.times_ms.push((now - h.started_ns) as f64 / 1e6);
-            self.deliver(c, rank, id, TransferOutcome::Done);
+        for side in [h.decode, h.ctx].into_iter().flatten() {
+            let (server, rank) = side;
+            let t = &mut self.servers[server].transfers;
+            let outcome = match &failure {
+                None => {
+                    t.count += 1;
+                    t.bytes += h.bytes;
+                    t.times_ms.push((now - h.started_ns) as f64 / 1e6);
+                    TransferOutcome::Done
+                }
+                Some(why) => {
+                    t.timeouts += 1;
+                    TransferOutcome::Failed(why.clone())
+                }
+            };
+            self.deliver(server, rank, id, outcome);
         }
     }
 
