@@ -385,7 +385,7 @@ impl Sim<'_, '_> {
                         .scenario
                         .faults
                         .lost_transfer_every
-                        .is_some_and(|n| n > 0 && self.receives % n == 0);
+                        .is_some_and(|n| n > 0 && self.receives.is_multiple_of(n));
                     let timeout_ns = timeout_ms * 1_000_000;
                     if lost || duration > timeout_ns {
                         self.push(now + timeout_ns, Event::TransferTimeout(id));
