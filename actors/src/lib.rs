@@ -22,3 +22,4 @@ pub mod request;
 pub mod router;
 pub mod scheduler;
 pub mod seats;
+pub mod transfer_budget;

@@ -181,6 +181,9 @@ pub struct Request {
     pub seat: Option<Seat>,
     /// A pad dummy (§6): never a client request.
     pub is_dummy: bool,
+    /// gen side: when its KV receive started (the fetch's clock), for the transport
+    /// budget's stale rule (§8).
+    pub transfer_started_ns: Option<u64>,
     /// Whether the rank's KV manager holds a sequence (index slot and blocks) for it.
     /// The end-of-iteration leak check compares this view with the KV manager's.
     pub holds_kv: bool,
@@ -208,6 +211,7 @@ impl Request {
             is_dummy: false,
             seq: 0,
             holds_kv: false,
+            transfer_started_ns: None,
             awaiting_encoder_output: false,
         }
     }

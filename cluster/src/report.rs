@@ -164,6 +164,14 @@ pub struct TransferReport {
     pub p99_ms: f64,
     /// Transfers that timed out or failed.
     pub timeouts: u64,
+    /// gen side, §8: receives the transport budget admitted.
+    pub budget_admitted: u64,
+    /// gen side, §8: times the budget deferred the head receive.
+    pub budget_deferred: u64,
+    /// gen side, §8: deferrals because receives in flight held the budget.
+    pub budget_blocked_by_active: u64,
+    /// gen side: the most receives in flight on one rank at once.
+    pub max_receives_in_flight: u32,
 }
 
 /// One server.
@@ -319,12 +327,16 @@ impl Report {
                 let x = &s.transfers;
                 let _ = writeln!(
                     o,
-                    "  transfers {} ({:.1} MB) mean {:.3} ms p99 {:.3} ms timeouts {}",
+                    "  transfers {} ({:.1} MB) mean {:.3} ms p99 {:.3} ms timeouts {}  budget admitted {} deferred {} blocked by active {} max in flight {}",
                     x.count,
                     x.bytes as f64 / 1e6,
                     x.mean_ms,
                     x.p99_ms,
-                    x.timeouts
+                    x.timeouts,
+                    x.budget_admitted,
+                    x.budget_deferred,
+                    x.budget_blocked_by_active,
+                    x.max_receives_in_flight
                 );
             }
             let _ = writeln!(o, "  rank  routed   share  sched/iter  dummy_iters");
@@ -590,6 +602,7 @@ pub fn server_report(
     let mut kv = KvReport::default();
     let mut violations = Vec::new();
     let mut violation_count = 0;
+    let mut transfers = TransferReport::default();
     let rank_reports = ranks
         .iter()
         .map(|r| {
@@ -604,6 +617,12 @@ pub fn server_report(
             kv.reuse_hits += r.kv.reuse_hits;
             kv.evictions += r.kv.evictions;
             violation_count += r.violation_count;
+            transfers.budget_admitted += t.transfer_budget_admitted;
+            transfers.budget_deferred += t.transfer_budget_deferred;
+            transfers.budget_blocked_by_active += t.transfer_budget_blocked_by_active;
+            transfers.max_receives_in_flight = transfers
+                .max_receives_in_flight
+                .max(t.max_receives_in_flight);
             for v in &r.violations {
                 if violations.len() < 100 {
                     violations.push(v.clone());
@@ -643,7 +662,7 @@ pub fn server_report(
         deferrals,
         dummies,
         kv,
-        transfers: TransferReport::default(),
+        transfers,
         violations,
         violation_count,
     }

@@ -137,6 +137,8 @@ impl Harness {
     pub fn step(&mut self) -> Option<&GroupIteration> {
         let ingress = &mut self.ingress;
         let cancellations = &mut self.cancellations;
+        // The harness's clock: one millisecond per iteration.
+        let now_ns = self.iterations.len() as u64 * 1_000_000;
         let mut fetch = |mode: FetchMode| {
             if mode == FetchMode::Block && ingress.is_empty() && cancellations.is_empty() {
                 return None;
@@ -145,6 +147,7 @@ impl Harness {
                 requests: ingress.drain(..).collect(),
                 cancellations: std::mem::take(cancellations),
                 shutdown: false,
+                now_ns,
             })
         };
         let step = self

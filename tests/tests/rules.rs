@@ -547,3 +547,49 @@ fn s10_fixed_policy_runs_report_no_violation_and_account_for_every_request() {
         assert_eq!((r.kv().used_blocks(), r.seats_used()), (0, 0));
     }
 }
+
+#[test]
+fn s8_with_a_budget_of_one_prompt_at_most_one_receive_is_in_flight_per_gen_rank() {
+    let mut server = gen_server();
+    // Prompts of 32 tokens = 2 blocks of 16; the budget holds exactly one.
+    server.cache_transceiver_config.max_tokens_in_buffer = 32;
+    let mut h = Harness::new(&server, Policy::FIXED);
+    for id in 1..=3 {
+        h.submit(gen_spec(id));
+    }
+    h.step();
+    let receiving = |h: &Harness| {
+        h.group.ranks()[0]
+            .active()
+            .iter()
+            .filter(|r| r.state == RequestState::DisaggGenerationTransInProgress)
+            .count()
+    };
+    assert_eq!(receiving(&h), 1);
+    for _ in 0..20 {
+        let rank = &h.group.ranks()[0];
+        let pending: Vec<ReqId> = rank
+            .active()
+            .iter()
+            .filter(|r| r.state == RequestState::DisaggGenerationTransInProgress)
+            .map(|r| r.id())
+            .collect();
+        for id in pending {
+            h.group.ranks_mut()[0]
+                .handle_transfer_event(TransferEvent {
+                    id,
+                    outcome: TransferOutcome::Done,
+                })
+                .unwrap();
+        }
+        if h.step().is_none() {
+            break;
+        }
+        assert!(receiving(&h) <= 1);
+    }
+    assert!(h.all_finished());
+    let t = h.group.ranks()[0].totals();
+    assert_eq!(t.max_receives_in_flight, 1);
+    assert_eq!(t.transfer_budget_admitted, 3);
+    assert!(t.transfer_budget_blocked_by_active >= 2, "{t:?}");
+}

@@ -55,6 +55,9 @@ pub struct FetchBatch {
     pub cancellations: Vec<ReqId>,
     /// Stop after the work in hand.
     pub shutdown: bool,
+    /// Rank 0's clock when it fetched (virtual in the simulator): broadcast, so every
+    /// rank applies time-based rules (the transport budget's stale receives) alike.
+    pub now_ns: u64,
 }
 
 /// Rank 0's idle decision (§3.2): block on the ingress queue, or drain it without waiting.

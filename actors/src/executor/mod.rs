@@ -152,6 +152,8 @@ phase_token!(
 /// Per-iteration scratch, reset by `begin_iteration`.
 #[derive(Debug, Default)]
 struct Scratch {
+    /// Rank 0's clock for this iteration (from the fetch broadcast).
+    now_ns: u64,
     loads: Vec<RankLoad>,
     popped: Vec<RequestSpec>,
     expected: u32,

@@ -83,6 +83,7 @@ impl RankExecutor {
             });
         }
         self.shutdown |= fetched.shutdown;
+        self.scratch.now_ns = fetched.now_ns;
         for &id in &fetched.cancellations {
             self.cancel(id);
         }
@@ -429,9 +430,42 @@ impl RankExecutor {
             self.pause(i);
         }
         // Pausing and receive starts change requests in place; indices stay valid.
+        // Receives start FCFS within the transport budget (§8): the first deferred one
+        // stops the walk.
         for &i in &out.disagg_gen_init {
-            self.start_receive(i);
+            let blocks = self.kv.blocks_for_tokens(self.active[i].spec.prompt_len);
+            let in_flight = self
+                .active
+                .iter()
+                .filter(|r| r.state == RequestState::DisaggGenerationTransInProgress)
+                .map(|r| {
+                    (
+                        self.kv.blocks_of(r.id()),
+                        r.transfer_started_ns.unwrap_or(0),
+                    )
+                });
+            match crate::transfer_budget::decide(
+                self.sizes.transfer_budget_blocks,
+                in_flight,
+                self.scratch.now_ns,
+                blocks,
+            ) {
+                crate::transfer_budget::BudgetDecision::Admit => self.start_receive(i),
+                crate::transfer_budget::BudgetDecision::Defer { blocked_by_active } => {
+                    self.totals.transfer_budget_deferred += 1;
+                    if blocked_by_active {
+                        self.totals.transfer_budget_blocked_by_active += 1;
+                    }
+                    break;
+                }
+            }
         }
+        let receiving = self
+            .active
+            .iter()
+            .filter(|r| r.state == RequestState::DisaggGenerationTransInProgress)
+            .count() as u32;
+        self.totals.max_receives_in_flight = self.totals.max_receives_in_flight.max(receiving);
         let in_flight: BTreeSet<ReqId> = BTreeSet::new();
         self.micro
             .schedule_into(&self.active, &out.fitting, &in_flight, &mut planned);
@@ -558,6 +592,8 @@ impl RankExecutor {
         }
         self.active[i].holds_kv = true;
         self.active[i].state = RequestState::DisaggGenerationTransInProgress;
+        self.active[i].transfer_started_ns = Some(self.scratch.now_ns);
+        self.totals.transfer_budget_admitted += 1;
         let blocks = self.kv.blocks_of(id);
         self.scratch
             .commands

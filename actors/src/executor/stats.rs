@@ -103,6 +103,14 @@ pub struct RankTotals {
     pub deferrals_no_free_index_slot: u64,
     /// Out of blocks deferrals.
     pub deferrals_out_of_blocks: u64,
+    /// gen side, §8: receives the transport budget admitted.
+    pub transfer_budget_admitted: u64,
+    /// gen side, §8: times the budget deferred the head receive.
+    pub transfer_budget_deferred: u64,
+    /// gen side, §8: deferrals because receives in flight held the budget.
+    pub transfer_budget_blocked_by_active: u64,
+    /// gen side: the most receives in flight at once.
+    pub max_receives_in_flight: u32,
     /// Requests completed on this rank.
     pub completed: u64,
     /// Requests failed on this rank.

@@ -110,6 +110,7 @@ pub fn run_rank_process(
         None
     };
     let mut front = (rank == 0).then(|| Rank0Front {
+        clock: Instant::now(),
         ingress: ingress.clone(),
         responses: resp_tx,
     });

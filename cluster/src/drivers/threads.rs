@@ -54,6 +54,8 @@ impl Default for ThreadsOptions {
 
 /// Rank 0's front door over the ingress queue.
 pub struct Rank0Front {
+    /// The driver's clock (the fetch broadcasts its reading, §8's stale rule uses it).
+    pub clock: Instant,
     /// The queue the client fills.
     pub ingress: IngressQueue<IngressItem>,
     /// Where gathered responses go.
@@ -71,7 +73,10 @@ impl FrontDoor for Rank0Front {
             }
         }
         items.extend(self.ingress.drain_now());
-        let mut batch = FetchBatch::default();
+        let mut batch = FetchBatch {
+            now_ns: self.clock.elapsed().as_nanos() as u64,
+            ..FetchBatch::default()
+        };
         for item in items {
             match item {
                 IngressItem::Request(spec) => batch.requests.push(spec),
@@ -191,6 +196,7 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
     for (r, mut member) in members.into_iter().enumerate() {
         let exec = RankExecutor::new(RankId(r as u32), server, &sizes, scenario.policy);
         let mut front = (r == 0).then(|| Rank0Front {
+            clock: Instant::now(),
             ingress: ingress.clone(),
             responses: resp_tx.clone(),
         });

@@ -123,6 +123,7 @@ impl SimServer {
                 requests: ingress.drain(..).collect(),
                 cancellations: Vec::new(),
                 shutdown: false,
+                now_ns: now,
             })
         };
         let ran = self
@@ -262,6 +263,7 @@ impl SimServer {
             mean_ms: p.mean,
             p99_ms: p.p99,
             timeouts: self.transfers.timeouts,
+            ..report.transfers
         };
         report.violations = self.violations.clone();
         report.violation_count = self.violation_count;
