@@ -181,6 +181,9 @@ pub struct Request {
     pub seat: Option<Seat>,
     /// A pad dummy (§6): never a client request.
     pub is_dummy: bool,
+    /// Output positions handed to launched steps so far: the position the next sampling
+    /// step produces. Under overlap it runs ahead of `generated` by the step in flight.
+    pub next_position: u32,
     /// gen side: when its KV receive started (the fetch's clock), for the transport
     /// budget's stale rule (§8).
     pub transfer_started_ns: Option<u64>,
@@ -212,6 +215,7 @@ impl Request {
             seq: 0,
             holds_kv: false,
             transfer_started_ns: None,
+            next_position: generated,
             awaiting_encoder_output: false,
         }
     }

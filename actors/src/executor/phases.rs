@@ -530,10 +530,14 @@ impl RankExecutor {
                 // Reuse learnt at start can shorten the planned chunk.
                 let chunk = chunk.min(r.context_remaining()).max(1);
                 let samples = r.context_pos + chunk >= r.context_len;
-                (ForwardKind::Context { chunk, samples }, chunk, r.generated)
+                (
+                    ForwardKind::Context { chunk, samples },
+                    chunk,
+                    r.next_position,
+                )
             }
             EntryKind::Generation { tokens } => {
-                (ForwardKind::Generation { tokens }, tokens, r.generated)
+                (ForwardKind::Generation { tokens }, tokens, r.next_position)
             }
         };
         let kv_tokens = r.kv_tokens;
@@ -564,6 +568,8 @@ impl RankExecutor {
         }
         if r.generated > 0 {
             r.context_len = r.kv_tokens + 1;
+            // What was in flight is recomputed: positions resume after what arrived.
+            r.next_position = r.generated;
         }
         r.context_pos = 0;
         r.kv_tokens = 0;

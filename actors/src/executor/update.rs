@@ -31,6 +31,7 @@ impl RankExecutor {
                             .register_prefix(e.id, &r.spec.block_hashes, computed);
                     }
                     if samples {
+                        r.next_position += 1;
                         r.state = if overlap && r.generated + 1 >= max_new {
                             RequestState::GenerationToComplete
                         } else {
@@ -40,6 +41,7 @@ impl RankExecutor {
                 }
                 ForwardKind::Generation { tokens } => {
                     r.kv_tokens += tokens;
+                    r.next_position += tokens;
                     r.state = if overlap && r.generated + tokens >= max_new {
                         RequestState::GenerationToComplete
                     } else {
