@@ -57,6 +57,31 @@ struct RawScenario {
     model: ModelConfig,
     #[serde(default)]
     faults: Faults,
+    #[serde(default)]
+    front: FrontConfig,
+}
+
+/// How the front door picks a server among those of a role (the names production
+/// disaggregated routers use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrontPolicy {
+    /// In turn.
+    #[default]
+    RoundRobin,
+    /// The fewest live requests.
+    LoadBalancing,
+    /// The longest cached prefix match, then the fewest live requests.
+    KvAware,
+}
+
+/// `[front]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrontConfig {
+    /// Server selection policy.
+    #[serde(default)]
+    pub policy: FrontPolicy,
 }
 
 /// `[faults]`: deterministic fault injection for the simulator.
@@ -86,6 +111,8 @@ pub struct Scenario {
     pub model: ModelConfig,
     /// `[faults]`.
     pub faults: Faults,
+    /// `[front]`.
+    pub front: FrontConfig,
     /// Seed given in the file (overrides `--seed`).
     pub seed: Option<u64>,
     /// The folder relative trace paths are resolved against.
@@ -122,6 +149,7 @@ impl Scenario {
             workload: raw.workload,
             model: raw.model,
             faults: raw.faults,
+            front: raw.front,
             seed: raw.seed,
             base_dir: std::path::PathBuf::from("."),
         })

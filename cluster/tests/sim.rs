@@ -366,3 +366,80 @@ max_tokens = 262144
     // Same ids, same token counts, same token streams: nothing lost or duplicated.
     assert_eq!(a.per_request, d.per_request);
 }
+
+fn two_servers(policy: &str) -> Scenario {
+    let text = format!(
+        r#"
+[front]
+policy = "{policy}"
+[[server]]
+name = "big"
+tensor_parallel_size = 2
+max_batch_size = 16
+max_num_tokens = 8192
+[server.kv_cache_config]
+tokens_per_block = 32
+max_tokens = 262144
+[[server]]
+name = "small"
+tensor_parallel_size = 2
+max_batch_size = 2
+max_num_tokens = 8192
+[server.kv_cache_config]
+tokens_per_block = 32
+max_tokens = 262144
+[workload]
+kind = "closed_loop"
+concurrency = 24
+num_requests = 240
+input_len = [256, 1024]
+output_len = [16, 64]
+think_time_ms = 50.0
+[workload.conversation]
+rounds = [3, 5]
+new_tokens_per_round = [32, 128]
+"#
+    );
+    Scenario::parse(&text, policy).unwrap()
+}
+
+fn routed(r: &Report, server: &str) -> u64 {
+    r.servers
+        .iter()
+        .find(|s| s.name == server)
+        .unwrap()
+        .ranks
+        .iter()
+        .map(|k| k.routed_requests)
+        .sum()
+}
+
+#[test]
+fn the_front_door_policies_pick_servers_as_named() {
+    let rr = run(&two_servers("round_robin"), 0);
+    let lb = run(&two_servers("load_balancing"), 0);
+    let kv = run(&two_servers("kv_aware"), 0);
+    for r in [&rr, &lb, &kv] {
+        assert_eq!(r.requests.completed, 240);
+    }
+    assert_eq!(
+        routed(&rr, "big"),
+        routed(&rr, "small"),
+        "round robin alternates"
+    );
+    // The small server drains slower, so the fewest-live policy sends it less.
+    assert!(
+        routed(&lb, "big") > routed(&lb, "small") + 20,
+        "{} / {}",
+        routed(&lb, "big"),
+        routed(&lb, "small")
+    );
+    // Conversation rounds go where their prefix is cached: more reuse than round robin.
+    let hits = |r: &Report| r.servers.iter().map(|s| s.kv.reuse_hits).sum::<u64>();
+    assert!(
+        hits(&kv) > hits(&rr),
+        "kv_aware {} vs round robin {}",
+        hits(&kv),
+        hits(&rr)
+    );
+}

@@ -25,7 +25,7 @@ use lockstep_actors::request::RequestSpec;
 use lockstep_gpu::{AnalyticBackend, ModelProfile};
 
 use crate::report::{Outcome, Report};
-use crate::scenario::Scenario;
+use crate::scenario::{FrontPolicy, Scenario};
 use crate::workload::Workload;
 
 pub use iterlog::IterLogLine;
@@ -247,12 +247,15 @@ impl Sim<'_, '_> {
     fn admit_arrival(&mut self, spec: RequestSpec, at_ns: u64) -> usize {
         let id = spec.id;
         self.records.insert(id, Record::new(spec.clone(), at_ns));
-        let target = self.pick(&[Role::Agg, Role::Ctx]);
+        let target = self.pick(&[Role::Agg, Role::Ctx], &spec);
         self.servers[target].ingress.push_back(spec);
         target
     }
 
-    fn pick(&mut self, roles: &[Role]) -> usize {
+    /// The front door's server selection (`[front] policy`): round robin, the fewest
+    /// live requests (`load_balancing`), or the longest cached prefix (`kv_aware`, ties
+    /// to the least loaded); ties break by server order.
+    fn pick(&mut self, roles: &[Role], spec: &RequestSpec) -> usize {
         let candidates: Vec<usize> = self
             .servers
             .iter()
@@ -260,14 +263,44 @@ impl Sim<'_, '_> {
             .filter(|(_, s)| roles.contains(&s.role))
             .map(|(i, _)| i)
             .collect();
-        let counter = match self.servers[candidates[0]].role {
-            Role::Agg => &mut self.rr_agg,
-            Role::Ctx => &mut self.rr_ctx,
-            Role::Gen => &mut self.rr_gen,
+        let load = |s: &server::SimServer| -> u64 {
+            s.ingress.len() as u64
+                + s.group
+                    .ranks()
+                    .iter()
+                    .map(|r| u64::from(r.counts().live) + r.waiting().len() as u64)
+                    .sum::<u64>()
         };
-        let chosen = candidates[*counter % candidates.len()];
-        *counter += 1;
-        chosen
+        match self.scenario.front.policy {
+            FrontPolicy::RoundRobin => {
+                let counter = match self.servers[candidates[0]].role {
+                    Role::Agg => &mut self.rr_agg,
+                    Role::Ctx => &mut self.rr_ctx,
+                    Role::Gen => &mut self.rr_gen,
+                };
+                let chosen = candidates[*counter % candidates.len()];
+                *counter += 1;
+                chosen
+            }
+            FrontPolicy::LoadBalancing => *candidates
+                .iter()
+                .min_by_key(|&&i| (load(&self.servers[i]), i))
+                .expect("a server of the role exists"),
+            FrontPolicy::KvAware => *candidates
+                .iter()
+                .min_by_key(|&&i| {
+                    let s = &self.servers[i];
+                    let matched = s
+                        .group
+                        .ranks()
+                        .iter()
+                        .map(|r| r.kv().longest_prefix_match(&spec.block_hashes))
+                        .max()
+                        .unwrap_or(0);
+                    (std::cmp::Reverse(matched), load(s), i)
+                })
+                .expect("a server of the role exists"),
+        }
     }
 
     fn wake(&mut self, s: usize) {
@@ -446,7 +479,7 @@ impl Sim<'_, '_> {
         // The gen server receives the KV; it never prefills, so the prompt's block
         // hashes (prefix reuse) mean nothing there.
         spec.block_hashes = Vec::new();
-        let target = self.pick(&[Role::Gen]);
+        let target = self.pick(&[Role::Gen], &spec);
         self.servers[target].ingress.push_back(spec);
         self.wake(target);
     }
