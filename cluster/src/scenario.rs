@@ -92,6 +92,10 @@ pub struct Faults {
     /// (`cache_transceiver_config.kv_transfer_timeout_ms`) ends it.
     #[serde(default)]
     pub lost_transfer_every: Option<u64>,
+    /// The lost transfers' timeouts are lost too (a transceiver that never reports):
+    /// the run can then only end `deadlocked`, which this exercises.
+    #[serde(default)]
+    pub timeouts_lost: bool,
 }
 
 /// A loaded scenario.

@@ -443,3 +443,30 @@ fn the_front_door_policies_pick_servers_as_named() {
         hits(&rr)
     );
 }
+
+#[test]
+fn a_transfer_that_never_ends_makes_the_run_deadlocked_with_every_rank_state() {
+    let mut s = load("disagg-small.toml", &["workload.num_requests=30"]);
+    s.faults.lost_transfer_every = Some(7);
+    s.faults.timeouts_lost = true;
+    let r = run(&s, 0);
+    assert_eq!(r.outcome, Outcome::Deadlocked);
+    let detail = r.outcome_detail.unwrap();
+    assert!(detail.contains("no event can make progress"), "{detail}");
+    assert!(
+        detail.contains("server `gen0`") && detail.contains("rank 0"),
+        "{detail}"
+    );
+    // Every request is still accounted for: what was held fails with the outcome.
+    assert_eq!(
+        r.requests.completed + r.requests.failed,
+        r.requests.submitted
+    );
+    assert!(r.requests.failed >= 1);
+    assert!(
+        r.per_request
+            .iter()
+            .filter_map(|d| d.failure.as_deref())
+            .any(|f| f.contains("deadlocked"))
+    );
+}
