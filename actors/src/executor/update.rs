@@ -130,14 +130,7 @@ impl RankExecutor {
             match event.outcome {
                 TransferOutcome::Done => self.totals.completed += 1,
                 TransferOutcome::Failed(reason) => {
-                    self.totals.failed += 1;
-                    self.carried_responses.push(Response {
-                        id: r.id(),
-                        new_tokens: 0,
-                        last_token: 0,
-                        generated: r.generated,
-                        finish: Some(Finish::Failed(format!("kv send failed: {reason}"))),
-                    });
+                    self.fail_after_transfer(&r, format!("kv send failed: {reason}"));
                 }
             }
             return;
@@ -155,15 +148,21 @@ impl RankExecutor {
             TransferOutcome::Failed(reason) => {
                 let r = self.active.remove(i);
                 self.release(&r);
-                self.totals.failed += 1;
-                self.carried_responses.push(Response {
-                    id: r.id(),
-                    new_tokens: 0,
-                    last_token: 0,
-                    generated: r.generated,
-                    finish: Some(Finish::Failed(format!("kv receive failed: {reason}"))),
-                });
+                self.fail_after_transfer(&r, format!("kv receive failed: {reason}"));
             }
         }
+    }
+
+    /// A failed transfer fails its request; the response goes out with the next
+    /// iteration's gather (this one's has already happened).
+    fn fail_after_transfer(&mut self, r: &crate::request::Request, reason: String) {
+        self.totals.failed += 1;
+        self.carried_responses.push(Response {
+            id: r.id(),
+            new_tokens: 0,
+            last_token: 0,
+            generated: r.generated,
+            finish: Some(Finish::Failed(reason)),
+        });
     }
 }

@@ -169,7 +169,10 @@ impl SimServer {
         // A forward of dummies only changes nothing but counters: the next iteration would
         // be the same, so it is no progress (a gen server waiting for KV sleeps instead of
         // padding forever).
-        let real_forward = it.launched.iter().any(|b| b.real_entries().next().is_some());
+        let real_forward = it
+            .launched
+            .iter()
+            .any(|b| b.real_entries().next().is_some());
         let mut progress = real_forward || !it.responses.is_empty();
         let mut log_lines = Vec::new();
         for report in &self.reports {
