@@ -237,6 +237,8 @@ pub struct SoloRank {
     pub exec: lockstep_actors::executor::RankExecutor,
     outputs: BTreeMap<lockstep_actors::ids::BatchNumber, lockstep_actors::executor::ForwardOutput>,
     tokens: DeterministicTokens,
+    /// Rank 0's contribution to the last transfer-status allgather.
+    pub last_status: lockstep_actors::executor::TransferStatus,
 }
 
 /// A peer holding `routable` schedulable requests of 16 prompt tokens.
@@ -265,6 +267,7 @@ impl SoloRank {
             ),
             outputs: BTreeMap::new(),
             tokens: DeterministicTokens,
+            last_status: Default::default(),
         }
     }
 
@@ -304,6 +307,7 @@ impl SoloRank {
         let output = plan.await_output.and_then(|b| self.outputs.remove(&b));
         let (t, _) = e.on_forward_output(t, output).expect("output");
         let (t, st) = e.transfer_status(t);
+        self.last_status = st.clone();
         let report = e
             .on_transfer_status(t, &[st, TransferStatus::default()])
             .expect("transfers");

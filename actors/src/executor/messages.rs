@@ -261,4 +261,8 @@ pub struct TransferEvent {
 pub struct TransferStatus {
     /// Events, in delivery order.
     pub events: Vec<TransferEvent>,
+    /// This rank hit a violation that crashes the real executor this iteration. Every
+    /// rank sees every flag in the same collective, so all of them stop at the same
+    /// iteration instead of one leaving its peers waiting in the next collective.
+    pub fatal: bool,
 }

@@ -44,7 +44,7 @@ use crate::scheduler::{
 use crate::seats::SlotPool;
 
 pub use messages::*;
-pub use phases::{idle_decision, sum_counts};
+pub use phases::idle_decision;
 pub use stats::{IterationReport, IterationStats, RankTotals};
 
 use crate::invariants::Violation;

@@ -815,11 +815,13 @@ impl RankExecutor {
         token: AwaitTransfers,
     ) -> (AwaitTransferResult, TransferStatus) {
         let events = std::mem::take(&mut self.pending_transfer_events);
+        // Fatal violations (cap, unseatable request) are all found before this phase.
+        let fatal = self.scratch.violations.iter().any(|v| v.kind.is_fatal());
         (
             AwaitTransferResult {
                 iteration: token.iteration,
             },
-            TransferStatus { events },
+            TransferStatus { events, fatal },
         )
     }
 
@@ -1068,18 +1070,4 @@ pub fn idle_decision(global_live: u64, waiting: usize, shutdown: bool) -> FetchM
     } else {
         FetchMode::Poll
     }
-}
-
-/// Counts of a set of gathered states, summed (for drivers and tests).
-pub fn sum_counts(states: &[RankState]) -> RankCounts {
-    let mut c = RankCounts::default();
-    for s in states {
-        c.live += s.counts.live;
-        c.routable += s.counts.routable;
-        c.routable_prompt_tokens += s.counts.routable_prompt_tokens;
-        c.retiring += s.counts.retiring;
-        c.schedulable += s.counts.schedulable;
-        c.pad_schedulable += s.counts.pad_schedulable;
-    }
-    c
 }

@@ -58,4 +58,12 @@ pub enum DriverError {
     /// A fatal invariant violation (the real executor would crash).
     #[error("crashed: {0}")]
     Crashed(lockstep_actors::invariants::Violation),
+    /// A peer crashed; this rank stopped at the same iteration.
+    #[error("rank {rank}: stopped because rank {peer} crashed")]
+    PeerCrashed {
+        /// This rank.
+        rank: usize,
+        /// The rank that crashed.
+        peer: usize,
+    },
 }

@@ -215,14 +215,22 @@ pub fn run_rank_until<C: Collective>(
         progress.enter(Phase::Transfers);
         let statuses: Vec<TransferStatus> = coll(rank, coll_group.allgather(t.tag(), &status))?;
         let report: IterationReport = exe(rank, exec.on_transfer_status(t, &statuses))?;
+        let mut fatal = None;
         for v in report.violations {
             violation_count += 1;
             if v.kind.is_fatal() {
-                return Err(DriverError::Crashed(v));
+                fatal.get_or_insert_with(|| v.clone());
             }
             if violations.len() < 100 {
                 violations.push(v);
             }
+        }
+        // Every rank read the same flags: all stop here together.
+        if let Some(v) = fatal {
+            return Err(DriverError::Crashed(v));
+        }
+        if let Some(peer) = statuses.iter().position(|s| s.fatal) {
+            return Err(DriverError::PeerCrashed { rank, peer });
         }
         iterations += 1;
         progress.iteration.store(iterations, Ordering::Relaxed);
