@@ -35,6 +35,27 @@ struct ScenarioArgs {
     set: Vec<String>,
 }
 
+/// The options both real drivers take (`run --driver mpi` passes them on to `rank`).
+#[derive(Debug, clap::Args)]
+struct RealArgs {
+    /// Policy preset (applied before --set).
+    #[arg(long, value_parser = ["fixed", "legacy"])]
+    policy: Option<String>,
+    /// Seed of the workload.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Wall seconds per modeled second; 0 runs the zero-cost backend.
+    #[arg(long, default_value_t = 0.0)]
+    time_scale: f64,
+    /// Deliver every request before the ranks start (arrivals at iteration boundaries,
+    /// for cross-driver comparisons).
+    #[arg(long)]
+    preload: bool,
+    /// Write the report as JSON (rank 0 under mpirun).
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Print the derived sizes of every server of a scenario, or the validator's error.
@@ -71,52 +92,25 @@ enum Command {
         /// rank; it needs a build with `--features mpi`).
         #[arg(long, value_parser = ["threads", "mpi"], default_value = "threads")]
         driver: String,
-        /// Policy preset (applied before --set).
-        #[arg(long, value_parser = ["fixed", "legacy"])]
-        policy: Option<String>,
-        /// Seed of the workload.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Wall seconds per modeled second; 0 runs the zero-cost backend.
-        #[arg(long, default_value_t = 0.0)]
-        time_scale: f64,
-        /// Deliver every request before the ranks start (arrivals at iteration
-        /// boundaries, for cross-driver comparisons).
-        #[arg(long)]
-        preload: bool,
+        #[command(flatten)]
+        real: RealArgs,
         /// A collective waiting longer fails naming the missing ranks.
         #[arg(long, default_value_t = 30_000)]
         timeout_ms: u64,
-        /// Write the report as JSON.
-        #[arg(long, value_name = "PATH")]
-        json: Option<PathBuf>,
     },
     /// One rank of an MPI run: `mpirun -n DP lockstep rank SCENARIO.toml ...` (built with
     /// `--features mpi`). Rank 0 plays the workload and writes the report.
     Rank {
         #[command(flatten)]
         args: ScenarioArgs,
-        /// Policy preset (applied before --set).
-        #[arg(long, value_parser = ["fixed", "legacy"])]
-        policy: Option<String>,
-        /// Seed of the workload.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Wall seconds per modeled second; 0 runs the zero-cost backend.
-        #[arg(long, default_value_t = 0.0)]
-        time_scale: f64,
-        /// Deliver every request before the ranks start.
-        #[arg(long)]
-        preload: bool,
+        #[command(flatten)]
+        real: RealArgs,
         /// No iteration progress for this long aborts the whole job.
         #[arg(long, default_value_t = 10_000)]
         watchdog_ms: u64,
         /// Fault injection (tests): RANK:ITERATION tags that rank's gather wrongly.
         #[arg(long, value_name = "RANK:ITERATION")]
         inject_tag_mismatch: Option<String>,
-        /// Write the report as JSON (rank 0).
-        #[arg(long, value_name = "PATH")]
-        json: Option<PathBuf>,
     },
     /// Per-iteration control-plane overhead with the zero-cost backend, next to a raw
     /// loop of the same collectives (the floor).
@@ -258,52 +252,35 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run {
             args,
             driver,
-            policy,
-            seed,
-            time_scale,
-            preload,
+            real,
             timeout_ms,
-            json,
         } => {
             if driver == "mpi" {
-                return relaunch_under_mpirun(&args, policy.as_deref(), seed, time_scale, json);
+                return relaunch_under_mpirun(&args, &real);
             }
-            let scenario = load(&args, policy.as_deref())?;
+            let scenario = load(&args, real.policy.as_deref())?;
             let report = lockstep_cluster::drivers::threads::run(
                 &scenario,
                 &lockstep_cluster::drivers::threads::ThreadsOptions {
-                    seed,
-                    time_scale,
+                    seed: real.seed,
+                    time_scale: real.time_scale,
                     collective_timeout: std::time::Duration::from_millis(timeout_ms),
-                    preload,
+                    preload: real.preload,
                     ..Default::default()
                 },
             )?;
             print!("{}", report.table());
-            if let Some(p) = json {
-                write_json(&p, &report)?;
+            if let Some(p) = &real.json {
+                write_json(p, &report)?;
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Rank {
             args,
-            policy,
-            seed,
-            time_scale,
-            preload,
+            real,
             watchdog_ms,
             inject_tag_mismatch,
-            json,
-        } => rank_command(
-            &args,
-            policy.as_deref(),
-            seed,
-            time_scale,
-            preload,
-            watchdog_ms,
-            inject_tag_mismatch.as_deref(),
-            json.as_deref(),
-        ),
+        } => rank_command(&args, &real, watchdog_ms, inject_tag_mismatch.as_deref()),
         Command::Overhead {
             driver,
             dp,
@@ -374,14 +351,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// `run --driver mpi`: re-launch this binary as `mpirun -n DP lockstep rank ...`.
-fn relaunch_under_mpirun(
-    args: &ScenarioArgs,
-    policy: Option<&str>,
-    seed: u64,
-    time_scale: f64,
-    json: Option<PathBuf>,
-) -> anyhow::Result<ExitCode> {
-    let scenario = load(args, policy)?;
+fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result<ExitCode> {
+    let scenario = load(args, real.policy.as_deref())?;
     let [server] = &scenario.servers[..] else {
         anyhow::bail!("the mpi driver runs one aggregated server");
     };
@@ -396,17 +367,21 @@ fn relaunch_under_mpirun(
         .arg(&args.scenario)
         .args([
             "--seed",
-            &seed.to_string(),
+            &real.seed.to_string(),
             "--time-scale",
-            &time_scale.to_string(),
+            &real.time_scale.to_string(),
         ]);
-    if let Some(p) = policy {
+    if let Some(p) = &real.policy {
         cmd.args(["--policy", p]);
+    }
+    // Every option `rank` shares with `run` is passed on.
+    if real.preload {
+        cmd.arg("--preload");
     }
     for s in &args.set {
         cmd.args(["--set", s]);
     }
-    if let Some(j) = json {
+    if let Some(j) = &real.json {
         cmd.arg("--json").arg(j);
     }
     let status = cmd
@@ -420,20 +395,15 @@ fn relaunch_under_mpirun(
 }
 
 #[cfg(feature = "mpi")]
-#[allow(clippy::too_many_arguments)]
 fn rank_command(
     args: &ScenarioArgs,
-    policy: Option<&str>,
-    seed: u64,
-    time_scale: f64,
-    preload: bool,
+    real: &RealArgs,
     watchdog_ms: u64,
     inject: Option<&str>,
-    json: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
     use lockstep_cluster::drivers::mpi::{MpiOptions, run_rank_process};
     use lockstep_cluster::drivers::threads::ThreadsOptions;
-    let scenario = load(args, policy)?;
+    let scenario = load(args, real.policy.as_deref())?;
     let text = std::fs::read(&args.scenario)?;
     let mut digest = lockstep_actors::kv::mix(text.len() as u64);
     for chunk in text.chunks(8).chain(args.set.iter().map(|s| s.as_bytes())) {
@@ -452,9 +422,9 @@ fn rank_command(
     };
     let opts = MpiOptions {
         common: ThreadsOptions {
-            seed,
-            time_scale,
-            preload,
+            seed: real.seed,
+            time_scale: real.time_scale,
+            preload: real.preload,
             ..ThreadsOptions::default()
         },
         watchdog: std::time::Duration::from_millis(watchdog_ms),
@@ -463,7 +433,7 @@ fn rank_command(
     match run_rank_process(&scenario, digest, &opts) {
         Ok(Some(report)) => {
             print!("{}", report.table());
-            if let Some(p) = json {
+            if let Some(p) = &real.json {
                 write_json(p, &report)?;
             }
             Ok(ExitCode::SUCCESS)
@@ -478,19 +448,14 @@ fn rank_command(
 }
 
 #[cfg(not(feature = "mpi"))]
-#[allow(clippy::too_many_arguments)]
 fn rank_command(
     _args: &ScenarioArgs,
-    _policy: Option<&str>,
-    _seed: u64,
-    _time_scale: f64,
-    _preload: bool,
+    _real: &RealArgs,
     _watchdog_ms: u64,
     _inject: Option<&str>,
-    _json: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
     anyhow::bail!(
-        "this lockstep was built without MPI: rebuild with `cargo build --release --features mpi`"
+        "this lockstep was built without MPI: rebuild with `cargo build --release -p lockstep-cluster --features mpi`"
     )
 }
 
@@ -512,6 +477,6 @@ fn mpi_overhead(
     _iterations: u64,
 ) -> anyhow::Result<Option<lockstep_cluster::drivers::overhead::Overhead>> {
     anyhow::bail!(
-        "this lockstep was built without MPI: rebuild with `cargo build --release --features mpi`"
+        "this lockstep was built without MPI: rebuild with `cargo build --release -p lockstep-cluster --features mpi`"
     )
 }
