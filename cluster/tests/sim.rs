@@ -19,7 +19,7 @@ fn load(name: &str, sets: &[&str]) -> Scenario {
     s
 }
 
-fn run(s: &Scenario, seed: u64) -> Report {
+fn try_run(s: &Scenario, seed: u64) -> Result<Report, sim::SimError> {
     sim::run(
         s,
         SimOptions {
@@ -28,7 +28,10 @@ fn run(s: &Scenario, seed: u64) -> Report {
             progress: None,
         },
     )
-    .expect("simulation starts")
+}
+
+fn run(s: &Scenario, seed: u64) -> Report {
+    try_run(s, seed).expect("simulation starts")
 }
 
 #[test]
@@ -69,16 +72,9 @@ fn every_example_accounts_for_every_request_under_both_policies() {
             let mut s = load(name, &[&format!("workload.num_requests={n}")]);
             s.apply_set(&format!("policy.preset=\"{preset}\"")).unwrap();
             if name == "legacy-skew.toml" && preset == "fixed" {
-                let e = sim::run(
-                    &s,
-                    SimOptions {
-                        seed: 0,
-                        iter_log: None,
-                        progress: None,
-                    },
-                )
-                .expect_err("the fixed policy refuses a seat skew at startup")
-                .to_string();
+                let e = try_run(&s, 0)
+                    .expect_err("the fixed policy refuses a seat skew at startup")
+                    .to_string();
                 assert!(e.contains('5') && e.contains('8'), "{e}");
                 continue;
             }
@@ -186,16 +182,7 @@ format = "mooncake"
 "#;
     std::fs::write(dir.join("s.toml"), text).unwrap();
     let s = Scenario::load(&dir.join("s.toml")).unwrap();
-    let e = sim::run(
-        &s,
-        SimOptions {
-            seed: 0,
-            iter_log: None,
-            progress: None,
-        },
-    )
-    .expect_err("bad trace refused")
-    .to_string();
+    let e = try_run(&s, 0).expect_err("bad trace refused").to_string();
     assert!(
         e.contains("bad.jsonl:2") && e.contains("output_length"),
         "{e}"
@@ -206,16 +193,7 @@ format = "mooncake"
 fn bad_workload_values_name_the_key() {
     let mut s = load("agg-balanced.toml", &[]);
     s.apply_set("workload.rate=-1.0").unwrap();
-    let e = sim::run(
-        &s,
-        SimOptions {
-            seed: 0,
-            iter_log: None,
-            progress: None,
-        },
-    )
-    .expect_err("refused")
-    .to_string();
+    let e = try_run(&s, 0).expect_err("refused").to_string();
     assert!(e.contains("rate") && e.contains("-1"), "{e}");
     let mut s = load("agg-balanced.toml", &[]);
     let e = s.apply_set("workload.rat=3").unwrap_err().to_string();
