@@ -79,6 +79,18 @@ impl RankCounts {
         c
     }
 
+    /// The counts of two disjoint sets of requests together.
+    pub fn plus(self, other: RankCounts) -> RankCounts {
+        RankCounts {
+            live: self.live + other.live,
+            routable: self.routable + other.routable,
+            routable_prompt_tokens: self.routable_prompt_tokens + other.routable_prompt_tokens,
+            retiring: self.retiring + other.retiring,
+            schedulable: self.schedulable + other.schedulable,
+            pad_schedulable: self.pad_schedulable + other.pad_schedulable,
+        }
+    }
+
     /// Counts the resident requests of one rank.
     pub fn of<'a>(
         resident: impl IntoIterator<Item = &'a Request>,

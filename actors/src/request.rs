@@ -190,6 +190,10 @@ pub struct Request {
     /// Whether the rank's KV manager holds a sequence (index slot and blocks) for it.
     /// The end-of-iteration leak check compares this view with the KV manager's.
     pub holds_kv: bool,
+    /// Tokens the KV manager is known to hold blocks for (a lower bound; 0 without a
+    /// sequence): a step that stays within it needs no KV call, which is most decode
+    /// steps (a block holds many tokens).
+    pub kv_room: u32,
     /// Rank-local admission number: the active list is sorted by it, so a batch entry
     /// finds its request by binary search however the list changed since scheduling.
     pub seq: u64,
@@ -214,6 +218,7 @@ impl Request {
             is_dummy: false,
             seq: 0,
             holds_kv: false,
+            kv_room: 0,
             transfer_started_ns: None,
             next_position: generated,
             awaiting_encoder_output: false,

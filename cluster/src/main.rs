@@ -288,9 +288,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             iterations,
         } => {
             let o = match driver.as_str() {
-                "threads" => {
-                    lockstep_cluster::drivers::overhead::threads(dp, active, iterations, 200)?
-                }
+                "threads" => lockstep_cluster::drivers::overhead::threads(
+                    dp,
+                    active,
+                    iterations,
+                    lockstep_cluster::drivers::overhead::WARMUP,
+                )?,
                 "mpi" => {
                     let exe = std::env::current_exe()?;
                     let status = std::process::Command::new("mpirun")
@@ -324,6 +327,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 driver.as_str()
             };
             println!("driver={driver} dp={dp} active_per_rank={active} iterations={iterations}");
+            println!(
+                "means: overhead_mean_us={:.2} floor_mean_us={:.2} ratio_of_means={:.2}",
+                o.overhead_mean_us,
+                o.floor_mean_us,
+                o.overhead_mean_us / o.floor_mean_us
+            );
             println!(
                 "overhead_us={:.2} floor_us={:.2} ratio={:.2}",
                 o.overhead_us,
@@ -466,7 +475,10 @@ fn mpi_overhead(
     iterations: u64,
 ) -> anyhow::Result<Option<lockstep_cluster::drivers::overhead::Overhead>> {
     Ok(lockstep_cluster::drivers::overhead::mpi_rank(
-        dp, active, iterations, 200,
+        dp,
+        active,
+        iterations,
+        lockstep_cluster::drivers::overhead::WARMUP,
     )?)
 }
 

@@ -158,6 +158,10 @@ struct Scratch {
     popped: Vec<RequestSpec>,
     expected: u32,
     counts: RankCounts,
+    /// The counts taken at the gather and how many active requests they covered, while
+    /// nothing but appends has changed `active` since (a cancellation clears it): the
+    /// routed requests are then counted alone and added.
+    gathered: Option<(RankCounts, usize)>,
     batch: Option<ScheduledBatch>,
     tentative: Option<TentativeDummy>,
     launched: Option<ScheduledBatch>,
@@ -438,6 +442,14 @@ impl RankExecutor {
     /// falls back to the binary search.
     fn find_seq_from(&self, cursor: &mut usize, seq: u64) -> Option<usize> {
         let a = &self.active;
+        // The common cases first: the request at the cursor (the one found last was
+        // removed) or the one after it.
+        for i in [*cursor, *cursor + 1] {
+            if a.get(i).is_some_and(|r| r.seq == seq) {
+                *cursor = i;
+                return Some(i);
+            }
+        }
         if *cursor > a.len() || (*cursor > 0 && a[*cursor - 1].seq >= seq) {
             return self.find_seq(seq);
         }

@@ -42,9 +42,11 @@ impl RankExecutor {
         s.commands.clear();
         s.responses.clear();
         s.responses.append(&mut self.carried_responses);
+        let counts = self.counts();
+        self.scratch.gathered = Some((counts, self.active.len()));
         let state = RankState {
             rank: self.rank,
-            counts: self.counts(),
+            counts,
         };
         (
             AwaitFetch {
@@ -240,7 +242,15 @@ impl RankExecutor {
         self.routed_to_rank += routed_now as u64;
         self.totals.routed_requests += routed_now as u64;
         self.scratch.expected = assignment.expected;
-        let counts = self.counts();
+        let counts = match self.scratch.gathered.take() {
+            Some((at_gather, n)) if n <= self.active.len() => at_gather.plus(RankCounts::of(
+                &self.active[n..],
+                &self.window,
+                &self.policy,
+            )),
+            _ => self.counts(),
+        };
+        debug_assert_eq!(counts, self.counts(), "counts added up wrong");
         self.scratch.counts = counts;
         // The cap check of §10, before padding (the historical `assert expected >=
         // len(active_requests)`). Fixed: the routable count; legacy charge_retiring:
@@ -491,6 +501,8 @@ impl RankExecutor {
                 Ok(reused) => {
                     let r = &mut self.active[index];
                     r.holds_kv = true;
+                    // The reused prefix is whole blocks.
+                    r.kv_room = reused;
                     if reused > r.context_pos {
                         r.context_pos = reused;
                         r.kv_tokens = reused;
@@ -541,11 +553,21 @@ impl RankExecutor {
             }
         };
         let kv_tokens = r.kv_tokens;
-        if self.kv.ensure_tokens(id, kv_tokens + step_tokens).is_err() {
-            self.scratch.stats.deferrals_out_of_blocks += 1;
-            self.totals.deferrals_out_of_blocks += 1;
-            return None;
+        let need = kv_tokens + step_tokens;
+        if need > r.kv_room {
+            if self.kv.ensure_tokens(id, need).is_err() {
+                self.scratch.stats.deferrals_out_of_blocks += 1;
+                self.totals.deferrals_out_of_blocks += 1;
+                return None;
+            }
+            let tpb = self.sizes.tokens_per_block;
+            self.active[index].kv_room = self.kv.blocks_for_tokens(need) * tpb;
         }
+        debug_assert!(
+            self.kv.blocks_of(id) * self.sizes.tokens_per_block >= need,
+            "request {id}: kv_room {} overstates its blocks",
+            self.active[index].kv_room
+        );
         Some(ForwardEntry {
             id,
             seq: self.active[index].seq,
@@ -563,6 +585,7 @@ impl RankExecutor {
         let _ = self.kv.free_sequence(id);
         let r = &mut self.active[index];
         r.holds_kv = false;
+        r.kv_room = 0;
         if let Some(seat) = r.seat.take() {
             self.seats.release(seat);
         }
@@ -597,6 +620,7 @@ impl RankExecutor {
             return;
         }
         self.active[i].holds_kv = true;
+        self.active[i].kv_room = self.kv.blocks_for_tokens(prompt) * self.sizes.tokens_per_block;
         self.active[i].state = RequestState::DisaggGenerationTransInProgress;
         self.active[i].transfer_started_ns = Some(self.scratch.now_ns);
         self.totals.transfer_budget_admitted += 1;
@@ -622,9 +646,10 @@ impl RankExecutor {
         Ok((token, plan))
     }
 
-    /// [`RankExecutor::on_vote`] without handing out a copy of the batch: the in-crate
-    /// stepper reads it in place with [`RankExecutor::launched`].
-    pub(crate) fn vote(
+    /// [`RankExecutor::on_vote`] without handing out a copy of the batch: a driver reads
+    /// it in place with [`RankExecutor::launched`]. Returns `can_queue` and the batch
+    /// whose output phase 8 needs.
+    pub fn vote(
         &mut self,
         token: AwaitVote,
         votes: &[BatchVote],
@@ -672,7 +697,7 @@ impl RankExecutor {
     }
 
     /// The batch this iteration launches, between the vote and the forward output.
-    pub(crate) fn launched(&self) -> Option<&ScheduledBatch> {
+    pub fn launched(&self) -> Option<&ScheduledBatch> {
         self.scratch.launched.as_ref()
     }
 
@@ -716,15 +741,21 @@ impl RankExecutor {
     }
 
     /// [`RankExecutor::on_forward_output`] with the output borrowed and the responses
-    /// appended to `out` (the in-crate stepper gathers every rank into one vector).
-    pub(crate) fn forward_output_into(
+    /// appended to `out`, a vector the driver reuses (the in-crate stepper gathers every
+    /// rank into one).
+    pub fn forward_output_into(
         &mut self,
         token: AwaitForward,
         output: Option<&ForwardOutput>,
         out: &mut Vec<Response>,
     ) -> Result<AwaitTransfers, ExecutorError> {
         self.process_output(output)?;
-        out.append(&mut self.scratch.responses);
+        if out.is_empty() {
+            // Swap rather than copy: the two vectors trade buffers and keep capacity.
+            std::mem::swap(out, &mut self.scratch.responses);
+        } else {
+            out.append(&mut self.scratch.responses);
+        }
         Ok(AwaitTransfers {
             iteration: token.iteration,
         })
@@ -837,10 +868,10 @@ impl RankExecutor {
         Ok(report)
     }
 
-    /// [`RankExecutor::on_transfer_status`] into a report the in-crate stepper reuses:
-    /// every field is overwritten, and the report's old vectors become the next
-    /// iteration's (cleared) scratch, so nothing is allocated or copied twice.
-    pub(crate) fn transfer_result_into(
+    /// [`RankExecutor::on_transfer_status`] into a report the driver reuses: every
+    /// field is overwritten, and the report's old vectors become the next iteration's
+    /// (cleared) scratch, so nothing is allocated or copied twice.
+    pub fn transfer_result_into(
         &mut self,
         token: AwaitTransferResult,
         all: &[TransferStatus],
@@ -950,6 +981,7 @@ impl RankExecutor {
             return;
         }
         if let Some(i) = self.find_active(id) {
+            self.scratch.gathered = None;
             let r = self.active.remove(i);
             self.release(&r);
             self.push_finish(id, r.generated, Finish::Cancelled);
@@ -989,12 +1021,17 @@ impl RankExecutor {
                 format!("{held} seats held, seats = {seats}"),
             );
         }
-        let holders = self
-            .active
-            .iter()
-            .chain(self.dummy.iter())
-            .filter(|r| r.seat.is_some())
-            .count() as u32;
+        // One walk over the resident requests gathers what the checks below count.
+        let mut ids = std::mem::take(&mut self.bufs.ids);
+        ids.clear();
+        let mut holders = u32::from(self.dummy.as_ref().is_some_and(|d| d.seat.is_some()));
+        let mut with_kv = self.sending.len() + usize::from(self.dummy.is_some());
+        for r in &self.active {
+            holders += u32::from(r.seat.is_some());
+            with_kv += usize::from(r.holds_kv);
+            ids.push(r.id());
+        }
+        ids.extend(self.sending.iter().map(|r| r.id()));
         if holders != held {
             self.violation(
                 InvariantKind::Seats,
@@ -1020,9 +1057,6 @@ impl RankExecutor {
         if let Err(e) = kv_check {
             self.violation(InvariantKind::Blocks, e.to_string());
         }
-        let with_kv = self.active.iter().filter(|r| r.holds_kv).count()
-            + self.sending.len()
-            + usize::from(self.dummy.is_some());
         let sequences = self.kv.index_slots_used() as usize;
         if with_kv != sequences {
             self.violation(
@@ -1038,14 +1072,6 @@ impl RankExecutor {
                 "a dummy is alive at the end of the iteration".into(),
             );
         }
-        let mut ids = std::mem::take(&mut self.bufs.ids);
-        ids.clear();
-        ids.extend(
-            self.active
-                .iter()
-                .chain(self.sending.iter())
-                .map(|r| r.id()),
-        );
         let n = ids.len();
         ids.sort_unstable();
         ids.dedup();

@@ -55,6 +55,11 @@ impl RankExecutor {
     /// Effects of `batch`'s sampled tokens: append, emit a response, finish requests that
     /// reached their length (freeing seat and KV; on a ctx server, start the KV send).
     pub(super) fn apply_tokens(&mut self, batch: &ScheduledBatch, output: &ForwardOutput) {
+        let finished = match self.role {
+            Role::Ctx => Finish::ContextDone,
+            Role::Agg | Role::Gen => Finish::Completed,
+        };
+        self.scratch.responses.reserve(batch.entries.len());
         // A finished request leaves `active` at the cursor: what precedes it is unchanged.
         let mut cursor = 0;
         for (e, &token) in batch.entries.iter().zip(&output.sampled) {
@@ -78,16 +83,12 @@ impl RankExecutor {
             let generated = r.generated;
             self.totals.output_tokens += u64::from(added);
             let done = generated >= max_new;
-            let finish = done.then_some(match self.role {
-                Role::Ctx => Finish::ContextDone,
-                Role::Agg | Role::Gen => Finish::Completed,
-            });
             self.scratch.responses.push(Response {
                 id: e.id,
                 new_tokens: added,
                 last_token: token,
                 generated,
-                finish: finish.clone(),
+                finish: done.then(|| finished.clone()),
             });
             if done {
                 self.finish(i);
@@ -114,6 +115,7 @@ impl RankExecutor {
             Role::Agg | Role::Gen => {
                 r.state = RequestState::GenerationComplete;
                 r.holds_kv = false;
+                r.kv_room = 0;
                 let _ = self.kv.free_sequence(r.id());
                 self.totals.completed += 1;
             }

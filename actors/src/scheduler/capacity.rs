@@ -181,12 +181,17 @@ fn reserve_in_progress(
     avail: &mut i64,
     out: &mut CapacityOutput,
 ) {
+    // The blocks left over matter only to new work admitted after this walk; with none
+    // waiting (steady-state decode) the per-request KV lookups are skipped.
+    let count_blocks = !classes.new_contexts.is_empty() || !classes.disagg_gen_init.is_empty();
     for &i in &classes.in_progress {
         if out.fitting.len() >= cap {
             break;
         }
-        let r = &active[i];
-        *avail -= i64::from(kv.blocks_needed(r.id(), completion_tokens(r)));
+        if count_blocks {
+            let r = &active[i];
+            *avail -= i64::from(kv.blocks_needed(r.id(), completion_tokens(r)));
+        }
         out.fitting.push(i);
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use lockstep_actors::executor::Response;
+use lockstep_actors::executor::RankResponses;
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::request::RequestSpec;
 use lockstep_transport::IngressQueue;
@@ -29,7 +29,7 @@ pub struct Client {
     workload: Workload,
     records: BTreeMap<ReqId, ClientRecord>,
     ingress: IngressQueue<IngressItem>,
-    responses: Receiver<Vec<Response>>,
+    responses: Receiver<Vec<RankResponses>>,
     clock: Instant,
     scale: f64,
     preload: bool,
@@ -51,7 +51,7 @@ impl Client {
     pub fn new(
         workload: Workload,
         ingress: IngressQueue<IngressItem>,
-        responses: Receiver<Vec<Response>>,
+        responses: Receiver<Vec<RankResponses>>,
         time_scale: f64,
         preload: bool,
     ) -> Result<Client, DriverError> {
@@ -125,10 +125,10 @@ impl Client {
             match self.responses.recv_timeout(wait) {
                 Ok(batch) => {
                     let now = self.now();
-                    for resp in batch {
+                    for resp in batch.iter().flat_map(|r| &r.responses) {
                         if let Some(rec) = self.records.get_mut(&resp.id) {
                             let was_open = rec.end_ns.is_none();
-                            rec.on_response(&resp, now);
+                            rec.on_response(resp, now);
                             if was_open && rec.end_ns.is_some() {
                                 self.workload.on_finished(resp.id, now, rec.completed);
                             }

@@ -25,7 +25,15 @@ pub struct DeviceHandle {
     outputs: Receiver<ForwardOutput>,
     thread: Option<std::thread::JoinHandle<()>>,
     timeout: Duration,
-    inline: Option<std::cell::RefCell<std::collections::VecDeque<ForwardOutput>>>,
+    inline: Option<std::cell::RefCell<InlineDevice>>,
+}
+
+/// The zero-cost device: outputs sampled at launch, queued in launch order; their
+/// vectors come back through [`DeviceHandle::recycle`].
+#[derive(Default)]
+struct InlineDevice {
+    queued: std::collections::VecDeque<ForwardOutput>,
+    spare: Vec<ForwardOutput>,
 }
 
 /// How the device models time.
@@ -83,14 +91,21 @@ impl DeviceHandle {
         }
     }
 
-    /// Launches a batch (returns at once).
-    pub fn launch(&self, batch: ScheduledBatch) -> Result<(), super::DriverError> {
-        if let Some(q) = &self.inline {
-            q.borrow_mut().push_back(DeterministicTokens.sample(&batch));
+    /// Launches a batch (returns at once). The device thread gets its own copy; the
+    /// zero-cost device samples in place.
+    pub fn launch(&self, batch: &ScheduledBatch) -> Result<(), super::DriverError> {
+        if let Some(device) = &self.inline {
+            let mut device = device.borrow_mut();
+            let mut out = device.spare.pop().unwrap_or(ForwardOutput {
+                batch: batch.number,
+                sampled: Vec::new(),
+            });
+            DeterministicTokens.sample_into(batch, &mut out);
+            device.queued.push_back(out);
             return Ok(());
         }
         self.commands
-            .send(DeviceCommand::Launch(batch))
+            .send(DeviceCommand::Launch(batch.clone()))
             .map_err(|_| super::DriverError::Device {
                 rank: self.rank,
                 message: "device thread is gone".into(),
@@ -99,9 +114,9 @@ impl DeviceHandle {
 
     /// Waits for the output of batch `number` (outputs arrive in launch order).
     pub fn await_output(&self, number: BatchNumber) -> Result<ForwardOutput, super::DriverError> {
-        if let Some(q) = &self.inline {
-            let mut q = q.borrow_mut();
-            while let Some(out) = q.pop_front() {
+        if let Some(device) = &self.inline {
+            let mut device = device.borrow_mut();
+            while let Some(out) = device.queued.pop_front() {
                 if out.batch == number {
                     return Ok(out);
                 }
@@ -129,6 +144,18 @@ impl DeviceHandle {
                     rank: self.rank,
                     message: format!("output for batch {} while awaiting {number}", out.batch),
                 });
+            }
+        }
+    }
+}
+
+impl DeviceHandle {
+    /// Hands back a processed output so the zero-cost device reuses its vector.
+    pub fn recycle(&self, output: ForwardOutput) {
+        if let Some(device) = &self.inline {
+            let mut device = device.borrow_mut();
+            if device.spare.len() < 4 {
+                device.spare.push(output);
             }
         }
     }

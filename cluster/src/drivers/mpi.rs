@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::unbounded;
 
-use lockstep_actors::executor::{CollectiveTag, Phase, RankExecutor, Response};
+use lockstep_actors::executor::{CollectiveTag, Phase, RankExecutor, RankResponses};
 use lockstep_actors::ids::RankId;
 use lockstep_transport::{Collective, IngressQueue, MpiMember};
 
@@ -95,7 +95,7 @@ pub fn run_rank_process(
     let progress = Arc::new(Progress::default());
     watchdog(rank, progress.clone(), opts.watchdog);
     let ingress: IngressQueue<IngressItem> = IngressQueue::new(opts.common.ingress_capacity);
-    let (resp_tx, resp_rx) = unbounded::<Vec<Response>>();
+    let (resp_tx, resp_rx) = unbounded::<Vec<RankResponses>>();
     let client_thread = if rank == 0 {
         let client = Client::new(
             workload,
@@ -121,6 +121,7 @@ pub fn run_rank_process(
         mismatch_tag_at: opts
             .mismatch_tag_at
             .and_then(|(r, it)| (r == rank).then_some(it)),
+        ..LoopOptions::default()
     };
     let run = run_rank_until(
         exec,

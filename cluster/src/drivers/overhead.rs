@@ -11,6 +11,7 @@ use lockstep_actors::executor::{
     BatchVote, CollectiveTag, FetchBatch, FetchMode, Phase, PrefixMatches, RankExecutor,
     RankResponses, RankState, Response, TransferStatus,
 };
+use lockstep_actors::group::deterministic_token;
 use lockstep_actors::ids::{RankId, ReqId};
 use lockstep_actors::policy::Policy;
 use lockstep_actors::request::RequestSpec;
@@ -21,21 +22,50 @@ use super::DriverError;
 use super::device::{DeviceHandle, DeviceTiming};
 use super::rank_loop::{FrontDoor, LoopOptions, Progress, run_rank_until};
 
-/// The measurement.
+/// The measurement: per-iteration wall times of the control plane and of the raw
+/// collective loop, taken in interleaved rounds (control, floor, control, floor, ...) so
+/// that slow drift of a shared machine hits both alike. The medians are the figures (a
+/// preempted iteration is the machine's noise, not the control plane's cost); the means
+/// are reported beside them.
 #[derive(Debug, Clone, Copy)]
 pub struct Overhead {
-    /// Control plane: wall time per iteration, µs.
+    /// Control plane: median wall time per iteration, µs.
     pub overhead_us: f64,
-    /// Raw collectives: wall time per iteration, µs.
+    /// Raw collectives: median wall time per iteration, µs.
     pub floor_us: f64,
+    /// Control plane: mean wall time per iteration, µs.
+    pub overhead_mean_us: f64,
+    /// Raw collectives: mean wall time per iteration, µs.
+    pub floor_mean_us: f64,
 }
 
 impl Overhead {
-    /// `overhead / floor`.
+    /// `overhead / floor` (medians).
     pub fn ratio(&self) -> f64 {
         self.overhead_us / self.floor_us
     }
+
+    fn of(mut control: Vec<Duration>, mut floor: Vec<Duration>) -> Overhead {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        let median = |v: &mut Vec<Duration>| {
+            v.sort_unstable();
+            v.get(v.len() / 2).map_or(0.0, |&d| us(d))
+        };
+        let mean = |v: &[Duration]| v.iter().map(|&d| us(d)).sum::<f64>() / v.len().max(1) as f64;
+        Overhead {
+            overhead_mean_us: mean(&control),
+            floor_mean_us: mean(&floor),
+            overhead_us: median(&mut control),
+            floor_us: median(&mut floor),
+        }
+    }
 }
+
+/// Interleaved rounds of a measurement.
+pub const ROUNDS: u64 = 5;
+
+/// Iterations run before timing starts, in every round.
+pub const WARMUP: u64 = 200;
 
 /// The server the benchmark runs: `dp` ranks, room for `active` decoding requests each.
 pub fn bench_server(dp: u32, active: u32) -> ServerConfig {
@@ -69,11 +99,12 @@ impl FrontDoor for Preloaded {
     fn fetch(&mut self, _mode: FetchMode) -> FetchBatch {
         self.pending.take().unwrap_or_default()
     }
-    fn deliver(&mut self, _responses: Vec<Response>) {}
+    fn deliver(&mut self, _responses: Vec<RankResponses>) {}
 }
 
-/// Runs the control plane for `warmup + iterations` iterations on `dp` threads and the raw
-/// collective loop for as many, and reports both per-iteration times.
+/// `rounds` rounds, each running the control plane for `warmup + iterations / rounds`
+/// iterations on `dp` threads and then the raw collective loop for as many, and reports
+/// rank 0's per-iteration times past the warmup.
 pub fn threads(
     dp: u32,
     active: u32,
@@ -85,9 +116,9 @@ pub fn threads(
         .derive(&Policy::FIXED)
         .map_err(|e| DriverError::Invalid(e.to_string()))?
         .sizes;
-    let timed = |total: u64| -> Result<Duration, DriverError> {
+    let per_round = iterations.div_ceil(ROUNDS).max(1);
+    let control_round = || -> Result<Vec<Duration>, DriverError> {
         let members = InProcessGroup::new(dp as usize, Duration::from_secs(60));
-        let start = Instant::now();
         let handles: Vec<_> = members
             .into_iter()
             .enumerate()
@@ -113,32 +144,38 @@ pub fn threads(
                         &device,
                         &Arc::new(Progress::default()),
                         &LoopOptions {
-                            max_iterations: Some(total),
-                            mismatch_tag_at: None,
+                            max_iterations: Some(warmup + per_round),
+                            time_iterations: r == 0,
+                            ..LoopOptions::default()
                         },
                     )
-                    .map(|run| run.iterations)
+                    .map(|run| run.iteration_times)
                 })
             })
             .collect();
+        let mut times = Vec::new();
         for h in handles {
-            h.join()
+            let t = h
+                .join()
                 .map_err(|_| DriverError::Invalid("rank thread panicked".into()))??;
+            times.extend(t.into_iter().skip(warmup as usize));
         }
-        Ok(start.elapsed())
+        Ok(times)
     };
-    let short = timed(warmup)?;
-    let long = timed(warmup + iterations)?;
-    let overhead_us = (long.saturating_sub(short)).as_secs_f64() * 1e6 / iterations as f64;
-    let floor_us = raw_floor(dp, active, iterations, warmup)?;
-    Ok(Overhead {
-        overhead_us,
-        floor_us,
-    })
+    let mut control = Vec::new();
+    let mut floor = Vec::new();
+    for _ in 0..ROUNDS {
+        control.extend(control_round()?);
+        floor.extend(raw_floor(dp, active, per_round, warmup)?);
+    }
+    Ok(Overhead::of(control, floor))
 }
 
-/// Payloads shaped like one iteration's, with `active` responses per rank.
-pub fn floor_payloads(rank: usize, active: u32) -> (RankState, RankResponses) {
+/// Payloads shaped like one iteration's, with `active` responses per rank whose values
+/// take the encoded widths the control plane's take (bincode writes integers as varints):
+/// request ids of a `dp * active` fleet (spread over the ranks as the router spreads them), vocabulary-sized tokens, hundreds of tokens
+/// generated. A floor of smaller numbers would be cheaper to move than the real thing.
+pub fn floor_payloads(rank: usize, dp: u32, active: u32) -> (RankState, RankResponses) {
     let state = RankState {
         rank: RankId(rank as u32),
         counts: RankCounts {
@@ -150,15 +187,19 @@ pub fn floor_payloads(rank: usize, active: u32) -> (RankState, RankResponses) {
             pad_schedulable: active,
         },
     };
+    let generated = 500;
     let responses = RankResponses {
         rank: RankId(rank as u32),
-        responses: (0..active)
-            .map(|i| Response {
-                id: ReqId(u64::from(i) + 1),
-                new_tokens: 1,
-                last_token: 17,
-                generated: 100,
-                finish: None,
+        responses: (0..u64::from(active))
+            .map(|i| {
+                let id = 1 + rank as u64 + u64::from(dp) * i;
+                Response {
+                    id: ReqId(id),
+                    new_tokens: 1,
+                    last_token: deterministic_token(id, generated),
+                    generated,
+                    finish: None,
+                }
             })
             .collect(),
     };
@@ -196,33 +237,53 @@ pub fn raw_iteration<C: Collective>(
     Ok(())
 }
 
-fn raw_floor(dp: u32, active: u32, iterations: u64, warmup: u64) -> Result<f64, DriverError> {
+fn raw_floor(
+    dp: u32,
+    active: u32,
+    iterations: u64,
+    warmup: u64,
+) -> Result<Vec<Duration>, DriverError> {
     let members = InProcessGroup::new(dp as usize, Duration::from_secs(60));
     let handles: Vec<_> = members
         .into_iter()
         .enumerate()
         .map(|(r, mut member)| {
-            std::thread::spawn(move || -> Result<Duration, DriverError> {
-                let (state, responses) = floor_payloads(r, active);
-                for i in 0..warmup {
-                    raw_iteration(&mut member, i, &state, &responses, active)?;
-                }
-                let start = Instant::now();
-                for i in warmup..warmup + iterations {
-                    raw_iteration(&mut member, i, &state, &responses, active)?;
-                }
-                Ok(start.elapsed())
+            std::thread::spawn(move || {
+                timed_raw_loop(&mut member, r, dp, active, iterations, warmup)
             })
         })
         .collect();
-    let mut worst = Duration::ZERO;
+    let mut times = Vec::new();
     for h in handles {
-        let d = h
+        let t = h
             .join()
             .map_err(|_| DriverError::Invalid("rank thread panicked".into()))??;
-        worst = worst.max(d);
+        if times.is_empty() {
+            times = t;
+        }
     }
-    Ok(worst.as_secs_f64() * 1e6 / iterations as f64)
+    Ok(times)
+}
+
+/// The raw loop on one rank: per-iteration times past the warmup.
+fn timed_raw_loop<C: Collective>(
+    member: &mut C,
+    rank: usize,
+    dp: u32,
+    active: u32,
+    iterations: u64,
+    warmup: u64,
+) -> Result<Vec<Duration>, DriverError> {
+    let (state, responses) = floor_payloads(rank, dp, active);
+    let mut times = Vec::with_capacity(iterations as usize);
+    for i in 0..warmup + iterations {
+        let started = Instant::now();
+        raw_iteration(member, i, &state, &responses, active)?;
+        if i >= warmup {
+            times.push(started.elapsed());
+        }
+    }
+    Ok(times)
 }
 
 /// One process of `lockstep overhead --driver mpi` (under mpirun, one process per rank):
@@ -249,7 +310,8 @@ pub fn mpi_rank(
         .derive(&Policy::FIXED)
         .map_err(|e| DriverError::Invalid(e.to_string()))?
         .sizes;
-    let control = |total: u64, member: &mut MpiMember| -> Result<Duration, DriverError> {
+    let per_round = iterations.div_ceil(ROUNDS).max(1);
+    let control_round = |member: &mut MpiMember| -> Result<Vec<Duration>, DriverError> {
         // A fresh device per run: an overlapped run ends with one output never awaited.
         let device = DeviceHandle::start(
             rank,
@@ -264,33 +326,36 @@ pub fn mpi_rank(
                 ..FetchBatch::default()
             }),
         });
-        let start = Instant::now();
-        run_rank_until(
+        let run = run_rank_until(
             exec,
             member,
             front.as_mut().map(|f| f as &mut dyn FrontDoor),
             &device,
             &Arc::new(Progress::default()),
             &LoopOptions {
-                max_iterations: Some(total),
-                mismatch_tag_at: None,
+                max_iterations: Some(warmup + per_round),
+                time_iterations: true,
+                ..LoopOptions::default()
             },
         )?;
-        Ok(start.elapsed())
+        Ok(run
+            .iteration_times
+            .into_iter()
+            .skip(warmup as usize)
+            .collect())
     };
-    let short = control(warmup, &mut member)?;
-    let long = control(warmup + iterations, &mut member)?;
-    let (state, responses) = floor_payloads(rank, active);
-    for i in 0..warmup {
-        raw_iteration(&mut member, i, &state, &responses, active)?;
+    let mut control = Vec::new();
+    let mut floor = Vec::new();
+    for _ in 0..ROUNDS {
+        control.extend(control_round(&mut member)?);
+        floor.extend(timed_raw_loop(
+            &mut member,
+            rank,
+            dp,
+            active,
+            per_round,
+            warmup,
+        )?);
     }
-    let start = Instant::now();
-    for i in warmup..warmup + iterations {
-        raw_iteration(&mut member, i, &state, &responses, active)?;
-    }
-    let floor = start.elapsed();
-    Ok((rank == 0).then(|| Overhead {
-        overhead_us: long.saturating_sub(short).as_secs_f64() * 1e6 / iterations as f64,
-        floor_us: floor.as_secs_f64() * 1e6 / iterations as f64,
-    }))
+    Ok((rank == 0).then(|| Overhead::of(control, floor)))
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use lockstep_actors::executor::CollectiveTag;
 use lockstep_actors::executor::{
     BatchVote, FetchBatch, FetchMode, IterationReport, PadIntent, Phase, PrefixMatches,
-    RankExecutor, RankResponses, RankState, Response, TransferStatus,
+    RankExecutor, RankResponses, RankState, TransferStatus,
 };
 use lockstep_actors::invariants::Violation;
 use lockstep_transport::Collective;
@@ -21,8 +21,9 @@ pub trait FrontDoor {
     /// Reads the ingress queue: with `Block`, waits for at least one item (the idle
     /// decision of §3.2); with `Poll`, drains what is there.
     fn fetch(&mut self, mode: FetchMode) -> FetchBatch;
-    /// Hands the responses gathered this iteration to the clients.
-    fn deliver(&mut self, responses: Vec<Response>);
+    /// Hands the responses gathered this iteration (one vector per rank, as gathered:
+    /// nothing is copied on rank 0's critical path) to the clients.
+    fn deliver(&mut self, responses: Vec<RankResponses>);
 }
 
 /// What a rank hands back when its loop ends.
@@ -35,6 +36,8 @@ pub struct RankRun {
     pub violations: Vec<Violation>,
     /// Violations in all.
     pub violation_count: u64,
+    /// Wall time of each iteration, when [`LoopOptions::time_iterations`] asked for it.
+    pub iteration_times: Vec<std::time::Duration>,
 }
 
 /// Progress published for the watchdog: the iteration, the phase the rank is in, and
@@ -123,6 +126,8 @@ pub struct LoopOptions {
     /// Fault injection: at this iteration this rank tags its gather with the wrong
     /// phase, as a rank that reordered a collective would.
     pub mismatch_tag_at: Option<u64>,
+    /// Record each iteration's wall time (the overhead benchmark).
+    pub time_iterations: bool,
 }
 
 /// [`run_rank`], stopping after `max_iterations` iterations if given (every rank stops
@@ -139,10 +144,18 @@ pub fn run_rank_until<C: Collective>(
     let mut violations = Vec::new();
     let mut violation_count = 0u64;
     let mut iterations = 0u64;
+    // Reused every iteration: a steady-state iteration allocates no response vector.
+    let mut responses = RankResponses {
+        rank: exec.rank(),
+        responses: Vec::new(),
+    };
+    let mut iteration_times = Vec::new();
+    let mut report = IterationReport::default();
     loop {
         if options.max_iterations.is_some_and(|m| iterations >= m) {
             break;
         }
+        let started = options.time_iterations.then(std::time::Instant::now);
         let iteration = exec.iteration();
         let tag = |phase| CollectiveTag { iteration, phase };
         progress.enter(Phase::Gather);
@@ -196,27 +209,34 @@ pub fn run_rank_until<C: Collective>(
         let (t, vote) = exec.on_pad_intent(t, global);
         progress.enter(Phase::Vote);
         let votes: Vec<BatchVote> = coll(rank, coll_group.allgather(t.tag(), &vote))?;
-        let (t, plan) = exe(rank, exec.on_vote(t, &votes))?;
-        if let Some(batch) = plan.launch {
+        let (t, _can_queue, awaited) = exe(rank, exec.vote(t, &votes))?;
+        if let Some(batch) = exec.launched() {
             device.launch(batch)?;
         }
-        let output = match plan.await_output {
+        let output = match awaited {
             Some(n) => Some(device.await_output(n)?),
             None => None,
         };
-        let (t, responses) = exe(rank, exec.on_forward_output(t, output))?;
+        responses.responses.clear();
+        let t = exe(
+            rank,
+            exec.forward_output_into(t, output.as_ref(), &mut responses.responses),
+        )?;
+        if let Some(output) = output {
+            device.recycle(output);
+        }
         progress.enter(Phase::Responses);
         let gathered: Option<Vec<RankResponses>> =
             coll(rank, coll_group.gather(t.tag(), 0, &responses))?;
         if let (Some(all), Some(f)) = (gathered, front.as_mut()) {
-            f.deliver(all.into_iter().flat_map(|r| r.responses).collect());
+            f.deliver(all);
         }
         let (t, status) = exec.transfer_status(t);
         progress.enter(Phase::Transfers);
         let statuses: Vec<TransferStatus> = coll(rank, coll_group.allgather(t.tag(), &status))?;
-        let report: IterationReport = exe(rank, exec.on_transfer_status(t, &statuses))?;
+        exe(rank, exec.transfer_result_into(t, &statuses, &mut report))?;
         let mut fatal = None;
-        for v in report.violations {
+        for v in report.violations.drain(..) {
             violation_count += 1;
             if v.kind.is_fatal() {
                 fatal.get_or_insert_with(|| v.clone());
@@ -234,11 +254,15 @@ pub fn run_rank_until<C: Collective>(
         }
         iterations += 1;
         progress.iteration.store(iterations, Ordering::Relaxed);
+        if let Some(started) = started {
+            iteration_times.push(started.elapsed());
+        }
     }
     Ok(RankRun {
         exec,
         iterations,
         violations,
         violation_count,
+        iteration_times,
     })
 }

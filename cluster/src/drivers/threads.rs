@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Sender, unbounded};
 
 use lockstep_actors::config::{DerivedSizes, Role, ServerConfig};
-use lockstep_actors::executor::{FetchBatch, FetchMode, RankExecutor, Response};
+use lockstep_actors::executor::{FetchBatch, FetchMode, RankExecutor, RankResponses};
 use lockstep_actors::ids::RankId;
 use lockstep_gpu::{AnalyticBackend, Coefficients, ZeroCostBackend};
 use lockstep_transport::{InProcessGroup, IngressQueue};
@@ -59,7 +59,7 @@ pub struct Rank0Front {
     /// The queue the client fills.
     pub ingress: IngressQueue<IngressItem>,
     /// Where gathered responses go.
-    pub responses: Sender<Vec<Response>>,
+    pub responses: Sender<Vec<RankResponses>>,
 }
 
 impl FrontDoor for Rank0Front {
@@ -86,8 +86,8 @@ impl FrontDoor for Rank0Front {
         batch
     }
 
-    fn deliver(&mut self, responses: Vec<Response>) {
-        if !responses.is_empty() {
+    fn deliver(&mut self, responses: Vec<RankResponses>) {
+        if responses.iter().any(|r| !r.responses.is_empty()) {
             let _ = self.responses.send(responses);
         }
     }
@@ -183,7 +183,7 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
     } = prepare(scenario, opts.seed)?;
     let dp = sizes.dp as usize;
     let ingress: IngressQueue<IngressItem> = IngressQueue::new(opts.ingress_capacity);
-    let (resp_tx, resp_rx) = unbounded::<Vec<Response>>();
+    let (resp_tx, resp_rx) = unbounded::<Vec<RankResponses>>();
     let client = Client::new(
         workload,
         ingress.clone(),
@@ -207,6 +207,7 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
             mismatch_tag_at: opts
                 .mismatch_tag_at
                 .and_then(|(rank, it)| (rank == r).then_some(it)),
+            ..LoopOptions::default()
         };
         handles.push(
             std::thread::Builder::new()
