@@ -193,6 +193,10 @@ pub struct CacheTransceiverConfig {
     pub max_tokens_in_buffer: i64,
     /// Per-transfer timeout.
     pub kv_transfer_timeout_ms: i64,
+    /// ctx server, generation-first mode (§8): an arriving request waits in
+    /// DISAGG_CONTEXT_WAIT_SCHEDULER until the front names its gen peer; the promotion
+    /// is a transfer event, so every rank applies it in the same consensus phase.
+    pub generation_first: bool,
 }
 
 impl Default for CacheTransceiverConfig {
@@ -200,6 +204,7 @@ impl Default for CacheTransceiverConfig {
         CacheTransceiverConfig {
             max_tokens_in_buffer: 8192,
             kv_transfer_timeout_ms: 30_000,
+            generation_first: false,
         }
     }
 }

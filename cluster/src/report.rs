@@ -172,6 +172,8 @@ pub struct TransferReport {
     pub budget_blocked_by_active: u64,
     /// gen side: the most receives in flight on one rank at once.
     pub max_receives_in_flight: u32,
+    /// ctx side, generation-first mode: requests promoted once their gen peer was known.
+    pub generation_first_promoted: u64,
 }
 
 /// One server.
@@ -620,6 +622,7 @@ pub fn server_report(
             transfers.budget_admitted += t.transfer_budget_admitted;
             transfers.budget_deferred += t.transfer_budget_deferred;
             transfers.budget_blocked_by_active += t.transfer_budget_blocked_by_active;
+            transfers.generation_first_promoted += t.generation_first_promoted;
             transfers.max_receives_in_flight = transfers
                 .max_receives_in_flight
                 .max(t.max_receives_in_flight);

@@ -345,6 +345,37 @@ max_tokens = 262144
     assert_eq!(a.per_request, d.per_request);
 }
 
+#[test]
+fn generation_first_holds_each_prefill_until_its_gen_peer_is_named() {
+    // One request at a time and a slow control link (50 ms): TTFT is the prefill plus,
+    // in generation-first mode, the notice naming the gen peer.
+    let base = load(
+        "disagg-small.toml",
+        &[
+            "workload.num_requests=40",
+            "workload.concurrency=1",
+            "model.link.latency_us=50000",
+        ],
+    );
+    let mut first = base.clone();
+    first
+        .apply_set("server.ctx0.cache_transceiver_config.generation_first=true")
+        .unwrap();
+    let b = run(&base, 3);
+    let f = run(&first, 3);
+    assert_eq!(b.requests.completed, 40);
+    assert_eq!(f.requests.completed, 40, "{:?}", f.outcome_detail);
+    let ctx = |r: &Report| r.servers.iter().find(|s| s.name == "ctx0").unwrap().clone();
+    // Every request waited in DISAGG_CONTEXT_WAIT_SCHEDULER and was promoted once.
+    assert_eq!(ctx(&f).transfers.generation_first_promoted, 40);
+    assert_eq!(ctx(&b).transfers.generation_first_promoted, 0);
+    // The wait is real: each first token comes at least one link latency later.
+    let (tb, tf) = (b.latency_ms.ttft.mean, f.latency_ms.ttft.mean);
+    assert!(tf >= tb + 50.0, "mean ttft {tf} ms vs {tb} ms");
+    // Nothing lost or duplicated: the same tokens for every request.
+    assert_eq!(b.per_request, f.per_request);
+}
+
 fn two_servers(policy: &str) -> Scenario {
     let text = format!(
         r#"

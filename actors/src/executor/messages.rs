@@ -245,6 +245,8 @@ pub enum TransferOutcome {
     Done,
     /// Failed or timed out, with a reason.
     Failed(String),
+    /// ctx side, generation-first mode: the gen peer is known; the request may prefill.
+    PeerReady,
 }
 
 /// A transfer event delivered to a rank by its driver.

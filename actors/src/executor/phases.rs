@@ -226,6 +226,7 @@ impl RankExecutor {
         }
         let arrival_state = match self.role {
             Role::Gen => RequestState::DisaggGenerationInit,
+            Role::Ctx if self.generation_first => RequestState::DisaggContextWaitScheduler,
             Role::Agg | Role::Ctx => RequestState::ContextInit,
         };
         let mut routed_now = 0;
@@ -888,6 +889,7 @@ impl RankExecutor {
             });
         }
         let mine = all[self.rank.index()].events.clone();
+        self.scratch.stats.transfer_events_applied = mine.len() as u32;
         for event in mine {
             self.apply_transfer(event);
         }

@@ -58,6 +58,8 @@ pub struct IterationStats {
     pub routed_now: u32,
     /// Requests popped from the waiting queue this iteration (all ranks).
     pub admitted_now: u32,
+    /// Transfer events (done, failed, peer ready) this rank applied this iteration.
+    pub transfer_events_applied: u32,
     /// Waiting queue length after admission (replicated).
     pub waiting: u32,
 }
@@ -111,6 +113,9 @@ pub struct RankTotals {
     pub transfer_budget_blocked_by_active: u64,
     /// gen side: the most receives in flight at once.
     pub max_receives_in_flight: u32,
+    /// ctx side, generation-first mode: requests promoted from
+    /// DISAGG_CONTEXT_WAIT_SCHEDULER once their gen peer was known.
+    pub generation_first_promoted: u64,
     /// Requests completed on this rank.
     pub completed: u64,
     /// Requests failed on this rank.

@@ -126,12 +126,26 @@ impl RankExecutor {
     /// generation; a finished send frees the ctx-side KV; a failure fails that request
     /// only (error response, resources freed), never the server (§8).
     pub(super) fn apply_transfer(&mut self, event: TransferEvent) {
+        let failure = match event.outcome {
+            TransferOutcome::PeerReady => {
+                // Generation-first: the gen peer is known, the prefill may start.
+                if let Some(i) = self.find_active(event.id)
+                    && self.active[i].state == RequestState::DisaggContextWaitScheduler
+                {
+                    self.active[i].state = RequestState::ContextInit;
+                    self.totals.generation_first_promoted += 1;
+                }
+                return;
+            }
+            TransferOutcome::Done => None,
+            TransferOutcome::Failed(reason) => Some(reason),
+        };
         if let Some(pos) = self.sending.iter().position(|r| r.id() == event.id) {
             let r = self.sending.remove(pos);
             let _ = self.kv.free_sequence(r.id());
-            match event.outcome {
-                TransferOutcome::Done => self.totals.completed += 1,
-                TransferOutcome::Failed(reason) => {
+            match failure {
+                None => self.totals.completed += 1,
+                Some(reason) => {
                     self.fail_after_transfer(&r, format!("kv send failed: {reason}"));
                 }
             }
@@ -140,14 +154,14 @@ impl RankExecutor {
         let Some(i) = self.find_active(event.id) else {
             return;
         };
-        match event.outcome {
-            TransferOutcome::Done => {
+        match failure {
+            None => {
                 let r = &mut self.active[i];
                 r.state = RequestState::DisaggGenerationTransComplete;
                 r.context_pos = r.context_len;
                 r.kv_tokens = r.spec.prompt_len;
             }
-            TransferOutcome::Failed(reason) => {
+            Some(reason) => {
                 let r = self.active.remove(i);
                 self.release(&r);
                 self.fail_after_transfer(&r, format!("kv receive failed: {reason}"));

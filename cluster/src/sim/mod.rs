@@ -21,7 +21,7 @@ use std::time::Instant;
 use lockstep_actors::config::Role;
 use lockstep_actors::executor::{Finish, TransferCommand, TransferEvent, TransferOutcome};
 use lockstep_actors::ids::{RankId, ReqId};
-use lockstep_actors::request::RequestSpec;
+use lockstep_actors::request::{RequestSpec, RequestState};
 use lockstep_gpu::{AnalyticBackend, ModelProfile};
 
 use crate::report::{Outcome, Report};
@@ -68,6 +68,9 @@ enum Event {
     TransferDone(ReqId),
     /// A KV transfer hit its timeout (it was lost, or slower than the timeout).
     TransferTimeout(ReqId),
+    /// Generation-first: the notice that a request's gen peer is known reaches its ctx
+    /// rank.
+    PeerReady(usize, RankId, ReqId),
 }
 
 /// Per-request bookkeeping of the client side (shared with the real drivers).
@@ -94,6 +97,9 @@ struct Sim<'s, 'o> {
     profile: ModelProfile,
     backend: AnalyticBackend,
     handoffs: BTreeMap<ReqId, Handoff>,
+    /// Generation-first: the gen server picked for a request while it waits on its ctx
+    /// server (the peer it is handed to later).
+    gen_peers: BTreeMap<ReqId, usize>,
     rr_agg: usize,
     rr_ctx: usize,
     rr_gen: usize,
@@ -165,6 +171,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         profile,
         backend,
         handoffs: BTreeMap::new(),
+        gen_peers: BTreeMap::new(),
         rr_agg: 0,
         rr_ctx: 0,
         rr_gen: 0,
@@ -220,6 +227,9 @@ impl Sim<'_, '_> {
             match event {
                 Event::IterationEnd(s) => self.end_iteration(s)?,
                 Event::TransferDone(id) => self.finish_transfer(id, None),
+                Event::PeerReady(s, rank, id) => {
+                    self.deliver(s, rank, id, TransferOutcome::PeerReady)
+                }
                 Event::TransferTimeout(id) => {
                     let ms = self.handoffs.get(&id).map_or(0, |h| h.timeout_ms);
                     self.finish_transfer(id, Some(format!("kv transfer timed out after {ms} ms")))
@@ -430,6 +440,13 @@ impl Sim<'_, '_> {
                 }
             }
         }
+        if role == Role::Ctx
+            && self.scenario.servers[s]
+                .cache_transceiver_config
+                .generation_first
+        {
+            self.name_gen_peers(s);
+        }
         let progress = done.progress;
         self.servers[s].recycle(done);
         if let Some(p) = self.opts.progress.as_mut() {
@@ -455,7 +472,30 @@ impl Sim<'_, '_> {
         Ok(())
     }
 
+    /// Generation-first (§8): the front picks a gen peer for every request newly waiting
+    /// in DISAGG_CONTEXT_WAIT_SCHEDULER on ctx server `s` and tells its ctx rank one link
+    /// latency later; the rank promotes it in the transfer consensus phase.
+    fn name_gen_peers(&mut self, s: usize) {
+        let mut waiting = Vec::new();
+        for r in self.servers[s].group.ranks() {
+            for q in r.active() {
+                if q.state == RequestState::DisaggContextWaitScheduler
+                    && !self.gen_peers.contains_key(&q.id())
+                {
+                    waiting.push((r.rank(), q.spec.clone()));
+                }
+            }
+        }
+        let latency = self.scenario.model.transfer_ns(&self.profile, 0);
+        for (rank, spec) in waiting {
+            let peer = self.pick(&[Role::Gen], &spec);
+            self.gen_peers.insert(spec.id, peer);
+            self.push(self.now + latency, Event::PeerReady(s, rank, spec.id));
+        }
+    }
+
     fn end_request(&mut self, id: ReqId, completed: bool, failure: Option<String>) {
+        self.gen_peers.remove(&id);
         let now = self.now;
         if let Some(rec) = self.records.get_mut(&id)
             && rec.end_ns.is_none()
@@ -481,7 +521,10 @@ impl Sim<'_, '_> {
         // The gen server receives the KV; it never prefills, so the prompt's block
         // hashes (prefix reuse) mean nothing there.
         spec.block_hashes = Vec::new();
-        let target = self.pick(&[Role::Gen], &spec);
+        let target = match self.gen_peers.remove(&id) {
+            Some(peer) => peer,
+            None => self.pick(&[Role::Gen], &spec),
+        };
         self.servers[target].ingress.push_back(spec);
         self.wake(target);
     }

@@ -177,7 +177,9 @@ impl SimServer {
         let mut log_lines = Vec::new();
         for report in &self.reports {
             let st = &report.stats;
-            progress |= st.admitted_now > 0 || !report.transfer_commands.is_empty();
+            progress |= st.admitted_now > 0
+                || st.transfer_events_applied > 0
+                || !report.transfer_commands.is_empty();
             for c in &report.transfer_commands {
                 commands.push((st.rank, c.clone()));
             }
