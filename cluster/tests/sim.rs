@@ -376,6 +376,41 @@ fn generation_first_holds_each_prefill_until_its_gen_peer_is_named() {
     assert_eq!(b.per_request, f.per_request);
 }
 
+#[test]
+fn gne_count_transfers_on_a_gen_server_is_dormant_because_routing_already_counts_transfers() {
+    // A gen server whose ranks hold receives in flight next to decoding requests. The
+    // legacy switch charges in-transfer requests to GUARANTEED_NO_EVICT's request cap;
+    // the scheduler-level control (tests/legacy_controls.rs) shows that it takes slots.
+    // End to end it cannot: §2's routable count includes in-transfer requests, so the
+    // router never places more than M on a rank and decoders + transfers <= M already.
+    let base = load(
+        "disagg-small.toml",
+        &[
+            "workload.num_requests=300",
+            "server.gen0.max_batch_size=8",
+            "server.gen0.cache_transceiver_config.max_tokens_in_buffer=65536",
+        ],
+    );
+    let mut legacy = base.clone();
+    legacy
+        .apply_set("policy.gne.count_transfers_as_requests=true")
+        .unwrap();
+    let f = run(&base, 11);
+    let l = run(&legacy, 11);
+    assert_eq!(f.requests.completed, 300);
+    assert_eq!(l.requests.completed, 300);
+    assert_eq!(
+        l.legacy_switches,
+        vec!["gne.count_transfers_as_requests".to_string()]
+    );
+    let gen_server = |r: &Report| r.servers.iter().find(|s| s.name == "gen0").unwrap().clone();
+    // Not vacuous: receives overlapped on a rank while others decoded.
+    assert!(gen_server(&f).transfers.max_receives_in_flight >= 2);
+    assert_eq!(gen_server(&f).iterations, gen_server(&l).iterations);
+    assert_eq!(f.per_request, l.per_request);
+    assert_eq!(f.virtual_time_s, l.virtual_time_s);
+}
+
 fn two_servers(policy: &str) -> Scenario {
     let text = format!(
         r#"
