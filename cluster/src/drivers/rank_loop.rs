@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use lockstep_actors::executor::CollectiveTag;
 use lockstep_actors::executor::{
     BatchVote, FetchBatch, FetchMode, IterationReport, PadIntent, Phase, PrefixMatches,
-    RankExecutor, RankResponses, RankState, TransferStatus,
+    RankExecutor, RankResponses, RankState, TransferCommand, TransferEvent, TransferStatus,
 };
 use lockstep_actors::invariants::Violation;
 use lockstep_transport::Collective;
@@ -24,6 +24,18 @@ pub trait FrontDoor {
     /// Hands the responses gathered this iteration (one vector per rank, as gathered:
     /// nothing is copied on rank 0's critical path) to the clients.
     fn deliver(&mut self, responses: Vec<RankResponses>);
+}
+
+/// A rank's side of the KV transport (disaggregated servers): the driver's glue between
+/// the executor and its transceiver. It owns the clock the transceiver reads (the rank
+/// loop keeps none).
+pub trait TransferPort {
+    /// The transfers the executor asked for this iteration (`IterationReport::
+    /// transfer_commands`), handed over right after the transfer phase.
+    fn commands(&mut self, commands: &[TransferCommand]);
+    /// Transfers that ended since the last poll, for the executor; called just before
+    /// the transfer-status phase, so they apply in this iteration's consensus.
+    fn poll(&mut self) -> Vec<TransferEvent>;
 }
 
 /// What a rank hands back when its loop ends.
@@ -133,9 +145,24 @@ pub struct LoopOptions {
 /// [`run_rank`], stopping after `max_iterations` iterations if given (every rank stops
 /// at the same one: used by the overhead benchmark).
 pub fn run_rank_until<C: Collective>(
+    exec: RankExecutor,
+    coll_group: &mut C,
+    front: Option<&mut dyn FrontDoor>,
+    device: &DeviceHandle,
+    progress: &Arc<Progress>,
+    options: &LoopOptions,
+) -> Result<RankRun, DriverError> {
+    run_rank_with_transfers(exec, coll_group, front, None, device, progress, options)
+}
+
+/// [`run_rank_until`] with a KV transport: the executor's transfer commands go to
+/// `transfers` after each iteration, and the transfer events it reports are handed to
+/// the executor before each transfer phase.
+pub fn run_rank_with_transfers<C: Collective>(
     mut exec: RankExecutor,
     coll_group: &mut C,
     mut front: Option<&mut dyn FrontDoor>,
+    mut transfers: Option<&mut dyn TransferPort>,
     device: &DeviceHandle,
     progress: &Arc<Progress>,
     options: &LoopOptions,
@@ -231,10 +258,22 @@ pub fn run_rank_until<C: Collective>(
         if let (Some(all), Some(f)) = (gathered, front.as_mut()) {
             f.deliver(all);
         }
+        if let Some(port) = transfers.as_mut() {
+            for event in port.poll() {
+                // A request this rank no longer holds in transfer (it failed meanwhile)
+                // has nothing left to apply.
+                let _ = exec.handle_transfer_event(event);
+            }
+        }
         let (t, status) = exec.transfer_status(t);
         progress.enter(Phase::Transfers);
         let statuses: Vec<TransferStatus> = coll(rank, coll_group.allgather(t.tag(), &status))?;
         exe(rank, exec.transfer_result_into(t, &statuses, &mut report))?;
+        if let Some(port) = transfers.as_mut()
+            && !report.transfer_commands.is_empty()
+        {
+            port.commands(&report.transfer_commands);
+        }
         let mut fatal = None;
         for v in report.violations.drain(..) {
             violation_count += 1;
