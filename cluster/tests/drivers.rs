@@ -227,6 +227,73 @@ fn threads_disaggregated_lost_kv_fails_exactly_those_requests_by_timeout_without
     }
 }
 
+#[test]
+fn threads_disaggregated_serving_spreads_over_two_ctx_and_two_gen_servers() {
+    let server = |name: &str, role: &str, dp: u32, b: u32| {
+        format!(
+            r#"
+[[server]]
+name = "{name}"
+role = "{role}"
+tensor_parallel_size = {dp}
+max_batch_size = {b}
+max_num_tokens = 2048
+disable_overlap_scheduler = {no_overlap}
+[server.kv_cache_config]
+tokens_per_block = 16
+max_tokens = 65536
+"#,
+            no_overlap = role == "ctx"
+        )
+    };
+    let text = format!(
+        r#"
+name = "disagg-2x2"
+[front]
+policy = "load_balancing"
+{}{}{}{}
+[workload]
+kind = "closed_loop"
+concurrency = 8
+num_requests = 60
+input_len = [16, 600]
+output_len = [1, 24]
+"#,
+        server("ctx0", "ctx", 2, 4),
+        server("ctx1", "ctx", 1, 4),
+        server("gen0", "gen", 2, 16),
+        server("gen1", "gen", 1, 16),
+    );
+    let s = Scenario::parse(&text, "disagg-2x2").unwrap();
+    // A real-time client (no preload): arrivals follow completions.
+    let r = threads::run(
+        &s,
+        &ThreadsOptions {
+            seed: 3,
+            collective_timeout: Duration::from_secs(20),
+            ..ThreadsOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(r.requests.completed, 60, "{:?}", r.per_request);
+    assert_eq!(r.servers.len(), 4);
+    let sends: u64 = r.servers[..2].iter().map(|s| s.transfers.count).sum();
+    let receives: u64 = r.servers[2..].iter().map(|s| s.transfers.count).sum();
+    assert_eq!(sends, multi_token_requests(&r));
+    assert_eq!(receives, sends);
+    for s in &r.servers {
+        assert!(
+            s.ranks.iter().map(|k| k.routed_requests).sum::<u64>() > 0,
+            "{}",
+            s.name
+        );
+        assert_eq!(s.violation_count, 0, "{}: {:?}", s.name, s.violations);
+        assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+    }
+    // Same tokens as the simulator, request by request.
+    assert_eq!(r.per_request, simulate(&s).per_request);
+}
+
 fn mpi_bin() -> Option<PathBuf> {
     // Built by scripts/test.sh with `--features mpi` into its own target dir.
     std::env::var_os("LOCKSTEP_MPI_BIN").map(PathBuf::from)

@@ -21,7 +21,8 @@ use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use lockstep_actors::config::{DerivedSizes, Role, ServerConfig};
 use lockstep_actors::executor::{
-    FetchBatch, FetchMode, Finish, RankExecutor, RankResponses, TransferCommand, TransferEvent,
+    FetchBatch, FetchMode, Finish, RankExecutor, RankResponses, Response, TransferCommand,
+    TransferEvent,
 };
 use lockstep_actors::ids::{RankId, ReqId};
 use lockstep_actors::request::RequestSpec;
@@ -241,23 +242,26 @@ impl Front {
         }
     }
 
-    fn submit(&mut self, server: usize, spec: RequestSpec) {
+    /// Queues `spec` on `server`; a server that cannot take it fails the request (it is
+    /// never lost) and this returns false.
+    fn submit(&mut self, server: usize, spec: RequestSpec) -> bool {
         let s = &mut self.servers[server];
         s.outstanding += 1;
-        if let Err(e) = s.ingress.push(IngressItem::Request(spec.clone())) {
-            // The server cannot take it: fail the request rather than lose it.
-            s.outstanding -= 1;
-            let _ = self.to_client.send(vec![RankResponses {
-                rank: RankId(0),
-                responses: vec![lockstep_actors::executor::Response {
-                    id: spec.id,
-                    new_tokens: 0,
-                    last_token: 0,
-                    generated: spec.generated_before,
-                    finish: Some(Finish::Failed(format!("ingress: {e}"))),
-                }],
-            }]);
-        }
+        let Err(e) = s.ingress.push(IngressItem::Request(spec.clone())) else {
+            return true;
+        };
+        s.outstanding -= 1;
+        let _ = self.to_client.send(vec![RankResponses {
+            rank: RankId(0),
+            responses: vec![Response {
+                id: spec.id,
+                new_tokens: 0,
+                last_token: 0,
+                generated: spec.generated_before,
+                finish: Some(Finish::Failed(format!("ingress: {e}"))),
+            }],
+        }]);
+        false
     }
 
     fn shutdown(&mut self, role: Role) {
@@ -275,7 +279,9 @@ impl Front {
             FrontInput::Client(IngressItem::Request(spec)) => {
                 let target = self.pick(Role::Ctx);
                 self.specs.insert(spec.id, spec.clone());
-                self.submit(target, spec);
+                if !self.submit(target, spec.clone()) {
+                    self.specs.remove(&spec.id);
+                }
             }
             FrontInput::Client(IngressItem::Shutdown) => self.shutdown(Role::Ctx),
             FrontInput::Responses { server, responses } => self.on_responses(server, responses),
@@ -338,7 +344,18 @@ impl Front {
                             self.kv_of.insert(id, here);
                             self.directory.insert(id, here);
                             let target = self.pick(Role::Gen);
-                            self.submit(target, spec);
+                            if !self.submit(target, spec) {
+                                // Nobody will pull: the ctx side frees its KV now.
+                                self.directory.take(id);
+                                self.kv_of.remove(&id);
+                                self.mailboxes.send(
+                                    here,
+                                    PeerMessage::Abort {
+                                        id,
+                                        reason: "no gen server could take the request".into(),
+                                    },
+                                );
+                            }
                         }
                     }
                     (Role::Gen, Some(Finish::Failed(_) | Finish::Cancelled)) => {
@@ -588,7 +605,8 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
             })
             .map_err(|e| DriverError::Invalid(format!("spawning the front: {e}")))?
     };
-    drop(front_tx);
+    // Kept to wind the servers down should the client stop early.
+    let shutdown_tx = front_tx;
     let front_thread = std::thread::Builder::new()
         .name("front".into())
         .spawn(move || {
@@ -602,6 +620,10 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
         .map_err(|e| DriverError::Invalid(format!("spawning the front: {e}")))?;
 
     let result = client.run();
+    // Normally every server has stopped already and this goes nowhere; after a client
+    // error it lets the servers drain and stop instead of waiting forever.
+    let _ = shutdown_tx.send(FrontInput::Client(IngressItem::Shutdown));
+    drop(shutdown_tx);
     client_ingress.close();
     for ingress in &ingresses {
         ingress.close();
