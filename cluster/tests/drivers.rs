@@ -228,6 +228,42 @@ fn threads_disaggregated_lost_kv_fails_exactly_those_requests_by_timeout_without
 }
 
 #[test]
+fn threads_disaggregated_failure_responses_reach_a_real_time_client_when_servers_go_idle() {
+    // Few requests at a time: a server is often idle (nothing live) right after a
+    // transfer fails, and the failure response must still go out, or a closed-loop
+    // client waits for it forever.
+    let s = disagg_small(&[
+        "workload.concurrency=3",
+        "workload.num_requests=24",
+        "workload.output_len=[2, 8]",
+        "server.cache_transceiver_config.kv_transfer_timeout_ms=100",
+    ]);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = threads::run(
+            &s,
+            &ThreadsOptions {
+                seed: 3,
+                collective_timeout: Duration::from_secs(20),
+                lose_kv_blocks_every: Some(3),
+                ..ThreadsOptions::default()
+            },
+        );
+        let _ = done_tx.send(r);
+    });
+    let r = done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the run must end, not wait for a response stuck behind an idle rank 0")
+        .unwrap();
+    assert_eq!(r.requests.completed + r.requests.failed, 24);
+    assert_eq!(r.requests.failed, 8, "every 3rd of 24 transfers is lost");
+    for s in &r.servers {
+        assert_eq!(s.violation_count, 0, "{}: {:?}", s.name, s.violations);
+        assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+    }
+}
+
+#[test]
 fn threads_disaggregated_serving_spreads_over_two_ctx_and_two_gen_servers() {
     let server = |name: &str, role: &str, dp: u32, b: u32| {
         format!(
