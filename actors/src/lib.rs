@@ -22,4 +22,5 @@ pub mod request;
 pub mod router;
 pub mod scheduler;
 pub mod seats;
+pub mod transceiver;
 pub mod transfer_budget;

@@ -83,8 +83,9 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         iter_log: Option<PathBuf>,
     },
-    /// Run the scenario's server for real: one thread per rank (`threads`) or one process
-    /// per rank under mpirun (`mpi`, see `lockstep rank`).
+    /// Run the scenario's servers for real: one thread per rank (`threads`; aggregated,
+    /// or ctx and gen servers with real KV transfers) or one process per rank under
+    /// mpirun (`mpi`, one aggregated server; see `lockstep rank`).
     Run {
         #[command(flatten)]
         args: ScenarioArgs,

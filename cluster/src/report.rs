@@ -149,6 +149,10 @@ pub struct KvReport {
     pub reuse_hits: u64,
     /// Cached blocks evicted.
     pub evictions: u64,
+    /// Blocks still held by a sequence when the run ended (a drained server holds none:
+    /// anything else is leaked KV).
+    #[serde(default)]
+    pub used_blocks_at_end: u64,
 }
 
 /// Transfers seen by a server (disaggregated roles).
@@ -174,6 +178,13 @@ pub struct TransferReport {
     pub max_receives_in_flight: u32,
     /// ctx side, generation-first mode: requests promoted once their gen peer was known.
     pub generation_first_promoted: u64,
+    /// Fault injection (`[faults] lost_transfer_every`): transfers whose KV was lost.
+    #[serde(default)]
+    pub lost: u64,
+    /// Transfers failed because a received block's checksum did not match (real KV
+    /// transport only).
+    #[serde(default)]
+    pub checksum_failures: u64,
 }
 
 /// One server.
@@ -329,12 +340,14 @@ impl Report {
                 let x = &s.transfers;
                 let _ = writeln!(
                     o,
-                    "  transfers {} ({:.1} MB) mean {:.3} ms p99 {:.3} ms timeouts {}  budget admitted {} deferred {} blocked by active {} max in flight {}",
+                    "  transfers {} ({:.1} MB) mean {:.3} ms p99 {:.3} ms timeouts {} lost {} checksum failures {}  budget admitted {} deferred {} blocked by active {} max in flight {}",
                     x.count,
                     x.bytes as f64 / 1e6,
                     x.mean_ms,
                     x.p99_ms,
                     x.timeouts,
+                    x.lost,
+                    x.checksum_failures,
                     x.budget_admitted,
                     x.budget_deferred,
                     x.budget_blocked_by_active,
@@ -561,6 +574,9 @@ pub struct RankSummary {
     pub violations: Vec<Violation>,
     /// Violations in all.
     pub violation_count: u64,
+    /// KV blocks held by a sequence when the summary was taken.
+    #[serde(default)]
+    pub kv_used_blocks: u32,
 }
 
 impl RankSummary {
@@ -578,6 +594,7 @@ impl RankSummary {
             iterations,
             violations,
             violation_count,
+            kv_used_blocks: exec.kv().used_blocks(),
         }
     }
 }
@@ -618,6 +635,7 @@ pub fn server_report(
             kv.allocations += r.kv.allocations;
             kv.reuse_hits += r.kv.reuse_hits;
             kv.evictions += r.kv.evictions;
+            kv.used_blocks_at_end += u64::from(r.kv_used_blocks);
             violation_count += r.violation_count;
             transfers.budget_admitted += t.transfer_budget_admitted;
             transfers.budget_deferred += t.transfer_budget_deferred;

@@ -118,6 +118,220 @@ fn a_mismatched_collective_is_a_tag_error_naming_both_ranks_not_a_hang() {
     );
 }
 
+/// `examples/disagg-small.toml` (a ctx server of 2 ranks, a gen server of 4) scaled down
+/// to a few dozen short requests, all arriving at once.
+fn disagg_small(extra: &[&str]) -> Scenario {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/disagg-small.toml");
+    let mut s = Scenario::load(&path).expect("example loads");
+    for set in [
+        "workload.num_requests=40",
+        "workload.concurrency=40",
+        "workload.input_len=[64, 512]",
+        "workload.output_len=[1, 16]",
+    ]
+    .iter()
+    .chain(extra)
+    {
+        s.apply_set(set).expect("valid --set");
+    }
+    s
+}
+
+fn disagg_threads_run(s: &Scenario, lose_every: Option<u64>) -> Report {
+    threads::run(
+        s,
+        &ThreadsOptions {
+            seed: 3,
+            preload: true,
+            collective_timeout: Duration::from_secs(20),
+            lose_kv_blocks_every: lose_every,
+            ..ThreadsOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Requests that needed a KV transfer (more than the ctx server's single token).
+fn multi_token_requests(r: &Report) -> u64 {
+    r.per_request.iter().filter(|d| d.output_tokens > 1).count() as u64
+}
+
+#[test]
+fn threads_disaggregated_serving_moves_checked_kv_for_every_multi_token_request() {
+    let r = disagg_threads_run(&disagg_small(&[]), None);
+    assert_eq!(r.requests.completed, 40, "{:?}", r.per_request);
+    assert_eq!(r.servers.len(), 2);
+    let transfers = multi_token_requests(&r);
+    assert!(transfers > 0 && transfers < 40, "{transfers}");
+    for s in &r.servers {
+        let t = &s.transfers;
+        assert_eq!(t.count, transfers, "{}: {t:?}", s.name);
+        assert!(t.bytes > 0, "{}", s.name);
+        assert_eq!(
+            (t.timeouts, t.lost, t.checksum_failures),
+            (0, 0, 0),
+            "{}",
+            s.name
+        );
+        assert_eq!(s.violation_count, 0, "{}: {:?}", s.name, s.violations);
+        assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+    }
+    // Both sides saw the same bytes.
+    assert_eq!(r.servers[0].transfers.bytes, r.servers[1].transfers.bytes);
+}
+
+#[test]
+fn threads_disaggregated_serving_streams_exactly_the_simulators_tokens() {
+    let s = disagg_small(&[]);
+    let a = simulate(&s);
+    let b = disagg_threads_run(&s, None);
+    assert_eq!(a.requests.completed, 40);
+    assert_eq!(b.requests.completed, 40);
+    assert_eq!(a.per_request, b.per_request);
+}
+
+#[test]
+fn threads_disaggregated_lost_kv_fails_exactly_those_requests_by_timeout_without_leaks() {
+    let every = 4;
+    let s = disagg_small(&["server.cache_transceiver_config.kv_transfer_timeout_ms=300"]);
+    let r = disagg_threads_run(&s, Some(every));
+    // The ctx side sends the blocks: every n-th send is lost on the wire; the requests
+    // that got more than one token are exactly those whose transfer went through.
+    let delivered = multi_token_requests(&r);
+    let lost = r.servers[0].transfers.lost;
+    assert!(lost >= 2, "{lost}");
+    assert_eq!(lost, (delivered + lost) / every);
+    assert_eq!(
+        lost,
+        r.servers.iter().map(|s| s.transfers.lost).sum::<u64>()
+    );
+    let failed: Vec<_> = r
+        .per_request
+        .iter()
+        .filter(|d| d.failure.is_some())
+        .collect();
+    assert_eq!(r.requests.failed, failed.len() as u64);
+    assert_eq!(r.requests.completed + r.requests.failed, 40);
+    assert_eq!(failed.len() as u64, lost, "{failed:?}");
+    for d in &failed {
+        let why = d.failure.as_deref().unwrap_or_default();
+        assert!(why.contains("kv transfer timed out after 300 ms"), "{why}");
+        // Only the ctx server's first token got out.
+        assert_eq!(d.output_tokens, 1, "{d:?}");
+    }
+    for s in &r.servers {
+        assert_eq!(s.transfers.count, delivered, "{}", s.name);
+        assert_eq!(s.transfers.timeouts, lost, "{}", s.name);
+        assert_eq!(s.violation_count, 0, "{}: {:?}", s.name, s.violations);
+        assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+    }
+}
+
+#[test]
+fn threads_disaggregated_failure_responses_reach_a_real_time_client_when_servers_go_idle() {
+    // Few requests at a time: a server is often idle (nothing live) right after a
+    // transfer fails, and the failure response must still go out, or a closed-loop
+    // client waits for it forever.
+    let s = disagg_small(&[
+        "workload.concurrency=3",
+        "workload.num_requests=24",
+        "workload.output_len=[2, 8]",
+        "server.cache_transceiver_config.kv_transfer_timeout_ms=300",
+    ]);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = threads::run(
+            &s,
+            &ThreadsOptions {
+                seed: 3,
+                collective_timeout: Duration::from_secs(20),
+                lose_kv_blocks_every: Some(3),
+                ..ThreadsOptions::default()
+            },
+        );
+        let _ = done_tx.send(r);
+    });
+    let r = done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the run must end, not wait for a response stuck behind an idle rank 0")
+        .unwrap();
+    assert_eq!(r.requests.completed + r.requests.failed, 24);
+    let lost: u64 = r.servers.iter().map(|s| s.transfers.lost).sum();
+    assert!(lost >= 4, "every 3rd of 24 transfers is lost: {lost}");
+    assert_eq!(r.requests.failed, lost, "{:?}", r.per_request);
+    for s in &r.servers {
+        assert_eq!(s.violation_count, 0, "{}: {:?}", s.name, s.violations);
+        assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+    }
+}
+
+#[test]
+fn threads_disaggregated_serving_spreads_over_two_ctx_and_two_gen_servers() {
+    let server = |name: &str, role: &str, dp: u32, b: u32| {
+        format!(
+            r#"
+[[server]]
+name = "{name}"
+role = "{role}"
+tensor_parallel_size = {dp}
+max_batch_size = {b}
+max_num_tokens = 2048
+disable_overlap_scheduler = {no_overlap}
+[server.kv_cache_config]
+tokens_per_block = 16
+max_tokens = 65536
+"#,
+            no_overlap = role == "ctx"
+        )
+    };
+    let text = format!(
+        r#"
+name = "disagg-2x2"
+[front]
+policy = "load_balancing"
+{}{}{}{}
+[workload]
+kind = "closed_loop"
+concurrency = 8
+num_requests = 60
+input_len = [16, 600]
+output_len = [1, 24]
+"#,
+        server("ctx0", "ctx", 2, 4),
+        server("ctx1", "ctx", 1, 4),
+        server("gen0", "gen", 2, 16),
+        server("gen1", "gen", 1, 16),
+    );
+    let s = Scenario::parse(&text, "disagg-2x2").unwrap();
+    // A real-time client (no preload): arrivals follow completions.
+    let r = threads::run(
+        &s,
+        &ThreadsOptions {
+            seed: 3,
+            collective_timeout: Duration::from_secs(20),
+            ..ThreadsOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(r.requests.completed, 60, "{:?}", r.per_request);
+    assert_eq!(r.servers.len(), 4);
+    let sends: u64 = r.servers[..2].iter().map(|s| s.transfers.count).sum();
+    let receives: u64 = r.servers[2..].iter().map(|s| s.transfers.count).sum();
+    assert_eq!(sends, multi_token_requests(&r));
+    assert_eq!(receives, sends);
+    for s in &r.servers {
+        assert!(
+            s.ranks.iter().map(|k| k.routed_requests).sum::<u64>() > 0,
+            "{}",
+            s.name
+        );
+        assert_eq!(s.violation_count, 0, "{}: {:?}", s.name, s.violations);
+        assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+    }
+    // Same tokens as the simulator, request by request.
+    assert_eq!(r.per_request, simulate(&s).per_request);
+}
+
 fn mpi_bin() -> Option<PathBuf> {
     // Built by scripts/test.sh with `--features mpi` into its own target dir.
     std::env::var_os("LOCKSTEP_MPI_BIN").map(PathBuf::from)

@@ -289,7 +289,10 @@ fn a_lost_transfer_times_out_and_fails_only_that_request() {
         assert_eq!(srv.transfers.timeouts, 10, "{}", srv.name);
         // KV freed on both sides: the end-of-iteration leak and conservation checks hold.
         assert_eq!(srv.violation_count, 0, "{}: {:?}", srv.name, srv.violations);
+        assert_eq!(srv.kv.used_blocks_at_end, 0, "{}", srv.name);
     }
+    let lost: u64 = r.servers.iter().map(|s| s.transfers.lost).sum();
+    assert_eq!(lost, 10);
 }
 
 #[test]

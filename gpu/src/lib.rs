@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 mod cost;
+pub mod kv_contents;
 mod profiles;
 mod shape;
 

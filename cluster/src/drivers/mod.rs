@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod device;
+pub mod disagg_threads;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod overhead;

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use lockstep_actors::executor::CollectiveTag;
 use lockstep_actors::executor::{
     BatchVote, FetchBatch, FetchMode, IterationReport, PadIntent, Phase, PrefixMatches,
-    RankExecutor, RankResponses, RankState, TransferStatus,
+    RankExecutor, RankResponses, RankState, TransferCommand, TransferEvent, TransferOutcome,
+    TransferStatus,
 };
 use lockstep_actors::invariants::Violation;
 use lockstep_transport::Collective;
@@ -24,6 +25,18 @@ pub trait FrontDoor {
     /// Hands the responses gathered this iteration (one vector per rank, as gathered:
     /// nothing is copied on rank 0's critical path) to the clients.
     fn deliver(&mut self, responses: Vec<RankResponses>);
+}
+
+/// A rank's side of the KV transport (disaggregated servers): the driver's glue between
+/// the executor and its transceiver. It owns the clock the transceiver reads (the rank
+/// loop keeps none).
+pub trait TransferPort {
+    /// The transfers the executor asked for this iteration (`IterationReport::
+    /// transfer_commands`), handed over right after the transfer phase.
+    fn commands(&mut self, commands: &[TransferCommand]);
+    /// Transfers that ended since the last poll, for the executor; called just before
+    /// the transfer-status phase, so they apply in this iteration's consensus.
+    fn poll(&mut self) -> Vec<TransferEvent>;
 }
 
 /// What a rank hands back when its loop ends.
@@ -133,9 +146,24 @@ pub struct LoopOptions {
 /// [`run_rank`], stopping after `max_iterations` iterations if given (every rank stops
 /// at the same one: used by the overhead benchmark).
 pub fn run_rank_until<C: Collective>(
+    exec: RankExecutor,
+    coll_group: &mut C,
+    front: Option<&mut dyn FrontDoor>,
+    device: &DeviceHandle,
+    progress: &Arc<Progress>,
+    options: &LoopOptions,
+) -> Result<RankRun, DriverError> {
+    run_rank_with_transfers(exec, coll_group, front, None, device, progress, options)
+}
+
+/// [`run_rank_until`] with a KV transport: the executor's transfer commands go to
+/// `transfers` after each iteration, and the transfer events it reports are handed to
+/// the executor before each transfer phase.
+pub fn run_rank_with_transfers<C: Collective>(
     mut exec: RankExecutor,
     coll_group: &mut C,
     mut front: Option<&mut dyn FrontDoor>,
+    mut transfers: Option<&mut dyn TransferPort>,
     device: &DeviceHandle,
     progress: &Arc<Progress>,
     options: &LoopOptions,
@@ -151,6 +179,11 @@ pub fn run_rank_until<C: Collective>(
     };
     let mut iteration_times = Vec::new();
     let mut report = IterationReport::default();
+    // Replicated (read from the transfer-status allgather): some rank applied a failed
+    // transfer last iteration, and the executor answers it with an error response in this
+    // iteration's gather. Until that gather, rank 0 must not block on an idle ingress
+    // and no rank may leave the loop, or the response is never delivered.
+    let mut failure_responses_due = false;
     loop {
         if options.max_iterations.is_some_and(|m| iterations >= m) {
             break;
@@ -181,12 +214,20 @@ pub fn run_rank_until<C: Collective>(
         };
         let states: Vec<RankState> = coll(rank, coll_group.allgather(gather_tag, &state))?;
         let live: u64 = states.iter().map(|s| u64::from(s.counts.live)).sum();
-        if exec.shutdown_received() && live == 0 && exec.waiting().is_empty() {
+        if exec.shutdown_received()
+            && live == 0
+            && exec.waiting().is_empty()
+            && !failure_responses_due
+        {
             break;
         }
         progress.enter(Phase::Fetch);
         let fetched = if rank == 0 {
-            let mode = exec.fetch_mode(&states);
+            let mode = if failure_responses_due {
+                FetchMode::Poll
+            } else {
+                exec.fetch_mode(&states)
+            };
             let batch = match front.as_mut() {
                 Some(f) => f.fetch(mode),
                 None => FetchBatch::default(),
@@ -231,10 +272,27 @@ pub fn run_rank_until<C: Collective>(
         if let (Some(all), Some(f)) = (gathered, front.as_mut()) {
             f.deliver(all);
         }
+        if let Some(port) = transfers.as_mut() {
+            for event in port.poll() {
+                // A request this rank no longer holds in transfer (it failed meanwhile)
+                // has nothing left to apply.
+                let _ = exec.handle_transfer_event(event);
+            }
+        }
         let (t, status) = exec.transfer_status(t);
         progress.enter(Phase::Transfers);
         let statuses: Vec<TransferStatus> = coll(rank, coll_group.allgather(t.tag(), &status))?;
         exe(rank, exec.transfer_result_into(t, &statuses, &mut report))?;
+        failure_responses_due = statuses.iter().any(|s| {
+            s.events
+                .iter()
+                .any(|e| matches!(e.outcome, TransferOutcome::Failed(_)))
+        });
+        if let Some(port) = transfers.as_mut()
+            && !report.transfer_commands.is_empty()
+        {
+            port.commands(&report.transfer_commands);
+        }
         let mut fatal = None;
         for v in report.violations.drain(..) {
             violation_count += 1;

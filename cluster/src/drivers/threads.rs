@@ -37,6 +37,10 @@ pub struct ThreadsOptions {
     pub preload: bool,
     /// Fault injection (tests): this rank tags its gather wrongly at this iteration.
     pub mismatch_tag_at: Option<(usize, u64)>,
+    /// Fault injection (tests, disaggregated scenarios): the KV blocks of every n-th
+    /// transfer are lost on the way, so only the timeout ends that transfer. Overrides
+    /// the scenario's `[faults] lost_transfer_every`.
+    pub lose_kv_blocks_every: Option<u64>,
 }
 
 impl Default for ThreadsOptions {
@@ -48,6 +52,7 @@ impl Default for ThreadsOptions {
             ingress_capacity: 1 << 16,
             preload: false,
             mismatch_tag_at: None,
+            lose_kv_blocks_every: None,
         }
     }
 }
@@ -64,26 +69,7 @@ pub struct Rank0Front {
 
 impl FrontDoor for Rank0Front {
     fn fetch(&mut self, mode: FetchMode) -> FetchBatch {
-        let mut items = Vec::new();
-        if mode == FetchMode::Block {
-            match self.ingress.pop_blocking() {
-                Some(first) => items.push(first),
-                // Closed and empty: nothing will ever come; behave as a shutdown.
-                None => items.push(IngressItem::Shutdown),
-            }
-        }
-        items.extend(self.ingress.drain_now());
-        let mut batch = FetchBatch {
-            now_ns: self.clock.elapsed().as_nanos() as u64,
-            ..FetchBatch::default()
-        };
-        for item in items {
-            match item {
-                IngressItem::Request(spec) => batch.requests.push(spec),
-                IngressItem::Shutdown => batch.shutdown = true,
-            }
-        }
-        batch
+        fetch_from(&self.ingress, self.clock, mode)
     }
 
     fn deliver(&mut self, responses: Vec<RankResponses>) {
@@ -91,6 +77,35 @@ impl FrontDoor for Rank0Front {
             let _ = self.responses.send(responses);
         }
     }
+}
+
+/// Reads a server's ingress queue for its rank 0: with `Block`, waits for at least one
+/// item (the idle decision of §3.2); a closed, empty queue reads as a shutdown.
+pub fn fetch_from(
+    ingress: &IngressQueue<IngressItem>,
+    clock: Instant,
+    mode: FetchMode,
+) -> FetchBatch {
+    let mut items = Vec::new();
+    if mode == FetchMode::Block {
+        match ingress.pop_blocking() {
+            Some(first) => items.push(first),
+            // Closed and empty: nothing will ever come; behave as a shutdown.
+            None => items.push(IngressItem::Shutdown),
+        }
+    }
+    items.extend(ingress.drain_now());
+    let mut batch = FetchBatch {
+        now_ns: clock.elapsed().as_nanos() as u64,
+        ..FetchBatch::default()
+    };
+    for item in items {
+        match item {
+            IngressItem::Request(spec) => batch.requests.push(spec),
+            IngressItem::Shutdown => batch.shutdown = true,
+        }
+    }
+    batch
 }
 
 /// The one aggregated server the real drivers run, its sizes and its workload.
@@ -172,8 +187,13 @@ pub fn start_device(
     }
 }
 
-/// Runs the scenario's single aggregated server with one thread per rank.
+/// Runs the scenario with one thread per rank: its single aggregated server, or — when
+/// it has ctx and gen servers — every server, with real KV transfers between them
+/// ([`super::disagg_threads`]).
 pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverError> {
+    if scenario.servers.iter().any(|s| s.role != Role::Agg) {
+        return super::disagg_threads::run(scenario, opts);
+    }
     let started = Instant::now();
     let Prepared {
         server,

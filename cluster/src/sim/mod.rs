@@ -430,6 +430,9 @@ impl Sim<'_, '_> {
                         .lost_transfer_every
                         .is_some_and(|n| n > 0 && self.receives.is_multiple_of(n));
                     let timeout_ns = timeout_ms * 1_000_000;
+                    if lost {
+                        self.servers[s].transfers.lost += 1;
+                    }
                     if lost && self.scenario.faults.timeouts_lost {
                         // Nothing will ever end this transfer.
                     } else if lost || duration > timeout_ns {

@@ -47,6 +47,7 @@ pub struct TransferAcc {
     pub bytes: u64,
     pub times_ms: Vec<f64>,
     pub timeouts: u64,
+    pub lost: u64,
 }
 
 pub struct SimServer {
@@ -272,6 +273,7 @@ impl SimServer {
             mean_ms: p.mean,
             p99_ms: p.p99,
             timeouts: self.transfers.timeouts,
+            lost: self.transfers.lost,
             ..report.transfers
         };
         report.violations = self.violations.clone();
