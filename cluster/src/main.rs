@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use lockstep_actors::config::Role;
 use lockstep_cluster::report::{Report, ab_table};
 use lockstep_cluster::scenario::Scenario;
 use lockstep_cluster::sim::{self, SimOptions};
@@ -363,10 +364,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// `run --driver mpi`: re-launch this binary as `mpirun -n DP lockstep rank ...`.
 fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result<ExitCode> {
     let scenario = load(args, real.policy.as_deref())?;
-    let [server] = &scenario.servers[..] else {
-        anyhow::bail!("the mpi driver runs one aggregated server");
-    };
-    let dp = server.derive(&scenario.policy)?.sizes.dp;
+    // One process per rank; a disaggregated scenario adds the front process.
+    let mut processes = 0;
+    for server in &scenario.servers {
+        processes += server.derive(&scenario.policy)?.sizes.dp;
+    }
+    let disaggregated = scenario.servers.iter().any(|s| s.role != Role::Agg);
+    if disaggregated {
+        processes += 1;
+    } else if scenario.servers.len() != 1 {
+        anyhow::bail!(
+            "the mpi driver runs one aggregated server or a disaggregated fleet; the scenario has {} aggregated servers",
+            scenario.servers.len()
+        );
+    }
+    let dp = processes;
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new("mpirun");
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -440,7 +452,13 @@ fn rank_command(
         watchdog: std::time::Duration::from_millis(watchdog_ms),
         mismatch_tag_at: mismatch,
     };
-    match run_rank_process(&scenario, digest, &opts) {
+    let disaggregated = scenario.servers.iter().any(|s| s.role != Role::Agg);
+    let outcome = if disaggregated {
+        lockstep_cluster::drivers::mpi_disagg::run_process(&scenario, digest, &opts)
+    } else {
+        run_rank_process(&scenario, digest, &opts)
+    };
+    match outcome {
         Ok(Some(report)) => {
             print!("{}", report.table());
             if let Some(p) = &real.json {

@@ -177,8 +177,9 @@ impl Scenario {
         Ok(s)
     }
 
-    /// Applies `--set KEY=VALUE`: `policy.<switch>=...`, `policy.preset=fixed|legacy`, or
-    /// `server.<name>.<key>=...` / `server.<key>=...` (all servers).
+    /// Applies `--set KEY=VALUE`: `policy.<switch>=...`, `policy.preset=fixed|legacy`,
+    /// `server.<name>.<key>=...` / `server.<key>=...` (all servers), or a key of
+    /// `[workload]`, `[model]`, `[faults]` or `[front]`.
     pub fn apply_set(&mut self, assignment: &str) -> Result<(), ScenarioError> {
         let err = |message: String| ScenarioError::Set {
             assignment: assignment.to_string(),
@@ -248,8 +249,16 @@ impl Scenario {
                 .map_err(|e: toml::de::Error| err(e.to_string()))?;
             return Ok(());
         }
+        if let Some(field) = key.strip_prefix("faults.") {
+            self.faults = with_field(&self.faults, field, value).map_err(err)?;
+            return Ok(());
+        }
+        if let Some(field) = key.strip_prefix("front.") {
+            self.front = with_field(&self.front, field, value).map_err(err)?;
+            return Ok(());
+        }
         Err(err(
-            "keys start with `policy.`, `server.`, `workload.` or `model.` (e.g. policy.pad.rollback=false, server.max_batch_size=4)"
+            "keys start with `policy.`, `server.`, `workload.`, `model.`, `faults.` or `front.` (e.g. policy.pad.rollback=false, server.max_batch_size=4)"
                 .into(),
         ))
     }
@@ -269,6 +278,20 @@ fn parse_value(text: &str) -> toml::Value {
         Ok(mut t) => t.remove("v").unwrap_or(toml::Value::String(text.into())),
         Err(_) => toml::Value::String(text.into()),
     }
+}
+
+/// `section` with the dotted `field` set to `value`, re-read so every check of the
+/// section applies; the error names what was wrong.
+fn with_field<T: Serialize + serde::de::DeserializeOwned>(
+    section: &T,
+    field: &str,
+    value: toml::Value,
+) -> Result<T, String> {
+    let mut table = toml::Table::try_from(section).map_err(|e| format!("cannot re-encode: {e}"))?;
+    insert_dotted(&mut table, field, value);
+    toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| e.to_string())
 }
 
 fn insert_dotted(table: &mut toml::Table, key: &str, value: toml::Value) {

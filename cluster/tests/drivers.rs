@@ -526,3 +526,119 @@ fn mpi_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops() {
         "{err}"
     );
 }
+
+/// The `--set` options that make `examples/disagg-small.toml` the small MPI fleet: ctx
+/// dp 2 and gen dp 2, so 1 front + 4 rank processes.
+const MPI_DISAGG_SETS: [&str; 5] = [
+    "workload.num_requests=40",
+    "workload.concurrency=40",
+    "workload.input_len=[64, 512]",
+    "workload.output_len=[1, 16]",
+    "server.gen0.tensor_parallel_size=2",
+];
+
+fn mpi_disagg(bin: &PathBuf, extra: &[&str], name: &str) -> (std::process::Output, PathBuf) {
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/disagg-small.toml");
+    let json = temp(name);
+    let mut args: Vec<String> = vec![
+        example.to_str().unwrap().into(),
+        "--seed".into(),
+        "3".into(),
+        "--preload".into(),
+        "--json".into(),
+        json.to_str().unwrap().into(),
+    ];
+    for s in MPI_DISAGG_SETS.iter().chain(extra) {
+        args.push("--set".into());
+        args.push((*s).into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    (mpirun(bin, 5, &args).output().unwrap(), json)
+}
+
+#[test]
+fn mpi_disaggregated_serving_moves_checked_kv_and_streams_the_simulators_tokens() {
+    let Some(bin) = mpi_bin() else { return };
+    let (out, json) = mpi_disagg(&bin, &[], "disagg-mpi.json");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(r.requests.completed, 40, "{:?}", r.per_request);
+    let transfers = multi_token_requests(&r);
+    assert!(transfers > 0 && transfers < 40, "{transfers}");
+    for s in &r.servers {
+        let t = &s.transfers;
+        assert_eq!(t.count, transfers, "{}: {t:?}", s.name);
+        assert!(t.bytes > 0, "{}", s.name);
+        assert_eq!(
+            (t.timeouts, t.lost, t.checksum_failures),
+            (0, 0, 0),
+            "{}",
+            s.name
+        );
+        assert_eq!(s.violation_count, 0, "{}: {:?}", s.name, s.violations);
+        assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+    }
+    let mut sets = MPI_DISAGG_SETS.to_vec();
+    sets.drain(..4);
+    let s = disagg_small(&sets);
+    assert_eq!(r.per_request, simulate(&s).per_request);
+}
+
+#[test]
+fn mpi_disaggregated_lost_kv_fails_only_those_requests_by_timeout_without_leaks() {
+    let Some(bin) = mpi_bin() else { return };
+    let (out, json) = mpi_disagg(
+        &bin,
+        &[
+            "faults.lost_transfer_every=3",
+            "server.cache_transceiver_config.kv_transfer_timeout_ms=300",
+        ],
+        "disagg-mpi-lost.json",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    // Each ctx rank process loses every third KV send of its own.
+    let lost = r.servers[0].transfers.lost;
+    assert!(lost >= 2, "{lost}");
+    let failed: Vec<_> = r
+        .per_request
+        .iter()
+        .filter(|d| d.failure.is_some())
+        .collect();
+    assert_eq!(r.requests.completed + r.requests.failed, 40);
+    assert_eq!(failed.len() as u64, lost, "{failed:?}");
+    for d in &failed {
+        let why = d.failure.as_deref().unwrap_or_default();
+        assert!(why.contains("kv transfer timed out after 300 ms"), "{why}");
+        assert_eq!(d.output_tokens, 1, "{d:?}");
+    }
+    for s in &r.servers {
+        assert_eq!(s.transfers.timeouts, lost, "{}", s.name);
+        assert_eq!(s.violation_count, 0, "{}: {:?}", s.name, s.violations);
+        assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+    }
+}
+
+#[test]
+fn mpi_disaggregated_world_size_mismatch_names_both_numbers() {
+    let Some(bin) = mpi_bin() else { return };
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/disagg-small.toml");
+    // disagg-small as shipped: 1 front + ctx dp 2 + gen dp 4 = 7 processes.
+    let out = mpirun(&bin, 5, &[example.to_str().unwrap(), "--preload"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("world size 5") && err.contains("7 processes"),
+        "{err}"
+    );
+}

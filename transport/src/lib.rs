@@ -22,7 +22,7 @@ pub use collective::{Collective, CollectiveError};
 pub use in_process::{InProcessGroup, InProcessMember};
 pub use ingress::{IngressError, IngressQueue};
 #[cfg(feature = "mpi")]
-pub use mpi_group::MpiMember;
+pub use mpi_group::{MpiMember, MpiPeers};
 
 #[cfg(all(test, not(lockstep_loom)))]
 mod tests;

@@ -1,11 +1,14 @@
 //! The MPI group (feature `mpi`): one process per rank under `mpirun`, collectives over
-//! `MPI_COMM_WORLD` through rsmpi. Every payload travels with its `(iteration, phase)`
+//! `MPI_COMM_WORLD` — or, when the world holds several servers, over each server's own
+//! communicator split from it — through rsmpi; point-to-point messages between servers
+//! (front door to a server's rank 0, transceiver to transceiver) go over the world. Every payload travels with its `(iteration, phase)`
 //! tag; a rank whose tag differs gets `TagMismatch` naming both ranks and both tags
 //! instead of corrupted data. MPI collectives cannot time out: a stuck peer is caught by
 //! the driver's watchdog, which aborts the whole job.
 
 use mpi::collective::SystemOperation;
 use mpi::datatype::PartitionMut;
+use mpi::point_to_point::MatchedReceiveVec;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use serde::Serialize;
@@ -17,8 +20,11 @@ use crate::collective::{Collective, CollectiveError};
 
 /// This process's membership of the MPI world.
 pub struct MpiMember {
-    // Dropped last: finalises MPI.
+    /// The group the collectives run over: the world, or this process's server.
+    comm: SimpleCommunicator,
+    /// Point-to-point messages between servers.
     world: SimpleCommunicator,
+    // Dropped last: finalises MPI.
     _universe: mpi::environment::Universe,
 }
 
@@ -28,16 +34,79 @@ impl MpiMember {
     pub fn init() -> Result<MpiMember, CollectiveError> {
         let universe = mpi::initialize()
             .ok_or_else(|| CollectiveError::GroupBroken("MPI was already initialised".into()))?;
-        let world = universe.world();
         Ok(MpiMember {
-            world,
+            comm: universe.world(),
+            world: universe.world(),
             _universe: universe,
         })
+    }
+
+    /// Collectives from now on run among the processes that passed the same `group`
+    /// (a collective call on every process of the world), ranked in world order.
+    pub fn split(self, group: usize) -> Result<MpiMember, CollectiveError> {
+        let color = mpi::topology::Color::with_value(group as i32);
+        let comm = self
+            .world
+            .split_by_color_with_key(color, self.world.rank())
+            .ok_or_else(|| {
+                CollectiveError::GroupBroken(format!("splitting the MPI world by group {group}"))
+            })?;
+        Ok(MpiMember { comm, ..self })
+    }
+
+    /// This process's rank in the world.
+    pub fn world_rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+
+    /// Processes in the world.
+    pub fn world_size(&self) -> usize {
+        self.world.size() as usize
+    }
+
+    /// A handle for point-to-point messages over the world, usable while this member is
+    /// borrowed for collectives (its own duplicate of the world communicator: a
+    /// collective call on every process of the world).
+    pub fn peers(&self) -> MpiPeers {
+        MpiPeers {
+            world: self.world.duplicate(),
+        }
     }
 
     /// Aborts every process of the job (used by the watchdog path).
     pub fn abort(&self, code: i32) -> ! {
         self.world.abort(code)
+    }
+}
+
+/// Point-to-point messages between processes of the world, on numbered channels (MPI
+/// tags). Bytes only: callers encode. Drop every handle before its [`MpiMember`].
+pub struct MpiPeers {
+    world: SimpleCommunicator,
+}
+
+impl MpiPeers {
+    /// This process's rank in the world.
+    pub fn world_rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+
+    /// Sends `bytes` to world rank `to` on `channel` (returns once MPI holds them).
+    pub fn send_to(&self, to: usize, channel: i32, bytes: &[u8]) {
+        self.world
+            .process_at_rank(to as i32)
+            .send_with_tag(bytes, channel);
+    }
+
+    /// A message waiting on `channel`, from any process: its sender's world rank and its
+    /// bytes.
+    pub fn try_receive(&self, channel: i32) -> Option<(usize, Vec<u8>)> {
+        let probed = self
+            .world
+            .any_process()
+            .immediate_matched_probe_with_tag(channel)?;
+        let (bytes, status) = probed.matched_receive_vec::<u8>();
+        Some((status.source_rank() as usize, bytes))
     }
 }
 
@@ -82,14 +151,14 @@ fn layout(lens: &[i32]) -> (Vec<i32>, Vec<u8>) {
 
 impl MpiMember {
     fn allgather_bytes(&self, mine: &[u8]) -> Vec<Vec<u8>> {
-        let size = self.world.size() as usize;
+        let size = self.comm.size() as usize;
         let len = mine.len() as i32;
         let mut lens = vec![0i32; size];
-        self.world.all_gather_into(&len, &mut lens[..]);
+        self.comm.all_gather_into(&len, &mut lens[..]);
         let (displs, mut buf) = layout(&lens);
         {
             let mut partition = PartitionMut::new(&mut buf[..], &lens[..], &displs[..]);
-            self.world.all_gather_varcount_into(mine, &mut partition);
+            self.comm.all_gather_varcount_into(mine, &mut partition);
         }
         lens.iter()
             .zip(&displs)
@@ -102,7 +171,7 @@ impl MpiMember {
         mine: CollectiveTag,
         tags: impl IntoIterator<Item = (usize, CollectiveTag)>,
     ) -> Result<(), CollectiveError> {
-        let me = self.world.rank() as usize;
+        let me = self.comm.rank() as usize;
         for (rank, tag) in tags {
             if tag != mine {
                 return Err(CollectiveError::TagMismatch {
@@ -119,11 +188,11 @@ impl MpiMember {
 
 impl Collective for MpiMember {
     fn rank(&self) -> usize {
-        self.world.rank() as usize
+        self.comm.rank() as usize
     }
 
     fn size(&self) -> usize {
-        self.world.size() as usize
+        self.comm.size() as usize
     }
 
     fn allgather<T: Serialize + DeserializeOwned>(
@@ -158,7 +227,7 @@ impl Collective for MpiMember {
         };
         // Count first, then payload.
         let mut len = bytes.len() as u64;
-        let root_process = self.world.process_at_rank(root as i32);
+        let root_process = self.comm.process_at_rank(root as i32);
         root_process.broadcast_into(&mut len);
         if !is_root {
             bytes = vec![0u8; len as usize];
@@ -179,7 +248,7 @@ impl Collective for MpiMember {
         let tags: Vec<CollectiveTag> = self.allgather(tag, &tag)?;
         let _ = tags;
         let mut out = 0u64;
-        self.world
+        self.comm
             .all_reduce_into(&mine, &mut out, SystemOperation::max());
         Ok(out)
     }
@@ -192,7 +261,7 @@ impl Collective for MpiMember {
     ) -> Result<Option<Vec<T>>, CollectiveError> {
         let bytes = encode(tag, mine)?;
         let size = self.size();
-        let root_process = self.world.process_at_rank(root as i32);
+        let root_process = self.comm.process_at_rank(root as i32);
         let len = bytes.len() as i32;
         if self.rank() != root {
             root_process.gather_into(&len);

@@ -45,9 +45,9 @@ use crate::scenario::{FrontPolicy, Scenario};
 use crate::workload::Workload;
 
 /// One server of the scenario, ready to start.
-struct PlannedServer<'a> {
-    config: &'a ServerConfig,
-    sizes: DerivedSizes,
+pub(crate) struct PlannedServer<'a> {
+    pub(crate) config: &'a ServerConfig,
+    pub(crate) sizes: DerivedSizes,
 }
 
 /// Where each handed-off request's KV lives, written by the front before the request
@@ -89,13 +89,13 @@ impl Mailboxes {
 }
 
 /// Fault injection: loses the KV blocks of every n-th transfer on the wire.
-struct KvLoss {
-    every: Option<u64>,
-    sent: AtomicU64,
+pub(crate) struct KvLoss {
+    pub(crate) every: Option<u64>,
+    pub(crate) sent: AtomicU64,
 }
 
 impl KvLoss {
-    fn lose_this_one(&self) -> bool {
+    pub(crate) fn lose_this_one(&self) -> bool {
         let n = self.sent.fetch_add(1, Ordering::Relaxed) + 1;
         self.every.is_some_and(|e| e > 0 && n.is_multiple_of(e))
     }
@@ -153,8 +153,8 @@ impl TransferPort for RankTransport {
     }
 }
 
-/// What reaches the front thread.
-enum FrontInput {
+/// What reaches the front.
+pub(crate) enum FrontInput {
     /// From the client.
     Client(IngressItem),
     /// Gathered by a server's rank 0.
@@ -196,31 +196,98 @@ impl Drop for ServerDoor {
     }
 }
 
+/// How the front reaches the servers and their transceivers: queues and channels in one
+/// process (`threads`), messages between processes (`mpi`).
+pub trait FrontLinks {
+    /// Queues `item` on server `server`'s ingress (its rank 0 reads it); `Err` says why
+    /// the server cannot take it.
+    fn submit(&mut self, server: usize, item: IngressItem) -> Result<(), String>;
+    /// Tells gen server `server` where the KV of `id` lives, before the request reaches
+    /// it (the front cannot know which of its ranks the router will pick).
+    fn locate(&mut self, server: usize, id: ReqId, at: KvAddress);
+    /// Forgets a location told earlier (the request never reached a gen rank).
+    fn forget(&mut self, id: ReqId);
+    /// A message for a rank's transceiver.
+    fn to_peer(&mut self, to: KvAddress, message: PeerMessage);
+}
+
+/// The links of the threads driver.
+struct ThreadLinks {
+    ingresses: Vec<IngressQueue<IngressItem>>,
+    directory: Arc<KvDirectory>,
+    mailboxes: Arc<Mailboxes>,
+}
+
+impl FrontLinks for ThreadLinks {
+    fn submit(&mut self, server: usize, item: IngressItem) -> Result<(), String> {
+        self.ingresses[server]
+            .push(item)
+            .map_err(|e| format!("ingress: {e}"))
+    }
+
+    fn locate(&mut self, _server: usize, id: ReqId, at: KvAddress) {
+        self.directory.insert(id, at);
+    }
+
+    fn forget(&mut self, id: ReqId) {
+        self.directory.take(id);
+    }
+
+    fn to_peer(&mut self, to: KvAddress, message: PeerMessage) {
+        self.mailboxes.send(to, message);
+    }
+}
+
 /// The front's view of one server.
-struct FrontServer {
+pub(crate) struct FrontServer {
     role: Role,
-    ingress: IngressQueue<IngressItem>,
     /// Requests sent there and not yet ended there (the `load_balancing` policy).
     outstanding: u64,
     shutdown_sent: bool,
     stopped: bool,
 }
 
-/// The front thread's state.
-struct Front {
+/// The front's state (the threads driver runs it on its own thread, the MPI driver in
+/// its front process).
+pub(crate) struct Front<L: FrontLinks> {
     policy: FrontPolicy,
     servers: Vec<FrontServer>,
     specs: HashMap<ReqId, RequestSpec>,
     /// Handed-off requests: where their KV lives, to abort the send if the gen side fails.
     kv_of: HashMap<ReqId, KvAddress>,
-    directory: Arc<KvDirectory>,
-    mailboxes: Arc<Mailboxes>,
+    links: L,
     to_client: Sender<Vec<RankResponses>>,
     /// Round-robin pointers: ctx, gen.
     round_robin: [usize; 2],
 }
 
-impl Front {
+impl<L: FrontLinks> Front<L> {
+    /// A front over servers of `roles` (scenario order).
+    pub(crate) fn new(
+        policy: FrontPolicy,
+        roles: &[Role],
+        links: L,
+        to_client: Sender<Vec<RankResponses>>,
+    ) -> Front<L> {
+        Front {
+            policy,
+            servers: roles
+                .iter()
+                .map(|&role| FrontServer {
+                    role,
+                    outstanding: 0,
+                    shutdown_sent: false,
+                    stopped: false,
+                })
+                .collect(),
+            specs: HashMap::new(),
+            kv_of: HashMap::new(),
+            links,
+            to_client,
+            round_robin: [0, 0],
+        }
+    }
+
     /// Server selection among those of `role` (`[front] policy`): round robin, or the
     /// fewest requests outstanding at the front (`load_balancing`; `kv_aware` too: the
     /// front of this driver cannot see the servers' KV caches).
@@ -245,12 +312,14 @@ impl Front {
     /// Queues `spec` on `server`; a server that cannot take it fails the request (it is
     /// never lost) and this returns false.
     fn submit(&mut self, server: usize, spec: RequestSpec) -> bool {
-        let s = &mut self.servers[server];
-        s.outstanding += 1;
-        let Err(e) = s.ingress.push(IngressItem::Request(spec.clone())) else {
+        self.servers[server].outstanding += 1;
+        let Err(e) = self
+            .links
+            .submit(server, IngressItem::Request(spec.clone()))
+        else {
             return true;
         };
-        s.outstanding -= 1;
+        self.servers[server].outstanding -= 1;
         let _ = self.to_client.send(vec![RankResponses {
             rank: RankId(0),
             responses: vec![Response {
@@ -258,23 +327,24 @@ impl Front {
                 new_tokens: 0,
                 last_token: 0,
                 generated: spec.generated_before,
-                finish: Some(Finish::Failed(format!("ingress: {e}"))),
+                finish: Some(Finish::Failed(e)),
             }],
         }]);
         false
     }
 
     fn shutdown(&mut self, role: Role) {
-        for s in self.servers.iter_mut().filter(|s| s.role == role) {
-            if !s.shutdown_sent {
+        for i in 0..self.servers.len() {
+            let s = &mut self.servers[i];
+            if s.role == role && !s.shutdown_sent {
                 s.shutdown_sent = true;
-                let _ = s.ingress.push(IngressItem::Shutdown);
+                let _ = self.links.submit(i, IngressItem::Shutdown);
             }
         }
     }
 
     /// Returns false once every server has stopped.
-    fn handle(&mut self, input: FrontInput) -> bool {
+    pub(crate) fn handle(&mut self, input: FrontInput) -> bool {
         match input {
             FrontInput::Client(IngressItem::Request(spec)) => {
                 let target = self.pick(Role::Ctx);
@@ -332,7 +402,7 @@ impl Front {
                             .is_none_or(|spec| spec.max_new_tokens <= 1);
                         if single_token {
                             // Its only output token is out: done, and nobody will pull.
-                            self.mailboxes.send(here, PeerMessage::Release { id });
+                            self.links.to_peer(here, PeerMessage::Release { id });
                             r.finish = Some(Finish::Completed);
                             self.specs.remove(&id);
                         } else if let Some(spec) = self.specs.get(&id) {
@@ -342,13 +412,13 @@ impl Front {
                             // prompt's block hashes (prefix reuse) mean nothing there.
                             spec.block_hashes = Vec::new();
                             self.kv_of.insert(id, here);
-                            self.directory.insert(id, here);
                             let target = self.pick(Role::Gen);
+                            self.links.locate(target, id, here);
                             if !self.submit(target, spec) {
                                 // Nobody will pull: the ctx side frees its KV now.
-                                self.directory.take(id);
+                                self.links.forget(id);
                                 self.kv_of.remove(&id);
-                                self.mailboxes.send(
+                                self.links.to_peer(
                                     here,
                                     PeerMessage::Abort {
                                         id,
@@ -363,10 +433,10 @@ impl Front {
                             Some(Finish::Failed(why)) => why.clone(),
                             _ => "cancelled".to_string(),
                         };
-                        self.directory.take(id);
+                        self.links.forget(id);
                         if let Some(ctx) = self.kv_of.remove(&id) {
                             // The ctx side must free its KV too (ignored if it already did).
-                            self.mailboxes.send(
+                            self.links.to_peer(
                                 ctx,
                                 PeerMessage::Abort {
                                     id,
@@ -397,7 +467,7 @@ impl Front {
 
 /// Checks the scenario (ctx and gen servers, one block size, no simulator-only fault)
 /// and derives every server's sizes.
-fn plan(scenario: &Scenario) -> Result<Vec<PlannedServer<'_>>, DriverError> {
+pub(crate) fn plan(scenario: &Scenario) -> Result<Vec<PlannedServer<'_>>, DriverError> {
     let roles: Vec<Role> = scenario.servers.iter().map(|s| s.role).collect();
     if roles.contains(&Role::Agg) {
         return Err(DriverError::Invalid(
@@ -451,11 +521,28 @@ fn plan(scenario: &Scenario) -> Result<Vec<PlannedServer<'_>>, DriverError> {
     Ok(planned)
 }
 
-/// What one rank thread hands back.
-struct RankEnd {
-    run: RankRun,
-    transfers: TransferStats,
-    lost: u64,
+/// What one rank hands back for the report: its executor's summary and its
+/// transceiver's counters (sent to the front process under MPI).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct RankEnd {
+    pub(crate) summary: RankSummary,
+    pub(crate) transfers: TransferStats,
+    pub(crate) lost: u64,
+}
+
+impl RankEnd {
+    pub(crate) fn of(run: RankRun, transfers: TransferStats, lost: u64) -> RankEnd {
+        RankEnd {
+            summary: RankSummary::of(
+                &run.exec,
+                run.iterations,
+                run.violations,
+                run.violation_count,
+            ),
+            transfers,
+            lost,
+        }
+    }
 }
 
 /// Runs a disaggregated scenario: every rank of every server on its own thread, KV moved
@@ -515,26 +602,17 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
         opts.time_scale,
         opts.preload,
     )?;
-    let mut front = Front {
-        policy: scenario.front.policy,
-        servers: planned
-            .iter()
-            .zip(&ingresses)
-            .map(|(p, ingress)| FrontServer {
-                role: p.config.role,
-                ingress: ingress.clone(),
-                outstanding: 0,
-                shutdown_sent: false,
-                stopped: false,
-            })
-            .collect(),
-        specs: HashMap::new(),
-        kv_of: HashMap::new(),
-        directory: directory.clone(),
-        mailboxes: mailboxes.clone(),
-        to_client: client_tx,
-        round_robin: [0, 0],
-    };
+    let roles: Vec<Role> = planned.iter().map(|p| p.config.role).collect();
+    let mut front = Front::new(
+        scenario.front.policy,
+        &roles,
+        ThreadLinks {
+            ingresses: ingresses.clone(),
+            directory: directory.clone(),
+            mailboxes: mailboxes.clone(),
+        },
+        client_tx,
+    );
 
     // With `preload`, every arrival reaches the ctx servers' ingress queues before any
     // rank runs: the first fetch sees them all, as in the other drivers.
@@ -591,11 +669,11 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
                         &Arc::new(Progress::default()),
                         &loop_opts,
                     )?;
-                    Ok(RankEnd {
+                    Ok(RankEnd::of(
                         run,
-                        transfers: transport.transceiver.stats().clone(),
-                        lost: transport.lost,
-                    })
+                        transport.transceiver.stats().clone(),
+                        transport.lost,
+                    ))
                 })
                 .map_err(|e| DriverError::Invalid(format!("spawning {name}: {e}")))?;
             handles.push((s, handle));
@@ -663,7 +741,7 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
     let servers = planned
         .iter()
         .zip(ends)
-        .map(|(p, ends)| server_section(p, ends, end_s))
+        .map(|(p, ends)| server_section(p.config, &p.sizes, ends, end_s))
         .collect();
     Ok(assemble_report(
         scenario,
@@ -677,7 +755,12 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
 }
 
 /// One server's report: the ranks' summaries plus their transceivers' counters.
-fn server_section(p: &PlannedServer<'_>, ends: Vec<RankEnd>, end_s: f64) -> ServerReport {
+pub(crate) fn server_section(
+    config: &ServerConfig,
+    sizes: &DerivedSizes,
+    ends: Vec<RankEnd>,
+    end_s: f64,
+) -> ServerReport {
     let mut durations_ms = Vec::new();
     let (mut count, mut bytes, mut failures, mut checksum_failures, mut lost) = (0, 0, 0, 0, 0);
     let mut summaries = Vec::with_capacity(ends.len());
@@ -689,18 +772,12 @@ fn server_section(p: &PlannedServer<'_>, ends: Vec<RankEnd>, end_s: f64) -> Serv
         checksum_failures += t.checksum_failures;
         lost += end.lost;
         durations_ms.extend(t.durations_ns.iter().map(|&ns| ns as f64 / 1e6));
-        let run = end.run;
-        summaries.push(RankSummary::of(
-            &run.exec,
-            run.iterations,
-            run.violations,
-            run.violation_count,
-        ));
+        summaries.push(end.summary);
     }
     let mut report = server_report(
-        &p.config.name,
-        p.config.role,
-        p.sizes.max_batch_size,
+        &config.name,
+        config.role,
+        sizes.max_batch_size,
         &summaries,
         end_s,
     );

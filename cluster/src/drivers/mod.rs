@@ -7,6 +7,8 @@ pub mod device;
 pub mod disagg_threads;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "mpi")]
+pub mod mpi_disagg;
 pub mod overhead;
 pub mod rank_loop;
 pub mod threads;

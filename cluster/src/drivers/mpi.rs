@@ -32,7 +32,7 @@ pub struct MpiOptions {
     pub mismatch_tag_at: Option<(usize, u64)>,
 }
 
-fn watchdog(rank: usize, progress: Arc<Progress>, limit: Duration) {
+pub(crate) fn watchdog(rank: usize, progress: Arc<Progress>, limit: Duration) {
     std::thread::spawn(move || {
         let mut last = progress.iteration.load(Ordering::Relaxed);
         let mut since = Instant::now();
