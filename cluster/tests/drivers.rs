@@ -642,3 +642,27 @@ fn mpi_disaggregated_world_size_mismatch_names_both_numbers() {
         "{err}"
     );
 }
+
+#[test]
+fn disaggregated_serving_completes_every_request_under_the_legacy_policy_too() {
+    // threads
+    let mut s = disagg_small(&[]);
+    s.apply_set("policy.preset=legacy").unwrap();
+    let r = disagg_threads_run(&s, None);
+    assert!(!r.legacy_switches.is_empty());
+    assert_eq!(r.requests.completed, 40, "{:?}", r.per_request);
+    // mpi
+    let Some(bin) = mpi_bin() else { return };
+    let (out, json) = mpi_disagg(&bin, &["policy.preset=legacy"], "disagg-mpi-legacy.json");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert!(!m.legacy_switches.is_empty());
+    assert_eq!(m.requests.completed, 40, "{:?}", m.per_request);
+    for s in &m.servers {
+        assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+    }
+}
