@@ -493,9 +493,8 @@ impl Transceiver {
 
     fn end(&mut self, now_ns: u64, id: ReqId, outcome: TransferOutcome) {
         let failure = match &outcome {
+            TransferOutcome::Done => None,
             TransferOutcome::Failed(reason) => Some(reason.clone()),
-            // A transceiver only ends transfers as done or failed.
-            TransferOutcome::Done | TransferOutcome::PeerReady => None,
         };
         self.ended.insert(id, failure);
         self.ended_order.push_back((now_ns, id));

@@ -666,3 +666,37 @@ fn disaggregated_serving_completes_every_request_under_the_legacy_policy_too() {
         assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
     }
 }
+
+#[test]
+fn generation_first_serving_promotes_every_request_and_streams_the_simulators_tokens() {
+    let first = "server.ctx0.cache_transceiver_config.generation_first=true";
+    let s = disagg_small(&[first]);
+    let sim = simulate(&s);
+    let promoted = |r: &Report| {
+        r.servers
+            .iter()
+            .find(|s| s.name == "ctx0")
+            .unwrap()
+            .transfers
+            .generation_first_promoted
+    };
+    assert_eq!(sim.requests.completed, 40);
+    assert_eq!(promoted(&sim), 40);
+    let t = disagg_threads_run(&s, None);
+    assert_eq!(t.requests.completed, 40, "{:?}", t.per_request);
+    assert_eq!(promoted(&t), 40);
+    assert_eq!(t.per_request, sim.per_request);
+    let Some(bin) = mpi_bin() else { return };
+    let (out, json) = mpi_disagg(&bin, &[first], "disagg-mpi-first.json");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(m.requests.completed, 40, "{:?}", m.per_request);
+    assert_eq!(promoted(&m), 40);
+    let mut sets = MPI_DISAGG_SETS[4..].to_vec();
+    sets.push(first);
+    assert_eq!(m.per_request, simulate(&disagg_small(&sets)).per_request);
+}

@@ -147,6 +147,7 @@ impl Harness {
                 requests: ingress.drain(..).collect(),
                 cancellations: std::mem::take(cancellations),
                 shutdown: false,
+                peers_ready: Vec::new(),
                 now_ns,
             })
         };

@@ -55,6 +55,10 @@ pub struct FetchBatch {
     pub cancellations: Vec<ReqId>,
     /// Stop after the work in hand.
     pub shutdown: bool,
+    /// ctx server, generation-first mode (§8): requests whose gen peer the front has
+    /// named. Broadcast with the fetch, so every rank agrees on the promoted set.
+    #[serde(default)]
+    pub peers_ready: Vec<ReqId>,
     /// Rank 0's clock when it fetched (virtual in the simulator): broadcast, so every
     /// rank applies time-based rules (the transport budget's stale receives) alike.
     pub now_ns: u64,
@@ -245,8 +249,6 @@ pub enum TransferOutcome {
     Done,
     /// Failed or timed out, with a reason.
     Failed(String),
-    /// ctx side, generation-first mode: the gen peer is known; the request may prefill.
-    PeerReady,
 }
 
 /// A transfer event delivered to a rank by its driver.

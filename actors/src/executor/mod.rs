@@ -212,6 +212,9 @@ pub struct RankExecutor {
     pad_path: PadPath,
     /// ctx server in generation-first mode (§8): arrivals wait for their gen peer.
     generation_first: bool,
+    /// Generation-first: waiting requests whose gen peer is already named (replicated:
+    /// every rank reads the same fetches); they arrive ready to prefill.
+    peer_known: BTreeSet<ReqId>,
     chunked_prefill: bool,
     window: SchedulableWindow,
     iteration: u64,
@@ -288,6 +291,7 @@ impl RankExecutor {
             pad_path,
             generation_first: server.role == Role::Ctx
                 && server.cache_transceiver_config.generation_first,
+            peer_known: BTreeSet::new(),
             chunked_prefill: server.enable_chunked_prefill,
             window,
             iteration: 0,
@@ -414,20 +418,6 @@ impl RankExecutor {
     /// Delivers a transfer event from the transceiver; applied in the next transfer
     /// phase (a consensus collective, §3.9).
     pub fn handle_transfer_event(&mut self, event: TransferEvent) -> Result<(), ExecutorError> {
-        if event.outcome == TransferOutcome::PeerReady {
-            let waiting = self.active.iter().any(|r| {
-                r.id() == event.id
-                    && r.state == crate::request::RequestState::DisaggContextWaitScheduler
-            });
-            if !waiting {
-                return Err(ExecutorError::UnknownTransfer {
-                    rank: self.rank,
-                    id: event.id,
-                });
-            }
-            self.pending_transfer_events.push(event);
-            return Ok(());
-        }
         let in_transfer = self.sending.iter().any(|r| r.id() == event.id)
             || self.active.iter().any(|r| {
                 r.id() == event.id

@@ -110,6 +110,9 @@ impl RankExecutor {
                 }
             }
         }
+        for &id in &fetched.peers_ready {
+            self.peer_ready(id);
+        }
         self.scratch.loads.clear();
         self.scratch.loads.extend(gathered.iter().map(|s| RankLoad {
             requests: s.counts.routable,
@@ -231,9 +234,18 @@ impl RankExecutor {
         };
         let mut routed_now = 0;
         for (spec, rank) in popped.drain(..).zip(&assignment.ranks) {
+            // Replicated on every rank, whichever rank the request goes to.
+            let peer_known = self.peer_known.remove(&spec.id);
             if *rank == self.rank {
                 self.totals.routing_digest = crate::kv::mix(self.totals.routing_digest ^ spec.id.0);
-                self.push_active(Request::new(spec, arrival_state));
+                let state = if peer_known {
+                    self.totals.generation_first_promoted += 1;
+                    self.scratch.stats.generation_first_promoted += 1;
+                    RequestState::ContextInit
+                } else {
+                    arrival_state
+                };
+                self.push_active(Request::new(spec, state));
                 routed_now += 1;
             }
         }
@@ -974,7 +986,29 @@ impl RankExecutor {
         Ok(())
     }
 
+    /// Generation-first (§8): the front named `id`'s gen peer. Every rank reads the same
+    /// notice at the same iteration: a request still waiting is remembered (it will
+    /// arrive ready); a resident one in DISAGG_CONTEXT_WAIT_SCHEDULER is promoted by the
+    /// rank holding it; anything else (already promoted, gone) is ignored alike.
+    fn peer_ready(&mut self, id: ReqId) {
+        if !self.generation_first {
+            return;
+        }
+        if self.waiting.iter().any(|s| s.id == id) {
+            self.peer_known.insert(id);
+        } else if let Some(i) = self.find_active(id)
+            && self.active[i].state == RequestState::DisaggContextWaitScheduler
+        {
+            // A state changed since the gather: the routing-time counts start afresh.
+            self.scratch.gathered = None;
+            self.active[i].state = RequestState::ContextInit;
+            self.totals.generation_first_promoted += 1;
+            self.scratch.stats.generation_first_promoted += 1;
+        }
+    }
+
     fn cancel(&mut self, id: ReqId) {
+        self.peer_known.remove(&id);
         if let Some(pos) = self.waiting.iter().position(|s| s.id == id) {
             self.waiting.remove(pos);
             if self.rank.0 == 0 {

@@ -58,8 +58,11 @@ pub struct IterationStats {
     pub routed_now: u32,
     /// Requests popped from the waiting queue this iteration (all ranks).
     pub admitted_now: u32,
-    /// Transfer events (done, failed, peer ready) this rank applied this iteration.
+    /// Transfer events (done, failed) this rank applied this iteration.
     pub transfer_events_applied: u32,
+    /// Generation-first: requests this rank let prefill this iteration because their gen
+    /// peer was named.
+    pub generation_first_promoted: u32,
     /// Waiting queue length after admission (replicated).
     pub waiting: u32,
 }

@@ -127,16 +127,6 @@ impl RankExecutor {
     /// only (error response, resources freed), never the server (§8).
     pub(super) fn apply_transfer(&mut self, event: TransferEvent) {
         let failure = match event.outcome {
-            TransferOutcome::PeerReady => {
-                // Generation-first: the gen peer is known, the prefill may start.
-                if let Some(i) = self.find_active(event.id)
-                    && self.active[i].state == RequestState::DisaggContextWaitScheduler
-                {
-                    self.active[i].state = RequestState::ContextInit;
-                    self.totals.generation_first_promoted += 1;
-                }
-                return;
-            }
             TransferOutcome::Done => None,
             TransferOutcome::Failed(reason) => Some(reason),
         };

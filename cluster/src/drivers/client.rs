@@ -22,6 +22,8 @@ pub enum IngressItem {
     Request(RequestSpec),
     /// Finish the work in hand, then stop.
     Shutdown,
+    /// ctx server, generation-first mode: the front named this request's gen peer.
+    PeerReady(lockstep_actors::ids::ReqId),
 }
 
 /// The client.

@@ -241,6 +241,9 @@ impl FrontLinks for ThreadLinks {
 /// The front's view of one server.
 pub(crate) struct FrontServer {
     role: Role,
+    /// A ctx server in generation-first mode: its requests wait for the front to name
+    /// their gen peer.
+    generation_first: bool,
     /// Requests sent there and not yet ended there (the `load_balancing` policy).
     outstanding: u64,
     shutdown_sent: bool,
@@ -259,22 +262,26 @@ pub(crate) struct Front<L: FrontLinks> {
     to_client: Sender<Vec<RankResponses>>,
     /// Round-robin pointers: ctx, gen.
     round_robin: [usize; 2],
+    /// Generation-first: the gen server named for a request at arrival.
+    gen_peers: HashMap<ReqId, usize>,
 }
 
 impl<L: FrontLinks> Front<L> {
-    /// A front over servers of `roles` (scenario order).
+    /// A front over `servers` (scenario order).
     pub(crate) fn new(
         policy: FrontPolicy,
-        roles: &[Role],
+        servers: &[&ServerConfig],
         links: L,
         to_client: Sender<Vec<RankResponses>>,
     ) -> Front<L> {
         Front {
             policy,
-            servers: roles
+            servers: servers
                 .iter()
-                .map(|&role| FrontServer {
-                    role,
+                .map(|s| FrontServer {
+                    role: s.role,
+                    generation_first: s.role == Role::Ctx
+                        && s.cache_transceiver_config.generation_first,
                     outstanding: 0,
                     shutdown_sent: false,
                     stopped: false,
@@ -285,6 +292,7 @@ impl<L: FrontLinks> Front<L> {
             links,
             to_client,
             round_robin: [0, 0],
+            gen_peers: HashMap::new(),
         }
     }
 
@@ -348,11 +356,20 @@ impl<L: FrontLinks> Front<L> {
         match input {
             FrontInput::Client(IngressItem::Request(spec)) => {
                 let target = self.pick(Role::Ctx);
-                self.specs.insert(spec.id, spec.clone());
-                if !self.submit(target, spec.clone()) {
-                    self.specs.remove(&spec.id);
+                let id = spec.id;
+                self.specs.insert(id, spec.clone());
+                if !self.submit(target, spec) {
+                    self.specs.remove(&id);
+                    self.gen_peers.remove(&id);
+                } else if self.servers[target].generation_first {
+                    // Generation-first (§8): name the gen peer now and tell the ctx
+                    // server, whose ranks promote the request at the same fetch.
+                    let peer = self.pick(Role::Gen);
+                    self.gen_peers.insert(id, peer);
+                    let _ = self.links.submit(target, IngressItem::PeerReady(id));
                 }
             }
+            FrontInput::Client(IngressItem::PeerReady(_)) => {}
             FrontInput::Client(IngressItem::Shutdown) => self.shutdown(Role::Ctx),
             FrontInput::Responses { server, responses } => self.on_responses(server, responses),
             FrontInput::ServerStopped(server) => {
@@ -405,6 +422,7 @@ impl<L: FrontLinks> Front<L> {
                             self.links.to_peer(here, PeerMessage::Release { id });
                             r.finish = Some(Finish::Completed);
                             self.specs.remove(&id);
+                            self.gen_peers.remove(&id);
                         } else if let Some(spec) = self.specs.get(&id) {
                             let mut spec = spec.clone();
                             spec.generated_before = 1;
@@ -412,7 +430,10 @@ impl<L: FrontLinks> Front<L> {
                             // prompt's block hashes (prefix reuse) mean nothing there.
                             spec.block_hashes = Vec::new();
                             self.kv_of.insert(id, here);
-                            let target = self.pick(Role::Gen);
+                            let target = match self.gen_peers.remove(&id) {
+                                Some(peer) => peer,
+                                None => self.pick(Role::Gen),
+                            };
                             self.links.locate(target, id, here);
                             if !self.submit(target, spec) {
                                 // Nobody will pull: the ctx side frees its KV now.
@@ -445,12 +466,14 @@ impl<L: FrontLinks> Front<L> {
                             );
                         }
                         self.specs.remove(&id);
+                        self.gen_peers.remove(&id);
                     }
                     (_, Some(_)) => {
                         // Completed on the gen side, or failed on the ctx side (a failed
                         // send aborts the gen side through the transceivers).
                         self.kv_of.remove(&id);
                         self.specs.remove(&id);
+                        self.gen_peers.remove(&id);
                     }
                     (_, None) => {}
                 }
@@ -478,17 +501,6 @@ pub(crate) fn plan(scenario: &Scenario) -> Result<Vec<PlannedServer<'_>>, Driver
         return Err(DriverError::Invalid(
             "a disaggregated scenario needs at least one ctx and one gen server".into(),
         ));
-    }
-    if let Some(s) = scenario
-        .servers
-        .iter()
-        .find(|s| s.cache_transceiver_config.generation_first)
-    {
-        return Err(DriverError::Invalid(format!(
-            "server `{}`: cache_transceiver_config.generation_first = true runs in the simulator only; \
-             the real drivers' front does not name gen peers yet",
-            s.name
-        )));
     }
     if scenario.faults.timeouts_lost {
         return Err(DriverError::Invalid(
@@ -602,10 +614,10 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
         opts.time_scale,
         opts.preload,
     )?;
-    let roles: Vec<Role> = planned.iter().map(|p| p.config.role).collect();
+    let configs: Vec<&ServerConfig> = planned.iter().map(|p| p.config).collect();
     let mut front = Front::new(
         scenario.front.policy,
-        &roles,
+        &configs,
         ThreadLinks {
             ingresses: ingresses.clone(),
             directory: directory.clone(),

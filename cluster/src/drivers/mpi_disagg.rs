@@ -14,7 +14,7 @@ use crossbeam_channel::unbounded;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use lockstep_actors::config::Role;
+use lockstep_actors::config::ServerConfig;
 use lockstep_actors::executor::{
     CollectiveTag, FetchBatch, FetchMode, Phase, RankExecutor, RankResponses, TransferCommand,
     TransferEvent,
@@ -142,10 +142,11 @@ impl FrontDoor for MpiDoor<'_> {
                 match decode::<ToServer>(from, &bytes) {
                     Ok(ToServer::Item(IngressItem::Request(spec))) => batch.requests.push(spec),
                     Ok(ToServer::Item(IngressItem::Shutdown)) => batch.shutdown = true,
+                    Ok(ToServer::Item(IngressItem::PeerReady(id))) => batch.peers_ready.push(id),
                     Err(e) => tracing::warn!("{e}"),
                 }
             }
-            let got = !batch.requests.is_empty() || batch.shutdown;
+            let got = !batch.requests.is_empty() || batch.shutdown || !batch.peers_ready.is_empty();
             if mode == FetchMode::Poll || got || waited.elapsed() >= self.heartbeat {
                 break;
             }
@@ -476,10 +477,10 @@ fn run_front(
         opts.common.time_scale,
         opts.common.preload,
     )?;
-    let roles: Vec<Role> = planned.iter().map(|p| p.config.role).collect();
+    let configs: Vec<&ServerConfig> = planned.iter().map(|p| p.config).collect();
     let mut front = Front::new(
         scenario.front.policy,
-        &roles,
+        &configs,
         MpiLinks { peers, layout },
         client_tx,
     );

@@ -103,6 +103,7 @@ pub fn fetch_from(
         match item {
             IngressItem::Request(spec) => batch.requests.push(spec),
             IngressItem::Shutdown => batch.shutdown = true,
+            IngressItem::PeerReady(id) => batch.peers_ready.push(id),
         }
     }
     batch

@@ -21,7 +21,7 @@ use std::time::Instant;
 use lockstep_actors::config::Role;
 use lockstep_actors::executor::{Finish, TransferCommand, TransferEvent, TransferOutcome};
 use lockstep_actors::ids::{RankId, ReqId};
-use lockstep_actors::request::{RequestSpec, RequestState};
+use lockstep_actors::request::RequestSpec;
 use lockstep_gpu::{AnalyticBackend, ModelProfile};
 
 use crate::report::{Outcome, Report};
@@ -68,9 +68,9 @@ enum Event {
     TransferDone(ReqId),
     /// A KV transfer hit its timeout (it was lost, or slower than the timeout).
     TransferTimeout(ReqId),
-    /// Generation-first: the notice that a request's gen peer is known reaches its ctx
-    /// rank.
-    PeerReady(usize, RankId, ReqId),
+    /// Generation-first: the front's notice that a request's gen peer is named reaches
+    /// its ctx server's ingress.
+    PeerReady(usize, ReqId),
 }
 
 /// Per-request bookkeeping of the client side (shared with the real drivers).
@@ -227,8 +227,9 @@ impl Sim<'_, '_> {
             match event {
                 Event::IterationEnd(s) => self.end_iteration(s)?,
                 Event::TransferDone(id) => self.finish_transfer(id, None),
-                Event::PeerReady(s, rank, id) => {
-                    self.deliver(s, rank, id, TransferOutcome::PeerReady)
+                Event::PeerReady(s, id) => {
+                    self.servers[s].peers_ready.push(id);
+                    self.wake(s);
                 }
                 Event::TransferTimeout(id) => {
                     let ms = self.handoffs.get(&id).map_or(0, |h| h.timeout_ms);
@@ -258,6 +259,18 @@ impl Sim<'_, '_> {
         let id = spec.id;
         self.records.insert(id, Record::new(spec.clone(), at_ns));
         let target = self.pick(&[Role::Agg, Role::Ctx], &spec);
+        if self.scenario.servers[target]
+            .cache_transceiver_config
+            .generation_first
+        {
+            // Generation-first (§8): the gen peer is named now; the notice reaches the ctx
+            // server one control-link latency later, and its ranks promote the request
+            // (or let it arrive ready) all at the same fetch.
+            let peer = self.pick(&[Role::Gen], &spec);
+            self.gen_peers.insert(id, peer);
+            let latency = self.scenario.model.transfer_ns(&self.profile, 0);
+            self.push(at_ns + latency, Event::PeerReady(target, id));
+        }
         self.servers[target].ingress.push_back(spec);
         target
     }
@@ -443,13 +456,6 @@ impl Sim<'_, '_> {
                 }
             }
         }
-        if role == Role::Ctx
-            && self.scenario.servers[s]
-                .cache_transceiver_config
-                .generation_first
-        {
-            self.name_gen_peers(s);
-        }
         let progress = done.progress;
         self.servers[s].recycle(done);
         if let Some(p) = self.opts.progress.as_mut() {
@@ -473,28 +479,6 @@ impl Sim<'_, '_> {
             self.servers[s].state = ServerState::Stalled;
         }
         Ok(())
-    }
-
-    /// Generation-first (§8): the front picks a gen peer for every request newly waiting
-    /// in DISAGG_CONTEXT_WAIT_SCHEDULER on ctx server `s` and tells its ctx rank one link
-    /// latency later; the rank promotes it in the transfer consensus phase.
-    fn name_gen_peers(&mut self, s: usize) {
-        let mut waiting = Vec::new();
-        for r in self.servers[s].group.ranks() {
-            for q in r.active() {
-                if q.state == RequestState::DisaggContextWaitScheduler
-                    && !self.gen_peers.contains_key(&q.id())
-                {
-                    waiting.push((r.rank(), q.spec.clone()));
-                }
-            }
-        }
-        let latency = self.scenario.model.transfer_ns(&self.profile, 0);
-        for (rank, spec) in waiting {
-            let peer = self.pick(&[Role::Gen], &spec);
-            self.gen_peers.insert(spec.id, peer);
-            self.push(self.now + latency, Event::PeerReady(s, rank, spec.id));
-        }
     }
 
     fn end_request(&mut self, id: ReqId, completed: bool, failure: Option<String>) {

@@ -58,6 +58,8 @@ pub struct SimServer {
     pub max_batch_size: u32,
     pub group: ServerGroup,
     pub ingress: VecDeque<RequestSpec>,
+    /// Generation-first notices waiting for the next fetch.
+    pub peers_ready: Vec<lockstep_actors::ids::ReqId>,
     pub state: ServerState,
     pub transfers: TransferAcc,
     /// The running iteration's start, host and device time; its results are in `begun`.
@@ -90,6 +92,7 @@ impl SimServer {
             max_batch_size: sizes.max_batch_size,
             group,
             ingress: VecDeque::new(),
+            peers_ready: Vec::new(),
             state: ServerState::Idle,
             transfers: TransferAcc::default(),
             pending: None,
@@ -116,14 +119,16 @@ impl SimServer {
         backend: &impl Backend,
     ) -> Result<Option<u64>, lockstep_actors::executor::ExecutorError> {
         let ingress = &mut self.ingress;
+        let peers_ready = &mut self.peers_ready;
         let mut fetch = |mode: FetchMode| {
-            if mode == FetchMode::Block && ingress.is_empty() {
+            if mode == FetchMode::Block && ingress.is_empty() && peers_ready.is_empty() {
                 return None;
             }
             Some(FetchBatch {
                 requests: ingress.drain(..).collect(),
                 cancellations: Vec::new(),
                 shutdown: false,
+                peers_ready: std::mem::take(peers_ready),
                 now_ns: now,
             })
         };
@@ -180,6 +185,7 @@ impl SimServer {
             let st = &report.stats;
             progress |= st.admitted_now > 0
                 || st.transfer_events_applied > 0
+                || st.generation_first_promoted > 0
                 || !report.transfer_commands.is_empty();
             for c in &report.transfer_commands {
                 commands.push((st.rank, c.clone()));
