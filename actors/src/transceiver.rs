@@ -233,7 +233,8 @@ impl Transceiver {
     }
 
     /// One command of this rank's executor. A `Receive` needs to know where the KV
-    /// lives (`kv_at`, from the front); without it the receive fails at once.
+    /// lives: `kv_at` (from the driver) or the command's own `from` (the request's
+    /// `kv_source`); without either the receive fails at once.
     pub fn on_command(&mut self, now_ns: u64, command: &TransferCommand, kv_at: Option<KvAddress>) {
         match *command {
             TransferCommand::Send { id, blocks } => {
@@ -244,11 +245,11 @@ impl Transceiver {
                 s.command = Some((blocks, now_ns));
                 self.advance_send(now_ns, id);
             }
-            TransferCommand::Receive { id, blocks } => {
+            TransferCommand::Receive { id, blocks, from } => {
                 if self.ended.contains_key(&id) || self.receiving.contains_key(&id) {
                     return;
                 }
-                let Some(from) = kv_at else {
+                let Some(from) = kv_at.or(from) else {
                     self.fail_here(
                         now_ns,
                         id,
@@ -568,7 +569,11 @@ mod tests {
             }
             gen_side.on_command(
                 MS,
-                &TransferCommand::Receive { id, blocks: 3 },
+                &TransferCommand::Receive {
+                    id,
+                    blocks: 3,
+                    from: None,
+                },
                 Some(addr(0, 1)),
             );
             assert_eq!(pump(MS, &mut gen_side, &mut ctx), 1, "the pull");
@@ -607,7 +612,11 @@ mod tests {
         ctx.on_command(0, &TransferCommand::Send { id, blocks: 2 }, None);
         gen_side.on_command(
             MS,
-            &TransferCommand::Receive { id, blocks: 2 },
+            &TransferCommand::Receive {
+                id,
+                blocks: 2,
+                from: None,
+            },
             Some(addr(0, 1)),
         );
         pump(MS, &mut gen_side, &mut ctx);
@@ -666,7 +675,11 @@ mod tests {
         ));
         gen_side.on_command(
             150 * MS,
-            &TransferCommand::Receive { id, blocks: 1 },
+            &TransferCommand::Receive {
+                id,
+                blocks: 1,
+                from: None,
+            },
             Some(addr(0, 1)),
         );
         pump(150 * MS, &mut gen_side, &mut ctx);
@@ -684,7 +697,11 @@ mod tests {
         ctx.on_command(0, &TransferCommand::Send { id, blocks: 3 }, None);
         gen_side.on_command(
             0,
-            &TransferCommand::Receive { id, blocks: 3 },
+            &TransferCommand::Receive {
+                id,
+                blocks: 3,
+                from: None,
+            },
             Some(addr(0, 1)),
         );
         pump(0, &mut gen_side, &mut ctx);
@@ -720,6 +737,7 @@ mod tests {
             &TransferCommand::Receive {
                 id: ReqId(1),
                 blocks: 1,
+                from: None,
             },
             None,
         );
@@ -730,5 +748,25 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    #[test]
+    fn a_receive_pulls_from_the_location_its_request_carries() {
+        let (ctx, mut gen_side) = pair();
+        gen_side.on_command(
+            0,
+            &TransferCommand::Receive {
+                id: ReqId(1),
+                blocks: 1,
+                from: Some(ctx.address()),
+            },
+            None,
+        );
+        assert!(gen_side.take_events().is_empty());
+        let out = gen_side.take_outgoing();
+        assert!(
+            matches!(&out[..], [Outgoing { to, message: PeerMessage::Pull { .. } }] if *to == ctx.address()),
+            "{out:?}"
+        );
     }
 }

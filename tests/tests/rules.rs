@@ -433,7 +433,8 @@ fn s8_gen_request_waits_for_its_kv_then_decodes() {
         h.iterations[0].reports[0].transfer_commands[..],
         [TransferCommand::Receive {
             id: ReqId(1),
-            blocks: 2
+            blocks: 2,
+            from: None,
         }]
     ));
     h.group.ranks_mut()[0]

@@ -239,6 +239,8 @@ pub enum TransferCommand {
         id: ReqId,
         /// Blocks to receive.
         blocks: u32,
+        /// Where the KV lives, if the request said (`RequestSpec::kv_source`).
+        from: Option<crate::transceiver::KvAddress>,
     },
 }
 

@@ -638,9 +638,11 @@ impl RankExecutor {
         self.active[i].transfer_started_ns = Some(self.scratch.now_ns);
         self.totals.transfer_budget_admitted += 1;
         let blocks = self.kv.blocks_of(id);
-        self.scratch
-            .commands
-            .push(TransferCommand::Receive { id, blocks });
+        self.scratch.commands.push(TransferCommand::Receive {
+            id,
+            blocks,
+            from: self.active[i].spec.kv_source,
+        });
     }
 
     /// Phase 6: `can_queue = no rank scheduled zero`; commit or roll back the tentative

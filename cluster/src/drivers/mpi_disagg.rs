@@ -47,8 +47,6 @@ mod channel {
     pub const FRONT: i32 = 102;
     /// transceiver ↔ transceiver, front → transceiver: `PeerMessage`.
     pub const KV: i32 = 103;
-    /// front → every rank of a gen server: where a request's KV lives.
-    pub const LOCATE: i32 = 104;
 }
 
 /// front → a server's rank 0.
@@ -167,16 +165,13 @@ impl FrontDoor for MpiDoor<'_> {
     }
 }
 
-/// One rank's transfers over MPI: its transceiver, the KV locations the front announced,
-/// and receives waiting for theirs.
+/// One rank's transfers over MPI: its transceiver and its links to the other ranks. A
+/// receive pulls from the location its request carries (`RequestSpec::kv_source`, set by
+/// the front with the first token).
 struct MpiPort<'p> {
     peers: &'p MpiPeers,
     layout: &'p Layout,
     transceiver: Transceiver,
-    locations: std::collections::HashMap<ReqId, KvAddress>,
-    /// Receives whose KV location has not arrived yet, with when they were asked for.
-    unlocated: Vec<(TransferCommand, u64)>,
-    timeout_ns: u64,
     loss: KvLoss,
     lost: u64,
     clock: Instant,
@@ -185,35 +180,6 @@ struct MpiPort<'p> {
 impl MpiPort<'_> {
     fn now(&self) -> u64 {
         self.clock.elapsed().as_nanos() as u64
-    }
-
-    fn read_locations(&mut self) {
-        while let Some((from, bytes)) = self.peers.try_receive(channel::LOCATE) {
-            match decode::<(ReqId, KvAddress)>(from, &bytes) {
-                Ok((id, at)) => {
-                    self.locations.insert(id, at);
-                }
-                Err(e) => tracing::warn!("{e}"),
-            }
-        }
-    }
-
-    /// Hands the transceiver every receive whose location is known; one that waited a
-    /// whole transfer timeout for it goes without (and fails, naming why).
-    fn start_receives(&mut self, now: u64) {
-        let waiting = std::mem::take(&mut self.unlocated);
-        for (command, asked) in waiting {
-            let TransferCommand::Receive { id, .. } = command else {
-                continue;
-            };
-            match self.locations.remove(&id) {
-                Some(at) => self.transceiver.on_command(now, &command, Some(at)),
-                None if now.saturating_sub(asked) >= self.timeout_ns => {
-                    self.transceiver.on_command(now, &command, None)
-                }
-                None => self.unlocated.push((command, asked)),
-            }
-        }
     }
 
     fn flush(&mut self) {
@@ -232,20 +198,13 @@ impl TransferPort for MpiPort<'_> {
     fn commands(&mut self, commands: &[TransferCommand]) {
         let now = self.now();
         for command in commands {
-            match command {
-                TransferCommand::Send { .. } => self.transceiver.on_command(now, command, None),
-                TransferCommand::Receive { .. } => self.unlocated.push((command.clone(), now)),
-            }
+            self.transceiver.on_command(now, command, None);
         }
-        self.read_locations();
-        self.start_receives(now);
         self.flush();
     }
 
     fn poll(&mut self) -> Vec<TransferEvent> {
         let now = self.now();
-        self.read_locations();
-        self.start_receives(now);
         while let Some((from, bytes)) = self.peers.try_receive(channel::KV) {
             match decode::<PeerMessage>(from, &bytes) {
                 Ok(message) => self.transceiver.on_message(now, message),
@@ -262,10 +221,19 @@ impl TransferPort for MpiPort<'_> {
 struct MpiLinks<'p> {
     peers: &'p MpiPeers,
     layout: &'p Layout,
+    /// Where the KV of a request about to go to a gen server lives: it travels inside
+    /// the request (`RequestSpec::kv_source`), so whichever gen rank the server's router
+    /// picks knows it.
+    kv_sources: std::collections::HashMap<ReqId, KvAddress>,
 }
 
 impl FrontLinks for MpiLinks<'_> {
-    fn submit(&mut self, server: usize, item: IngressItem) -> Result<(), String> {
+    fn submit(&mut self, server: usize, mut item: IngressItem) -> Result<(), String> {
+        if let IngressItem::Request(spec) = &mut item
+            && let Some(at) = self.kv_sources.remove(&spec.id)
+        {
+            spec.kv_source = Some(at);
+        }
         self.peers.send_to(
             self.layout.first[server],
             channel::INGRESS,
@@ -274,17 +242,12 @@ impl FrontLinks for MpiLinks<'_> {
         Ok(())
     }
 
-    fn locate(&mut self, server: usize, id: ReqId, at: KvAddress) {
-        // Every rank of the gen server learns it: any of them may be routed the request.
-        let bytes = encode(&(id, at));
-        let first = self.layout.first[server];
-        for world_rank in first..first + self.layout.dp[server] {
-            self.peers.send_to(world_rank, channel::LOCATE, &bytes);
-        }
+    fn locate(&mut self, _server: usize, id: ReqId, at: KvAddress) {
+        self.kv_sources.insert(id, at);
     }
 
-    fn forget(&mut self, _id: ReqId) {
-        // A location nobody asks for costs a map entry on the gen ranks until they stop.
+    fn forget(&mut self, id: ReqId) {
+        self.kv_sources.remove(&id);
     }
 
     fn to_peer(&mut self, to: KvAddress, message: PeerMessage) {
@@ -408,9 +371,6 @@ fn run_server_rank(
         peers,
         layout,
         transceiver: Transceiver::new(at, timeout_ms, codec),
-        locations: std::collections::HashMap::new(),
-        unlocated: Vec::new(),
-        timeout_ns: timeout_ms * 1_000_000,
         loss: KvLoss {
             every: opts
                 .common
@@ -481,7 +441,11 @@ fn run_front(
     let mut front = Front::new(
         scenario.front.policy,
         &configs,
-        MpiLinks { peers, layout },
+        MpiLinks {
+            peers,
+            layout,
+            kv_sources: std::collections::HashMap::new(),
+        },
         client_tx,
     );
     let client_thread = std::thread::Builder::new()
