@@ -33,7 +33,7 @@ use lockstep_gpu::{Coefficients, kv_contents};
 use lockstep_transport::{InProcessGroup, IngressQueue};
 
 use super::DriverError;
-use super::client::{Client, IngressItem};
+use super::client::{Client, ClientResult, IngressItem};
 use super::rank_loop::{
     FrontDoor, LoopOptions, Progress, RankRun, TransferPort, run_rank_with_transfers,
 };
@@ -748,14 +748,28 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
     if let Some(e) = first_error {
         return Err(e);
     }
-    let result = result?;
+    Ok(fleet_report(
+        scenario, seed, &planned, ends, result?, started,
+    ))
+}
+
+/// The report of a disaggregated run: the client's records and one section per server
+/// (`ends[s]`: server `s`'s ranks in rank order). Shared by the threads and MPI drivers.
+pub(crate) fn fleet_report(
+    scenario: &Scenario,
+    seed: u64,
+    planned: &[PlannedServer<'_>],
+    ends: Vec<Vec<RankEnd>>,
+    result: ClientResult,
+    started: Instant,
+) -> Report {
     let end_s = result.end_ns as f64 / 1e9;
     let servers = planned
         .iter()
         .zip(ends)
         .map(|(p, ends)| server_section(p.config, &p.sizes, ends, end_s))
         .collect();
-    Ok(assemble_report(
+    assemble_report(
         scenario,
         seed,
         result.records,
@@ -763,7 +777,7 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
         started.elapsed().as_secs_f64(),
         servers,
         None,
-    ))
+    )
 }
 
 /// One server's report: the ranks' summaries plus their transceivers' counters.

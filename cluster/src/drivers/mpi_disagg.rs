@@ -27,12 +27,12 @@ use lockstep_transport::{Collective, MpiMember, MpiPeers};
 use super::DriverError;
 use super::client::{Client, IngressItem};
 use super::disagg_threads::{
-    Front, FrontInput, FrontLinks, KvLoss, PlannedServer, RankEnd, plan, server_section,
+    Front, FrontInput, FrontLinks, KvLoss, PlannedServer, RankEnd, fleet_report, plan,
 };
 use super::mpi::{MpiOptions, watchdog};
 use super::rank_loop::{FrontDoor, LoopOptions, Progress, TransferPort, run_rank_with_transfers};
 use super::threads::start_device;
-use crate::report::{Report, assemble_report};
+use crate::report::Report;
 use crate::scenario::Scenario;
 use crate::workload::Workload;
 
@@ -513,19 +513,5 @@ fn run_front(
     for end in &mut ends {
         end.sort_by_key(|e| e.summary.rank);
     }
-    let end_s = result.end_ns as f64 / 1e9;
-    let servers = planned
-        .iter()
-        .zip(ends)
-        .map(|(p, ends)| server_section(p.config, &p.sizes, ends, end_s))
-        .collect();
-    Ok(assemble_report(
-        scenario,
-        seed,
-        result.records,
-        result.end_ns,
-        started.elapsed().as_secs_f64(),
-        servers,
-        None,
-    ))
+    Ok(fleet_report(scenario, seed, planned, ends, result, started))
 }
