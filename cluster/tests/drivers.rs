@@ -402,15 +402,20 @@ fn mpi_world_size_mismatch_is_a_clear_error_on_every_rank() {
     let Some(bin) = mpi_bin() else { return };
     let path = temp("size.toml");
     std::fs::write(&path, scenario_text(4, true)).unwrap();
-    let out = mpirun(&bin, 2, &[path.to_str().unwrap(), "--preload"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("world size 2") && err.contains("dp = 4"),
-        "{err}"
-    );
+    // Aggregated dp 4 on 2 processes; disagg-small as shipped (1 front + ctx dp 2 + gen
+    // dp 4 = 7 processes) on 5.
+    let disagg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/disagg-small.toml");
+    for (scenario, n, says) in [
+        (&path, 2, ["world size 2", "dp = 4"]),
+        (&disagg, 5, ["world size 5", "7 processes"]),
+    ] {
+        let out = mpirun(&bin, n, &[scenario.to_str().unwrap(), "--preload"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(says.iter().all(|s| err.contains(s)), "{err}");
+    }
 }
 
 #[test]
@@ -544,7 +549,8 @@ const MPI_DISAGG_SETS: [&str; 5] = [
     "server.gen0.tensor_parallel_size=2",
 ];
 
-fn mpi_disagg(bin: &PathBuf, extra: &[&str], name: &str) -> (std::process::Output, PathBuf) {
+/// Runs the small MPI fleet with `extra` settings; it must succeed.
+fn mpi_disagg(bin: &PathBuf, extra: &[&str], name: &str) -> Report {
     let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/disagg-small.toml");
     let json = temp(name);
     let mut args: Vec<String> = vec![
@@ -560,19 +566,19 @@ fn mpi_disagg(bin: &PathBuf, extra: &[&str], name: &str) -> (std::process::Outpu
         args.push((*s).into());
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    (mpirun(bin, 5, &args).output().unwrap(), json)
-}
-
-#[test]
-fn mpi_disaggregated_serving_moves_checked_kv_and_streams_the_simulators_tokens() {
-    let Some(bin) = mpi_bin() else { return };
-    let (out, json) = mpi_disagg(&bin, &[], "disagg-mpi.json");
+    let out = mpirun(bin, 5, &args).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+}
+
+#[test]
+fn mpi_disaggregated_serving_moves_checked_kv_and_streams_the_simulators_tokens() {
+    let Some(bin) = mpi_bin() else { return };
+    let r = mpi_disagg(&bin, &[], "disagg-mpi.json");
     assert_moved_checked_kv_for_every_multi_token_request(&r);
     let mut sets = MPI_DISAGG_SETS.to_vec();
     sets.drain(..4);
@@ -583,7 +589,7 @@ fn mpi_disaggregated_serving_moves_checked_kv_and_streams_the_simulators_tokens(
 #[test]
 fn mpi_disaggregated_lost_kv_fails_only_those_requests_by_timeout_without_leaks() {
     let Some(bin) = mpi_bin() else { return };
-    let (out, json) = mpi_disagg(
+    let r = mpi_disagg(
         &bin,
         &[
             "faults.lost_transfer_every=3",
@@ -591,12 +597,6 @@ fn mpi_disaggregated_lost_kv_fails_only_those_requests_by_timeout_without_leaks(
         ],
         "disagg-mpi-lost.json",
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     // Each ctx rank process loses every third KV send of its own.
     let lost = r.servers[0].transfers.lost;
     assert!(lost >= 2, "{lost}");
@@ -620,22 +620,6 @@ fn mpi_disaggregated_lost_kv_fails_only_those_requests_by_timeout_without_leaks(
 }
 
 #[test]
-fn mpi_disaggregated_world_size_mismatch_names_both_numbers() {
-    let Some(bin) = mpi_bin() else { return };
-    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/disagg-small.toml");
-    // disagg-small as shipped: 1 front + ctx dp 2 + gen dp 4 = 7 processes.
-    let out = mpirun(&bin, 5, &[example.to_str().unwrap(), "--preload"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("world size 5") && err.contains("7 processes"),
-        "{err}"
-    );
-}
-
-#[test]
 fn disaggregated_serving_completes_every_request_under_the_legacy_policy_too() {
     // threads
     let mut s = disagg_small(&[]);
@@ -645,13 +629,7 @@ fn disaggregated_serving_completes_every_request_under_the_legacy_policy_too() {
     assert_eq!(r.requests.completed, 40, "{:?}", r.per_request);
     // mpi
     let Some(bin) = mpi_bin() else { return };
-    let (out, json) = mpi_disagg(&bin, &["policy.preset=legacy"], "disagg-mpi-legacy.json");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let m: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let m = mpi_disagg(&bin, &["policy.preset=legacy"], "disagg-mpi-legacy.json");
     assert!(!m.legacy_switches.is_empty());
     assert_eq!(m.requests.completed, 40, "{:?}", m.per_request);
     for s in &m.servers {
@@ -679,13 +657,7 @@ fn generation_first_serving_promotes_every_request_and_streams_the_simulators_to
     assert_eq!(promoted(&t), 40);
     assert_eq!(t.per_request, sim.per_request);
     let Some(bin) = mpi_bin() else { return };
-    let (out, json) = mpi_disagg(&bin, &[first], "disagg-mpi-first.json");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let m: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let m = mpi_disagg(&bin, &[first], "disagg-mpi-first.json");
     assert_eq!(m.requests.completed, 40, "{:?}", m.per_request);
     assert_eq!(promoted(&m), 40);
     let mut sets = MPI_DISAGG_SETS[4..].to_vec();
