@@ -232,10 +232,10 @@ impl Transceiver {
         format!("kv transfer timed out after {} ms", self.timeout_ms)
     }
 
-    /// One command of this rank's executor. A `Receive` needs to know where the KV
-    /// lives: `kv_at` (from the driver) or the command's own `from` (the request's
-    /// `kv_source`); without either the receive fails at once.
-    pub fn on_command(&mut self, now_ns: u64, command: &TransferCommand, kv_at: Option<KvAddress>) {
+    /// One command of this rank's executor. A `Receive` pulls from where its request's KV
+    /// lives (`from`: the request's `kv_source`, set by the front); without it the
+    /// receive fails at once.
+    pub fn on_command(&mut self, now_ns: u64, command: &TransferCommand) {
         match *command {
             TransferCommand::Send { id, blocks } => {
                 if self.ended.contains_key(&id) {
@@ -249,7 +249,7 @@ impl Transceiver {
                 if self.ended.contains_key(&id) || self.receiving.contains_key(&id) {
                     return;
                 }
-                let Some(from) = kv_at.or(from) else {
+                let Some(from) = from else {
                     self.fail_here(
                         now_ns,
                         id,
@@ -565,20 +565,19 @@ mod tests {
             let id = ReqId(5);
             let send = TransferCommand::Send { id, blocks: 3 };
             if !pull_first {
-                ctx.on_command(0, &send, None);
+                ctx.on_command(0, &send);
             }
             gen_side.on_command(
                 MS,
                 &TransferCommand::Receive {
                     id,
                     blocks: 3,
-                    from: None,
+                    from: Some(addr(0, 1)),
                 },
-                Some(addr(0, 1)),
             );
             assert_eq!(pump(MS, &mut gen_side, &mut ctx), 1, "the pull");
             if pull_first {
-                ctx.on_command(2 * MS, &send, None);
+                ctx.on_command(2 * MS, &send);
             }
             assert_eq!(pump(3 * MS, &mut ctx, &mut gen_side), 1, "the blocks");
             assert_eq!(gen_side.take_events(), done(5));
@@ -599,7 +598,7 @@ mod tests {
         let id = ReqId(9);
         ctx.on_message(0, PeerMessage::Release { id });
         assert!(ctx.take_events().is_empty());
-        ctx.on_command(MS, &TransferCommand::Send { id, blocks: 2 }, None);
+        ctx.on_command(MS, &TransferCommand::Send { id, blocks: 2 });
         assert_eq!(ctx.take_events(), done(9));
         assert_eq!(ctx.stats().released, 1);
         assert_eq!(ctx.stats().completed, 0);
@@ -609,15 +608,14 @@ mod tests {
     fn lost_blocks_time_out_on_both_sides_and_late_blocks_are_ignored() {
         let (mut ctx, mut gen_side) = pair();
         let id = ReqId(7);
-        ctx.on_command(0, &TransferCommand::Send { id, blocks: 2 }, None);
+        ctx.on_command(0, &TransferCommand::Send { id, blocks: 2 });
         gen_side.on_command(
             MS,
             &TransferCommand::Receive {
                 id,
                 blocks: 2,
-                from: None,
+                from: Some(addr(0, 1)),
             },
-            Some(addr(0, 1)),
         );
         pump(MS, &mut gen_side, &mut ctx);
         // The network loses the blocks.
@@ -664,7 +662,7 @@ mod tests {
     fn the_ctx_side_times_out_from_its_send_and_aborts_a_later_pull() {
         let (mut ctx, mut gen_side) = pair();
         let id = ReqId(3);
-        ctx.on_command(0, &TransferCommand::Send { id, blocks: 1 }, None);
+        ctx.on_command(0, &TransferCommand::Send { id, blocks: 1 });
         ctx.on_tick(100 * MS);
         assert!(matches!(
             &ctx.take_events()[..],
@@ -678,9 +676,8 @@ mod tests {
             &TransferCommand::Receive {
                 id,
                 blocks: 1,
-                from: None,
+                from: Some(addr(0, 1)),
             },
-            Some(addr(0, 1)),
         );
         pump(150 * MS, &mut gen_side, &mut ctx);
         pump(150 * MS, &mut ctx, &mut gen_side);
@@ -694,15 +691,14 @@ mod tests {
     fn a_corrupted_block_fails_the_transfer_naming_the_block() {
         let (mut ctx, mut gen_side) = pair();
         let id = ReqId(4);
-        ctx.on_command(0, &TransferCommand::Send { id, blocks: 3 }, None);
+        ctx.on_command(0, &TransferCommand::Send { id, blocks: 3 });
         gen_side.on_command(
             0,
             &TransferCommand::Receive {
                 id,
                 blocks: 3,
-                from: None,
+                from: Some(addr(0, 1)),
             },
-            Some(addr(0, 1)),
         );
         pump(0, &mut gen_side, &mut ctx);
         for mut o in ctx.take_outgoing() {
@@ -739,7 +735,6 @@ mod tests {
                 blocks: 1,
                 from: None,
             },
-            None,
         );
         assert!(matches!(
             &gen_side.take_events()[..],
@@ -748,25 +743,5 @@ mod tests {
                 ..
             }]
         ));
-    }
-
-    #[test]
-    fn a_receive_pulls_from_the_location_its_request_carries() {
-        let (ctx, mut gen_side) = pair();
-        gen_side.on_command(
-            0,
-            &TransferCommand::Receive {
-                id: ReqId(1),
-                blocks: 1,
-                from: Some(ctx.address()),
-            },
-            None,
-        );
-        assert!(gen_side.take_events().is_empty());
-        let out = gen_side.take_outgoing();
-        assert!(
-            matches!(&out[..], [Outgoing { to, message: PeerMessage::Pull { .. } }] if *to == ctx.address()),
-            "{out:?}"
-        );
     }
 }

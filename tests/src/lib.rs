@@ -289,6 +289,7 @@ impl SoloRank {
             RankState {
                 rank: lockstep_actors::ids::RankId(1),
                 counts: peer,
+                responses_due: false,
             },
         ];
         let (t, m) = e.on_fetch(t, &gathered, &fetched).expect("gather");

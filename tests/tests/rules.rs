@@ -486,6 +486,31 @@ fn s8_a_failed_transfer_fails_only_that_request_and_frees_its_kv() {
 }
 
 #[test]
+fn s3_2_a_failed_transfers_response_keeps_an_idle_server_iterating_until_it_is_gathered() {
+    // The only request fails its receive: after the transfer phase nothing is live, but
+    // its error response waits for the next response gather. The gather says so
+    // (`responses_due`), rank 0 polls instead of blocking, and the response goes out.
+    let mut h = Harness::new(&gen_server(), Policy::FIXED);
+    h.submit(gen_spec(1));
+    h.step();
+    h.group.ranks_mut()[0]
+        .handle_transfer_event(TransferEvent {
+            id: ReqId(1),
+            outcome: TransferOutcome::Failed("timed out after 30000 ms".into()),
+        })
+        .unwrap();
+    assert!(h.step().is_some(), "the iteration that applies the failure");
+    assert!(!h.finished.contains_key(&ReqId(1)));
+    assert_eq!(h.group.ranks()[0].counts().live, 0);
+    assert!(
+        h.step().is_some(),
+        "nothing is live, yet the iteration must run for the response"
+    );
+    assert!(matches!(&h.finished[&ReqId(1)], Finish::Failed(why) if why.contains("timed out")));
+    assert!(h.step().is_none(), "then the server idles");
+}
+
+#[test]
 fn s8_ctx_request_keeps_its_kv_until_the_send_completes() {
     let mut server = adp_server(1, 2, false);
     server.role = Role::Ctx;

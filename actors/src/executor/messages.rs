@@ -44,6 +44,11 @@ pub struct RankState {
     pub rank: RankId,
     /// Its counts.
     pub counts: RankCounts,
+    /// It holds responses for this iteration's response gather that no live request
+    /// accounts for (requests failed by a transfer event after the last gather): the
+    /// iteration must run even if nothing is live.
+    #[serde(default)]
+    pub responses_due: bool,
 }
 
 /// What rank 0 read from the ingress queue, broadcast to every rank (§3.2).

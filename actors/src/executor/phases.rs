@@ -41,12 +41,14 @@ impl RankExecutor {
         s.violations.clear();
         s.commands.clear();
         s.responses.clear();
+        let responses_due = !self.carried_responses.is_empty();
         s.responses.append(&mut self.carried_responses);
         let counts = self.counts();
         self.scratch.gathered = Some((counts, self.active.len()));
         let state = RankState {
             rank: self.rank,
             counts,
+            responses_due,
         };
         (
             AwaitFetch {
@@ -61,8 +63,23 @@ impl RankExecutor {
     /// anything narrower (e.g. the routable count) deadlocks a closed-loop client, because
     /// retiring requests finish only when an iteration runs.
     pub fn fetch_mode(&self, gathered: &[RankState]) -> FetchMode {
+        if gathered.iter().any(|s| s.responses_due) {
+            // A failed request's response waits for this iteration's gather.
+            return FetchMode::Poll;
+        }
         let live: u64 = gathered.iter().map(|s| u64::from(s.counts.live)).sum();
         idle_decision(live, self.waiting.len(), self.shutdown)
+    }
+
+    /// Whether the whole server is done (decided from the gather, so every rank agrees
+    /// at the same iteration): a shutdown was read, nothing is live or waiting, and no
+    /// rank holds a response still to gather.
+    pub fn server_drained(&self, gathered: &[RankState]) -> bool {
+        self.shutdown
+            && self.waiting.is_empty()
+            && gathered
+                .iter()
+                .all(|s| s.counts.live == 0 && !s.responses_due)
     }
 
     /// Phase 2 result on every rank: append what rank 0 read to the replicated waiting

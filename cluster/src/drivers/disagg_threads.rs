@@ -5,16 +5,16 @@
 //!
 //! The front (mirroring the simulator's `admit_arrival` / `hand_off` / `fail_other_side`):
 //! a request goes to a ctx server; its `ContextDone` response (first token) sends it on
-//! to a gen server with `generated_before = 1` and no block hashes, after writing where
-//! its KV lives (ctx server and rank) into the [`KvDirectory`] the gen rank reads when its
-//! executor asks to receive. A request whose only output token is out completes there and
+//! to a gen server with `generated_before = 1`, no block hashes, and where its KV lives
+//! (`RequestSpec::kv_source`: ctx server and rank), which reaches whichever gen rank the
+//! server's router picks and comes back in its `Receive` command. A request whose only output token is out completes there and
 //! its ctx rank is told nobody will pull (the KV is freed). A gen-side failure aborts the
 //! ctx side's send. ctx servers stop after the client's shutdown once drained (every send
 //! acknowledged); gen servers get their shutdown when every ctx server has stopped.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
@@ -50,26 +50,6 @@ pub(crate) struct PlannedServer<'a> {
     pub(crate) sizes: DerivedSizes,
 }
 
-/// Where each handed-off request's KV lives, written by the front before the request
-/// reaches a gen server's ingress and taken by the gen rank whose executor asks to
-/// receive it (the front does not know which gen rank the server's router will pick).
-#[derive(Debug, Default)]
-pub struct KvDirectory {
-    locations: Mutex<HashMap<ReqId, KvAddress>>,
-}
-
-impl KvDirectory {
-    fn insert(&self, id: ReqId, at: KvAddress) {
-        if let Ok(mut m) = self.locations.lock() {
-            m.insert(id, at);
-        }
-    }
-
-    fn take(&self, id: ReqId) -> Option<KvAddress> {
-        self.locations.lock().ok().and_then(|mut m| m.remove(&id))
-    }
-}
-
 /// Every rank's transceiver inbox, indexed `[server][rank]`.
 struct Mailboxes {
     inboxes: Vec<Vec<Sender<PeerMessage>>>,
@@ -95,7 +75,11 @@ pub(crate) struct KvLoss {
 }
 
 impl KvLoss {
-    pub(crate) fn lose_this_one(&self) -> bool {
+    /// Whether the wire loses `message`: every n-th KV-blocks message is lost.
+    pub(crate) fn drops(&self, message: &PeerMessage) -> bool {
+        if !matches!(message, PeerMessage::KvBlocks { .. }) {
+            return false;
+        }
         let n = self.sent.fetch_add(1, Ordering::Relaxed) + 1;
         self.every.is_some_and(|e| e > 0 && n.is_multiple_of(e))
     }
@@ -106,7 +90,6 @@ struct RankTransport {
     transceiver: Transceiver,
     inbox: Receiver<PeerMessage>,
     mailboxes: Arc<Mailboxes>,
-    directory: Arc<KvDirectory>,
     loss: Arc<KvLoss>,
     clock: Instant,
     lost: u64,
@@ -119,7 +102,7 @@ impl RankTransport {
 
     fn flush(&mut self) {
         for Outgoing { to, message } in self.transceiver.take_outgoing() {
-            if matches!(message, PeerMessage::KvBlocks { .. }) && self.loss.lose_this_one() {
+            if self.loss.drops(&message) {
                 self.lost += 1;
                 tracing::debug!(id = %message.id(), "fault injection: KV blocks lost");
                 continue;
@@ -133,11 +116,7 @@ impl TransferPort for RankTransport {
     fn commands(&mut self, commands: &[TransferCommand]) {
         let now = self.now();
         for command in commands {
-            let kv_at = match command {
-                TransferCommand::Receive { id, .. } => self.directory.take(*id),
-                TransferCommand::Send { .. } => None,
-            };
-            self.transceiver.on_command(now, command, kv_at);
+            self.transceiver.on_command(now, command);
         }
         self.flush();
     }
@@ -202,11 +181,6 @@ pub trait FrontLinks {
     /// Queues `item` on server `server`'s ingress (its rank 0 reads it); `Err` says why
     /// the server cannot take it.
     fn submit(&mut self, server: usize, item: IngressItem) -> Result<(), String>;
-    /// Tells gen server `server` where the KV of `id` lives, before the request reaches
-    /// it (the front cannot know which of its ranks the router will pick).
-    fn locate(&mut self, server: usize, id: ReqId, at: KvAddress);
-    /// Forgets a location told earlier (the request never reached a gen rank).
-    fn forget(&mut self, id: ReqId);
     /// A message for a rank's transceiver.
     fn to_peer(&mut self, to: KvAddress, message: PeerMessage);
 }
@@ -214,7 +188,6 @@ pub trait FrontLinks {
 /// The links of the threads driver.
 struct ThreadLinks {
     ingresses: Vec<IngressQueue<IngressItem>>,
-    directory: Arc<KvDirectory>,
     mailboxes: Arc<Mailboxes>,
 }
 
@@ -223,14 +196,6 @@ impl FrontLinks for ThreadLinks {
         self.ingresses[server]
             .push(item)
             .map_err(|e| format!("ingress: {e}"))
-    }
-
-    fn locate(&mut self, _server: usize, id: ReqId, at: KvAddress) {
-        self.directory.insert(id, at);
-    }
-
-    fn forget(&mut self, id: ReqId) {
-        self.directory.take(id);
     }
 
     fn to_peer(&mut self, to: KvAddress, message: PeerMessage) {
@@ -429,15 +394,15 @@ impl<L: FrontLinks> Front<L> {
                             // The gen server receives the KV; it never prefills, so the
                             // prompt's block hashes (prefix reuse) mean nothing there.
                             spec.block_hashes = Vec::new();
+                            // Whichever gen rank the server's router picks pulls from here.
+                            spec.kv_source = Some(here);
                             self.kv_of.insert(id, here);
                             let target = match self.gen_peers.remove(&id) {
                                 Some(peer) => peer,
                                 None => self.pick(Role::Gen),
                             };
-                            self.links.locate(target, id, here);
                             if !self.submit(target, spec) {
                                 // Nobody will pull: the ctx side frees its KV now.
-                                self.links.forget(id);
                                 self.kv_of.remove(&id);
                                 self.links.to_peer(
                                     here,
@@ -454,7 +419,6 @@ impl<L: FrontLinks> Front<L> {
                             Some(Finish::Failed(why)) => why.clone(),
                             _ => "cancelled".to_string(),
                         };
-                        self.links.forget(id);
                         if let Some(ctx) = self.kv_of.remove(&id) {
                             // The ctx side must free its KV too (ignored if it already did).
                             self.links.to_peer(
@@ -579,7 +543,6 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
     };
 
     let clock = Instant::now();
-    let directory = Arc::new(KvDirectory::default());
     let loss = Arc::new(KvLoss {
         every: opts
             .lose_kv_blocks_every
@@ -620,7 +583,6 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
         &configs,
         ThreadLinks {
             ingresses: ingresses.clone(),
-            directory: directory.clone(),
             mailboxes: mailboxes.clone(),
         },
         client_tx,
@@ -653,7 +615,6 @@ pub fn run(scenario: &Scenario, opts: &ThreadsOptions) -> Result<Report, DriverE
                 transceiver: Transceiver::new(me, timeout_ms, codec),
                 inbox,
                 mailboxes: mailboxes.clone(),
-                directory: directory.clone(),
                 loss: loss.clone(),
                 clock,
                 lost: 0,

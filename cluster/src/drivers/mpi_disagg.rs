@@ -19,7 +19,7 @@ use lockstep_actors::executor::{
     CollectiveTag, FetchBatch, FetchMode, Phase, RankExecutor, RankResponses, TransferCommand,
     TransferEvent,
 };
-use lockstep_actors::ids::{RankId, ReqId};
+use lockstep_actors::ids::RankId;
 use lockstep_actors::transceiver::{KvAddress, KvCodec, Outgoing, PeerMessage, Transceiver};
 use lockstep_gpu::kv_contents;
 use lockstep_transport::{Collective, MpiMember, MpiPeers};
@@ -184,7 +184,7 @@ impl MpiPort<'_> {
 
     fn flush(&mut self) {
         for Outgoing { to, message } in self.transceiver.take_outgoing() {
-            if matches!(message, PeerMessage::KvBlocks { .. }) && self.loss.lose_this_one() {
+            if self.loss.drops(&message) {
                 self.lost += 1;
                 continue;
             }
@@ -198,7 +198,7 @@ impl TransferPort for MpiPort<'_> {
     fn commands(&mut self, commands: &[TransferCommand]) {
         let now = self.now();
         for command in commands {
-            self.transceiver.on_command(now, command, None);
+            self.transceiver.on_command(now, command);
         }
         self.flush();
     }
@@ -221,33 +221,16 @@ impl TransferPort for MpiPort<'_> {
 struct MpiLinks<'p> {
     peers: &'p MpiPeers,
     layout: &'p Layout,
-    /// Where the KV of a request about to go to a gen server lives: it travels inside
-    /// the request (`RequestSpec::kv_source`), so whichever gen rank the server's router
-    /// picks knows it.
-    kv_sources: std::collections::HashMap<ReqId, KvAddress>,
 }
 
 impl FrontLinks for MpiLinks<'_> {
-    fn submit(&mut self, server: usize, mut item: IngressItem) -> Result<(), String> {
-        if let IngressItem::Request(spec) = &mut item
-            && let Some(at) = self.kv_sources.remove(&spec.id)
-        {
-            spec.kv_source = Some(at);
-        }
+    fn submit(&mut self, server: usize, item: IngressItem) -> Result<(), String> {
         self.peers.send_to(
             self.layout.first[server],
             channel::INGRESS,
             &encode(&ToServer::Item(item)),
         );
         Ok(())
-    }
-
-    fn locate(&mut self, _server: usize, id: ReqId, at: KvAddress) {
-        self.kv_sources.insert(id, at);
-    }
-
-    fn forget(&mut self, id: ReqId) {
-        self.kv_sources.remove(&id);
     }
 
     fn to_peer(&mut self, to: KvAddress, message: PeerMessage) {
@@ -441,11 +424,7 @@ fn run_front(
     let mut front = Front::new(
         scenario.front.policy,
         &configs,
-        MpiLinks {
-            peers,
-            layout,
-            kv_sources: std::collections::HashMap::new(),
-        },
+        MpiLinks { peers, layout },
         client_tx,
     );
     let client_thread = std::thread::Builder::new()

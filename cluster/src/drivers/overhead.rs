@@ -186,6 +186,7 @@ pub fn floor_payloads(rank: usize, dp: u32, active: u32) -> (RankState, RankResp
             schedulable: active,
             pad_schedulable: active,
         },
+        responses_due: false,
     };
     let generated = 500;
     let responses = RankResponses {

@@ -8,8 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use lockstep_actors::executor::CollectiveTag;
 use lockstep_actors::executor::{
     BatchVote, FetchBatch, FetchMode, IterationReport, PadIntent, Phase, PrefixMatches,
-    RankExecutor, RankResponses, RankState, TransferCommand, TransferEvent, TransferOutcome,
-    TransferStatus,
+    RankExecutor, RankResponses, RankState, TransferCommand, TransferEvent, TransferStatus,
 };
 use lockstep_actors::invariants::Violation;
 use lockstep_transport::Collective;
@@ -179,11 +178,6 @@ pub fn run_rank_with_transfers<C: Collective>(
     };
     let mut iteration_times = Vec::new();
     let mut report = IterationReport::default();
-    // Replicated (read from the transfer-status allgather): some rank applied a failed
-    // transfer last iteration, and the executor answers it with an error response in this
-    // iteration's gather. Until that gather, rank 0 must not block on an idle ingress
-    // and no rank may leave the loop, or the response is never delivered.
-    let mut failure_responses_due = false;
     loop {
         if options.max_iterations.is_some_and(|m| iterations >= m) {
             break;
@@ -213,21 +207,12 @@ pub fn run_rank_with_transfers<C: Collective>(
             tag(Phase::Gather)
         };
         let states: Vec<RankState> = coll(rank, coll_group.allgather(gather_tag, &state))?;
-        let live: u64 = states.iter().map(|s| u64::from(s.counts.live)).sum();
-        if exec.shutdown_received()
-            && live == 0
-            && exec.waiting().is_empty()
-            && !failure_responses_due
-        {
+        if exec.server_drained(&states) {
             break;
         }
         progress.enter(Phase::Fetch);
         let fetched = if rank == 0 {
-            let mode = if failure_responses_due {
-                FetchMode::Poll
-            } else {
-                exec.fetch_mode(&states)
-            };
+            let mode = exec.fetch_mode(&states);
             let batch = match front.as_mut() {
                 Some(f) => f.fetch(mode),
                 None => FetchBatch::default(),
@@ -283,11 +268,6 @@ pub fn run_rank_with_transfers<C: Collective>(
         progress.enter(Phase::Transfers);
         let statuses: Vec<TransferStatus> = coll(rank, coll_group.allgather(t.tag(), &status))?;
         exe(rank, exec.transfer_result_into(t, &statuses, &mut report))?;
-        failure_responses_due = statuses.iter().any(|s| {
-            s.events
-                .iter()
-                .any(|e| matches!(e.outcome, TransferOutcome::Failed(_)))
-        });
         if let Some(port) = transfers.as_mut()
             && !report.transfer_commands.is_empty()
         {
