@@ -102,8 +102,57 @@ impl FrontDoor for Preloaded {
     fn deliver(&mut self, _responses: Vec<RankResponses>) {}
 }
 
-/// `rounds` rounds, each running the control plane for `warmup + iterations / rounds`
-/// iterations on `dp` threads and then the raw collective loop for as many, and reports
+/// One rank's part of a control-plane run: the benchmark fleet preloaded at rank 0,
+/// `warmup + iterations` iterations with the zero-cost backend, and this rank's
+/// per-iteration times past the warmup.
+fn control_run<C: Collective>(
+    member: &mut C,
+    dp: u32,
+    active: u32,
+    iterations: u64,
+    warmup: u64,
+) -> Result<Vec<Duration>, DriverError> {
+    let rank = member.rank();
+    let server = bench_server(dp, active);
+    let sizes = server
+        .derive(&Policy::FIXED)
+        .map_err(|e| DriverError::Invalid(e.to_string()))?
+        .sizes;
+    // A fresh device per run: an overlapped run ends with one output never awaited.
+    let device = DeviceHandle::start(
+        rank,
+        ZeroCostBackend,
+        DeviceTiming { time_scale: 0.0 },
+        Duration::from_secs(60),
+    );
+    let exec = RankExecutor::new(RankId(rank as u32), &server, &sizes, Policy::FIXED);
+    let mut front = (rank == 0).then(|| Preloaded {
+        pending: Some(FetchBatch {
+            requests: bench_requests(dp, active),
+            ..FetchBatch::default()
+        }),
+    });
+    let run = run_rank_until(
+        exec,
+        member,
+        front.as_mut().map(|f| f as &mut dyn FrontDoor),
+        &device,
+        &Arc::new(Progress::default()),
+        &LoopOptions {
+            max_iterations: Some(warmup + iterations),
+            time_iterations: true,
+            ..LoopOptions::default()
+        },
+    )?;
+    Ok(run
+        .iteration_times
+        .into_iter()
+        .skip(warmup as usize)
+        .collect())
+}
+
+/// [`ROUNDS`] rounds, each running the control plane for `warmup + iterations / ROUNDS`
+/// iterations on `dp` threads and then the raw collective loop for as many; reports
 /// rank 0's per-iteration times past the warmup.
 pub fn threads(
     dp: u32,
@@ -111,56 +160,22 @@ pub fn threads(
     iterations: u64,
     warmup: u64,
 ) -> Result<Overhead, DriverError> {
-    let server = bench_server(dp, active);
-    let sizes = server
-        .derive(&Policy::FIXED)
-        .map_err(|e| DriverError::Invalid(e.to_string()))?
-        .sizes;
     let per_round = iterations.div_ceil(ROUNDS).max(1);
     let control_round = || -> Result<Vec<Duration>, DriverError> {
-        let members = InProcessGroup::new(dp as usize, Duration::from_secs(60));
-        let handles: Vec<_> = members
+        let handles: Vec<_> = InProcessGroup::new(dp as usize, Duration::from_secs(60))
             .into_iter()
-            .enumerate()
-            .map(|(r, mut member)| {
-                let exec = RankExecutor::new(RankId(r as u32), &server, &sizes, Policy::FIXED);
-                let mut front = (r == 0).then(|| Preloaded {
-                    pending: Some(FetchBatch {
-                        requests: bench_requests(dp, active),
-                        ..FetchBatch::default()
-                    }),
-                });
-                std::thread::spawn(move || {
-                    let device = DeviceHandle::start(
-                        r,
-                        ZeroCostBackend,
-                        DeviceTiming { time_scale: 0.0 },
-                        Duration::from_secs(60),
-                    );
-                    run_rank_until(
-                        exec,
-                        &mut member,
-                        front.as_mut().map(|f| f as &mut dyn FrontDoor),
-                        &device,
-                        &Arc::new(Progress::default()),
-                        &LoopOptions {
-                            max_iterations: Some(warmup + per_round),
-                            time_iterations: r == 0,
-                            ..LoopOptions::default()
-                        },
-                    )
-                    .map(|run| run.iteration_times)
-                })
+            .map(|mut member| {
+                std::thread::spawn(move || control_run(&mut member, dp, active, per_round, warmup))
             })
             .collect();
-        let mut times = Vec::new();
+        let mut rank0 = None;
         for h in handles {
-            let t = h
+            let times = h
                 .join()
                 .map_err(|_| DriverError::Invalid("rank thread panicked".into()))??;
-            times.extend(t.into_iter().skip(warmup as usize));
+            rank0.get_or_insert(times);
         }
-        Ok(times)
+        Ok(rank0.unwrap_or_default())
     };
     let mut control = Vec::new();
     let mut floor = Vec::new();
@@ -306,49 +321,11 @@ pub fn mpi_rank(
             member.size()
         )));
     }
-    let server = bench_server(dp, active);
-    let sizes = server
-        .derive(&Policy::FIXED)
-        .map_err(|e| DriverError::Invalid(e.to_string()))?
-        .sizes;
     let per_round = iterations.div_ceil(ROUNDS).max(1);
-    let control_round = |member: &mut MpiMember| -> Result<Vec<Duration>, DriverError> {
-        // A fresh device per run: an overlapped run ends with one output never awaited.
-        let device = DeviceHandle::start(
-            rank,
-            ZeroCostBackend,
-            DeviceTiming { time_scale: 0.0 },
-            Duration::from_secs(60),
-        );
-        let exec = RankExecutor::new(RankId(rank as u32), &server, &sizes, Policy::FIXED);
-        let mut front = (rank == 0).then(|| Preloaded {
-            pending: Some(FetchBatch {
-                requests: bench_requests(dp, active),
-                ..FetchBatch::default()
-            }),
-        });
-        let run = run_rank_until(
-            exec,
-            member,
-            front.as_mut().map(|f| f as &mut dyn FrontDoor),
-            &device,
-            &Arc::new(Progress::default()),
-            &LoopOptions {
-                max_iterations: Some(warmup + per_round),
-                time_iterations: true,
-                ..LoopOptions::default()
-            },
-        )?;
-        Ok(run
-            .iteration_times
-            .into_iter()
-            .skip(warmup as usize)
-            .collect())
-    };
     let mut control = Vec::new();
     let mut floor = Vec::new();
     for _ in 0..ROUNDS {
-        control.extend(control_round(&mut member)?);
+        control.extend(control_run(&mut member, dp, active, per_round, warmup)?);
         floor.extend(timed_raw_loop(
             &mut member,
             rank,
