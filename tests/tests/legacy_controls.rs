@@ -144,10 +144,10 @@ fn rollback_case(policy: Policy) -> Vec<Vec<InvariantKind>> {
         if policy.pad.rollback { 2 } else { 3 }
     );
     let (_, second) = solo.iterate(peer_with(2), FetchBatch::default(), 1);
-    // The crash is announced in the transfer-status allgather, so every rank stops at
-    // the same iteration.
+    // The crash is announced in the vote, so every rank stops at the same point.
     let crashed = second.violations.iter().any(|v| v.kind.is_fatal());
-    assert_eq!(solo.last_status.fatal, crashed);
+    assert_eq!(solo.last_vote.fatal, crashed);
+    assert_eq!(solo.stopped.is_some(), crashed);
     [first, second]
         .iter()
         .map(|r| r.violations.iter().map(|v| v.kind).collect())
