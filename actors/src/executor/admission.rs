@@ -315,6 +315,12 @@ impl RankExecutor {
             self.iter.gathered = None;
             let r = self.resident.active.remove(i);
             self.release(&r);
+            if r.state == RequestState::DisaggGenerationTransInProgress {
+                self.iter.commands.push(TransferCommand::Abort {
+                    id,
+                    reason: "cancelled".into(),
+                });
+            }
             self.push_finish(id, r.generated, Finish::Cancelled);
         }
     }
@@ -339,12 +345,22 @@ impl RankExecutor {
         self.replicated.peer_known.clear();
         for r in std::mem::take(&mut self.resident.active) {
             self.release(&r);
+            if r.state == RequestState::DisaggGenerationTransInProgress {
+                self.iter.commands.push(TransferCommand::Abort {
+                    id: r.id(),
+                    reason: reason.clone(),
+                });
+            }
             self.push_finish(r.id(), r.generated, Finish::Failed(reason.clone()));
         }
         for r in std::mem::take(&mut self.resident.sending) {
-            // The response for this request went out already (ContextDone); the front
-            // fails it when the ctx side reports the send failed.
+            // Its first token went out already (ContextDone); the front fails the
+            // request when the ctx side reports the send failed.
             let _ = self.kv.free_sequence(r.id());
+            self.iter.commands.push(TransferCommand::Abort {
+                id: r.id(),
+                reason: reason.clone(),
+            });
             self.push_finish(
                 r.id(),
                 r.generated,

@@ -347,6 +347,14 @@ pub enum TransferCommand {
         /// Where the KV lives, if the request said (`RequestSpec::kv_source`).
         from: Option<crate::transceiver::KvAddress>,
     },
+    /// Either side: the executor dropped `id` while its transfer was in flight
+    /// (cancelled, or failed with its server); end it and tell the counterpart.
+    Abort {
+        /// Request.
+        id: ReqId,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// How a transfer ended, as reported by the transceiver.

@@ -22,6 +22,16 @@
 //! with `"kv transfer timed out after N ms"`, and the counterpart, when known, is sent an
 //! abort so it fails too: KV is freed on both sides. Messages for a transfer that already
 //! ended here are ignored (a late pull for a failed send is answered with an abort).
+//!
+//! Inputs go through one funnel, [`Transceiver::handle`] (commands and messages, with
+//! `now`), plus [`Transceiver::handle_timeout`]; outputs are drained with
+//! [`Transceiver::poll_event`] (for the executor) and [`Transceiver::poll_transmit`] (for
+//! the network); [`Transceiver::poll_timeout`] says when the next deadline falls, so a
+//! host sleeps until then or until a message arrives, whichever comes first.
+//!
+//! What a block carries depends on the [`KvCodec`]: real bytes with a checksum (the real
+//! drivers, where the bytes stand for the model's KV), or only its size (the simulator,
+//! which models the wire time from it).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -37,6 +47,38 @@ pub struct KvAddress {
     pub server: u32,
     /// DP rank inside that server.
     pub rank: RankId,
+}
+
+/// Fault injection (`[faults] lost_transfer_every = n`): the KV blocks of request `id`
+/// are lost on the wire when `id` is a multiple of `n`. Keyed by the request, not by the
+/// order messages happen to be sent in, so every driver loses the same requests.
+pub fn lost_on_the_wire(id: ReqId, every: Option<u64>) -> bool {
+    every.is_some_and(|n| n > 0 && id.0.is_multiple_of(n))
+}
+
+/// A request's KV in transit: real blocks, or (in the simulator) only how much of it
+/// there is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvPayload {
+    /// Blocks with their bytes and checksums, in order.
+    Blocks(Vec<KvBlock>),
+    /// `blocks` blocks of `bytes` bytes in all, modeled, not materialised.
+    Modeled {
+        /// Blocks.
+        blocks: u32,
+        /// Bytes in all.
+        bytes: u64,
+    },
+}
+
+impl KvPayload {
+    /// Bytes on the wire.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            KvPayload::Blocks(blocks) => blocks.iter().map(|b| b.bytes.len() as u64).sum(),
+            KvPayload::Modeled { bytes, .. } => *bytes,
+        }
+    }
 }
 
 /// One block of KV cache in transit.
@@ -66,8 +108,8 @@ pub enum PeerMessage {
     KvBlocks {
         /// Request.
         id: ReqId,
-        /// Blocks, in order.
-        blocks: Vec<KvBlock>,
+        /// The blocks.
+        payload: KvPayload,
     },
     /// gen → ctx: the KV of `id` arrived intact; free yours.
     Ack {
@@ -89,6 +131,15 @@ pub enum PeerMessage {
 }
 
 impl PeerMessage {
+    /// Bytes this message puts on the wire (a fixed header, plus the KV it carries).
+    pub fn wire_bytes(&self) -> u64 {
+        const HEADER: u64 = 64;
+        match self {
+            PeerMessage::KvBlocks { payload, .. } => HEADER + payload.bytes(),
+            _ => HEADER,
+        }
+    }
+
     /// The request the message is about.
     pub fn id(&self) -> ReqId {
         match self {
@@ -113,13 +164,22 @@ pub struct Outgoing {
 /// How block contents are produced and checked (the driver plugs in the backend's: the
 /// transceiver stays independent of any backend crate).
 #[derive(Debug, Clone, Copy)]
-pub struct KvCodec {
-    /// Bytes per block on the wire.
-    pub block_bytes: usize,
-    /// Writes block `index` of request `request` into the slice (the ctx side's KV).
-    pub fill: fn(request: u64, index: u32, out: &mut [u8]),
-    /// Checksum of a block's bytes.
-    pub checksum: fn(&[u8]) -> u64,
+pub enum KvCodec {
+    /// Real bytes, written by `fill` and checked on arrival.
+    Real {
+        /// Bytes per block on the wire.
+        block_bytes: usize,
+        /// Writes block `index` of request `request` into the slice (the ctx side's KV).
+        fill: fn(request: u64, index: u32, out: &mut [u8]),
+        /// Checksum of a block's bytes.
+        checksum: fn(&[u8]) -> u64,
+    },
+    /// Sizes only (the simulator): nothing is materialised, the wire time is modeled
+    /// from `block_bytes` per block.
+    Modeled {
+        /// Bytes per block.
+        block_bytes: u64,
+    },
 }
 
 /// Counters of one transceiver, for the report.
@@ -165,6 +225,15 @@ struct Receiving {
     started_ns: u64,
 }
 
+/// An input of the transceiver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransceiverIn {
+    /// A command of this rank's executor.
+    Command(TransferCommand),
+    /// A message from a peer transceiver or the front.
+    Message(PeerMessage),
+}
+
 /// A per-rank transceiver. See the module documentation for the protocol.
 #[derive(Debug)]
 pub struct Transceiver {
@@ -179,8 +248,8 @@ pub struct Transceiver {
     /// that late).
     ended: BTreeMap<ReqId, Option<String>>,
     ended_order: VecDeque<(u64, ReqId)>,
-    events: Vec<TransferEvent>,
-    outgoing: Vec<Outgoing>,
+    events: std::collections::VecDeque<TransferEvent>,
+    outgoing: std::collections::VecDeque<Outgoing>,
     stats: TransferStats,
 }
 
@@ -197,8 +266,8 @@ impl Transceiver {
             receiving: BTreeMap::new(),
             ended: BTreeMap::new(),
             ended_order: VecDeque::new(),
-            events: Vec::new(),
-            outgoing: Vec::new(),
+            events: Default::default(),
+            outgoing: Default::default(),
             stats: TransferStats::default(),
         }
     }
@@ -220,12 +289,48 @@ impl Transceiver {
 
     /// Events for the executor since the last call.
     pub fn take_events(&mut self) -> Vec<TransferEvent> {
-        std::mem::take(&mut self.events)
+        self.events.drain(..).collect()
     }
 
     /// Messages for peers since the last call.
     pub fn take_outgoing(&mut self) -> Vec<Outgoing> {
-        std::mem::take(&mut self.outgoing)
+        self.outgoing.drain(..).collect()
+    }
+
+    /// The one funnel for inputs: a command of this rank's executor or a message.
+    pub fn handle(&mut self, now_ns: u64, input: TransceiverIn) {
+        match input {
+            TransceiverIn::Command(c) => self.on_command(now_ns, &c),
+            TransceiverIn::Message(m) => self.on_message(now_ns, m),
+        }
+    }
+
+    /// Fires what is overdue at `now_ns` (spurious calls are harmless).
+    pub fn handle_timeout(&mut self, now_ns: u64) {
+        self.on_tick(now_ns);
+    }
+
+    /// The next event for the executor, in the order they happened.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<TransferEvent> {
+        self.events.pop_front()
+    }
+
+    /// The next message for the network, in the order they were made.
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<Outgoing> {
+        self.outgoing.pop_front()
+    }
+
+    /// When the next deadline falls (a transfer's timeout), if any transfer is open.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let receives = self.receiving.values().map(|r| r.started_ns);
+        let sends = self.sending.values().filter_map(|s| s.command.map(|c| c.1));
+        receives
+            .chain(sends)
+            .min()
+            .map(|started| started.saturating_add(self.timeout_ns))
     }
 
     fn timed_out_reason(&self) -> String {
@@ -266,7 +371,7 @@ impl Transceiver {
                         started_ns: now_ns,
                     },
                 );
-                self.outgoing.push(Outgoing {
+                self.outgoing.push_back(Outgoing {
                     to: from,
                     message: PeerMessage::Pull {
                         id,
@@ -275,7 +380,33 @@ impl Transceiver {
                     },
                 });
             }
+            TransferCommand::Abort { id, ref reason } => self.abort_here(now_ns, id, reason),
         }
+    }
+
+    /// The executor dropped `id` (cancelled, or failed with its server): end the
+    /// transfer here without an event (the executor holds nothing to apply it to) and
+    /// tell the counterpart, if known, so it frees its side.
+    fn abort_here(&mut self, now_ns: u64, id: ReqId, reason: &str) {
+        let peer = if let Some(r) = self.receiving.remove(&id) {
+            Some(r.from)
+        } else if let Some(s) = self.sending.remove(&id) {
+            s.pull.map(|(puller, _)| puller)
+        } else {
+            return;
+        };
+        self.stats.failed += 1;
+        if let Some(to) = peer {
+            self.outgoing.push_back(Outgoing {
+                to,
+                message: PeerMessage::Abort {
+                    id,
+                    reason: reason.to_string(),
+                },
+            });
+        }
+        self.ended.insert(id, Some(reason.to_string()));
+        self.ended_order.push_back((now_ns, id));
     }
 
     /// A message from a peer or the front.
@@ -285,7 +416,7 @@ impl Transceiver {
             // A pull for a send that already failed here: tell the puller at once
             // rather than let it wait for its own timeout.
             if let (PeerMessage::Pull { puller, .. }, Some(reason)) = (&message, failure) {
-                self.outgoing.push(Outgoing {
+                self.outgoing.push_back(Outgoing {
                     to: *puller,
                     message: PeerMessage::Abort {
                         id,
@@ -317,7 +448,7 @@ impl Transceiver {
                 self.stats.durations_ns.push(now_ns.saturating_sub(started));
                 self.end(now_ns, id, TransferOutcome::Done);
             }
-            PeerMessage::KvBlocks { id, blocks } => self.on_blocks(now_ns, id, blocks),
+            PeerMessage::KvBlocks { id, payload } => self.on_blocks(now_ns, id, payload),
             PeerMessage::Abort { id, reason } => {
                 if self.receiving.remove(&id).is_some() {
                     self.stats.failed += 1;
@@ -415,48 +546,48 @@ impl Transceiver {
         }
         // Send what the gen rank reserved: the prompt's blocks (the ctx rank may hold
         // one more for the sampled token, whose KV the gen rank computes itself).
-        let mut blocks = Vec::with_capacity(wanted as usize);
-        for index in 0..wanted {
-            let mut bytes = vec![0u8; self.codec.block_bytes];
-            (self.codec.fill)(id.0, index, &mut bytes);
-            let checksum = (self.codec.checksum)(&bytes);
-            blocks.push(KvBlock {
-                index,
-                bytes,
+        let payload = match self.codec {
+            KvCodec::Real {
+                block_bytes,
+                fill,
                 checksum,
-            });
-        }
-        let sent = u64::from(wanted) * self.codec.block_bytes as u64;
+            } => KvPayload::Blocks(
+                (0..wanted)
+                    .map(|index| {
+                        let mut bytes = vec![0u8; block_bytes];
+                        fill(id.0, index, &mut bytes);
+                        KvBlock {
+                            index,
+                            checksum: checksum(&bytes),
+                            bytes,
+                        }
+                    })
+                    .collect(),
+            ),
+            KvCodec::Modeled { block_bytes } => KvPayload::Modeled {
+                blocks: wanted,
+                bytes: u64::from(wanted) * block_bytes,
+            },
+        };
         if let Some(s) = self.sending.get_mut(&id) {
-            s.sent_bytes = Some(sent);
+            s.sent_bytes = Some(payload.bytes());
         }
-        self.outgoing.push(Outgoing {
+        self.outgoing.push_back(Outgoing {
             to: puller,
-            message: PeerMessage::KvBlocks { id, blocks },
+            message: PeerMessage::KvBlocks { id, payload },
         });
     }
 
     /// gen side: verify what arrived, then done and ack, or failed and abort.
-    fn on_blocks(&mut self, now_ns: u64, id: ReqId, blocks: Vec<KvBlock>) {
+    fn on_blocks(&mut self, now_ns: u64, id: ReqId, payload: KvPayload) {
         let Some(r) = self.receiving.remove(&id) else {
             return;
         };
-        let problem = if blocks.len() != r.blocks as usize {
-            Some(format!(
-                "kv transfer brought {} blocks, {} expected",
-                blocks.len(),
-                r.blocks
-            ))
-        } else {
-            blocks.iter().enumerate().find_map(|(i, b)| {
-                if b.index as usize != i {
-                    Some(format!("kv block {i} arrived as block {}", b.index))
-                } else if (self.codec.checksum)(&b.bytes) != b.checksum {
-                    Some(format!("kv block {} checksum mismatch", b.index))
-                } else {
-                    None
-                }
-            })
+        let problem = match &payload {
+            KvPayload::Blocks(blocks) => self.check_blocks(blocks, r.blocks),
+            KvPayload::Modeled { blocks, .. } => (*blocks != r.blocks).then(|| {
+                format!("kv transfer brought {blocks} blocks, {} expected", r.blocks)
+            }),
         };
         if let Some(reason) = problem {
             if reason.contains("checksum") {
@@ -467,21 +598,45 @@ impl Transceiver {
             return;
         }
         self.stats.completed += 1;
-        self.stats.bytes += blocks.iter().map(|b| b.bytes.len() as u64).sum::<u64>();
+        self.stats.bytes += payload.bytes();
         self.stats
             .durations_ns
             .push(now_ns.saturating_sub(r.started_ns));
-        self.outgoing.push(Outgoing {
+        self.outgoing.push_back(Outgoing {
             to: r.from,
             message: PeerMessage::Ack { id },
         });
         self.end(now_ns, id, TransferOutcome::Done);
     }
 
+    /// What is wrong with real blocks, if anything: count, order, checksums.
+    fn check_blocks(&self, blocks: &[KvBlock], expected: u32) -> Option<String> {
+        let KvCodec::Real { checksum, .. } = self.codec else {
+            return Some("real kv blocks reached a modeled transceiver".into());
+        };
+        if blocks.len() != expected as usize {
+            Some(format!(
+                "kv transfer brought {} blocks, {} expected",
+                blocks.len(),
+                expected
+            ))
+        } else {
+            blocks.iter().enumerate().find_map(|(i, b)| {
+                if b.index as usize != i {
+                    Some(format!("kv block {i} arrived as block {}", b.index))
+                } else if checksum(&b.bytes) != b.checksum {
+                    Some(format!("kv block {} checksum mismatch", b.index))
+                } else {
+                    None
+                }
+            })
+        }
+    }
+
     /// Fails `id` here and, if known, tells the counterpart.
     fn fail_here(&mut self, now_ns: u64, id: ReqId, reason: String, peer: Option<KvAddress>) {
         if let Some(to) = peer {
-            self.outgoing.push(Outgoing {
+            self.outgoing.push_back(Outgoing {
                 to,
                 message: PeerMessage::Abort {
                     id,
@@ -499,249 +654,9 @@ impl Transceiver {
         };
         self.ended.insert(id, failure);
         self.ended_order.push_back((now_ns, id));
-        self.events.push(TransferEvent { id, outcome });
+        self.events.push_back(TransferEvent { id, outcome });
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn fill(request: u64, index: u32, out: &mut [u8]) {
-        for (i, b) in out.iter_mut().enumerate() {
-            *b = (request as u8) ^ (index as u8) ^ (i as u8);
-        }
-    }
-
-    fn sum(bytes: &[u8]) -> u64 {
-        bytes
-            .iter()
-            .fold(17u64, |h, &b| h.wrapping_mul(31) ^ u64::from(b))
-    }
-
-    const CODEC: KvCodec = KvCodec {
-        block_bytes: 64,
-        fill,
-        checksum: sum,
-    };
-    const MS: u64 = 1_000_000;
-
-    fn addr(server: u32, rank: u32) -> KvAddress {
-        KvAddress {
-            server,
-            rank: RankId(rank),
-        }
-    }
-
-    fn pair() -> (Transceiver, Transceiver) {
-        (
-            Transceiver::new(addr(0, 1), 100, CODEC),
-            Transceiver::new(addr(1, 2), 100, CODEC),
-        )
-    }
-
-    /// Delivers everything `from` has for `to`; returns how many messages moved.
-    fn pump(now: u64, from: &mut Transceiver, to: &mut Transceiver) -> usize {
-        let out = from.take_outgoing();
-        let n = out.len();
-        for o in out {
-            assert_eq!(o.to, to.address());
-            to.on_message(now, o.message);
-        }
-        n
-    }
-
-    fn done(id: u64) -> Vec<TransferEvent> {
-        vec![TransferEvent {
-            id: ReqId(id),
-            outcome: TransferOutcome::Done,
-        }]
-    }
-
-    #[test]
-    fn a_pull_moves_checked_blocks_and_both_sides_finish() {
-        for pull_first in [false, true] {
-            let (mut ctx, mut gen_side) = pair();
-            let id = ReqId(5);
-            let send = TransferCommand::Send { id, blocks: 3 };
-            if !pull_first {
-                ctx.on_command(0, &send);
-            }
-            gen_side.on_command(
-                MS,
-                &TransferCommand::Receive {
-                    id,
-                    blocks: 3,
-                    from: Some(addr(0, 1)),
-                },
-            );
-            assert_eq!(pump(MS, &mut gen_side, &mut ctx), 1, "the pull");
-            if pull_first {
-                ctx.on_command(2 * MS, &send);
-            }
-            assert_eq!(pump(3 * MS, &mut ctx, &mut gen_side), 1, "the blocks");
-            assert_eq!(gen_side.take_events(), done(5));
-            assert_eq!(pump(4 * MS, &mut gen_side, &mut ctx), 1, "the ack");
-            assert_eq!(ctx.take_events(), done(5));
-            for side in [&ctx, &gen_side] {
-                assert_eq!(side.stats().completed, 1);
-                assert_eq!(side.stats().bytes, 3 * 64);
-                assert_eq!(side.in_flight(), 0);
-            }
-            assert_eq!(gen_side.stats().durations_ns, vec![2 * MS]);
-        }
-    }
-
-    #[test]
-    fn a_release_frees_the_send_without_a_pull() {
-        let (mut ctx, _) = pair();
-        let id = ReqId(9);
-        ctx.on_message(0, PeerMessage::Release { id });
-        assert!(ctx.take_events().is_empty());
-        ctx.on_command(MS, &TransferCommand::Send { id, blocks: 2 });
-        assert_eq!(ctx.take_events(), done(9));
-        assert_eq!(ctx.stats().released, 1);
-        assert_eq!(ctx.stats().completed, 0);
-    }
-
-    #[test]
-    fn lost_blocks_time_out_on_both_sides_and_late_blocks_are_ignored() {
-        let (mut ctx, mut gen_side) = pair();
-        let id = ReqId(7);
-        ctx.on_command(0, &TransferCommand::Send { id, blocks: 2 });
-        gen_side.on_command(
-            MS,
-            &TransferCommand::Receive {
-                id,
-                blocks: 2,
-                from: Some(addr(0, 1)),
-            },
-        );
-        pump(MS, &mut gen_side, &mut ctx);
-        // The network loses the blocks.
-        let lost = ctx.take_outgoing();
-        assert!(matches!(
-            lost[..],
-            [Outgoing {
-                message: PeerMessage::KvBlocks { .. },
-                ..
-            }]
-        ));
-        gen_side.on_tick(100 * MS);
-        assert!(gen_side.take_events().is_empty(), "not overdue yet");
-        gen_side.on_tick(101 * MS);
-        let why = "kv transfer timed out after 100 ms".to_string();
-        assert_eq!(
-            gen_side.take_events(),
-            vec![TransferEvent {
-                id,
-                outcome: TransferOutcome::Failed(why.clone())
-            }]
-        );
-        assert_eq!(gen_side.stats().timed_out, 1);
-        // The ctx side is told and fails too (KV freed on both sides).
-        pump(101 * MS, &mut gen_side, &mut ctx);
-        assert_eq!(
-            ctx.take_events(),
-            vec![TransferEvent {
-                id,
-                outcome: TransferOutcome::Failed(why)
-            }]
-        );
-        // The blocks turn up late: ignored, nothing sent back.
-        for m in lost {
-            gen_side.on_message(102 * MS, m.message);
-        }
-        assert!(gen_side.take_events().is_empty());
-        assert!(gen_side.take_outgoing().is_empty());
-        assert_eq!(gen_side.stats().completed, 0);
-        assert_eq!((ctx.in_flight(), gen_side.in_flight()), (0, 0));
-    }
-
-    #[test]
-    fn the_ctx_side_times_out_from_its_send_and_aborts_a_later_pull() {
-        let (mut ctx, mut gen_side) = pair();
-        let id = ReqId(3);
-        ctx.on_command(0, &TransferCommand::Send { id, blocks: 1 });
-        ctx.on_tick(100 * MS);
-        assert!(matches!(
-            &ctx.take_events()[..],
-            [TransferEvent {
-                outcome: TransferOutcome::Failed(_),
-                ..
-            }]
-        ));
-        gen_side.on_command(
-            150 * MS,
-            &TransferCommand::Receive {
-                id,
-                blocks: 1,
-                from: Some(addr(0, 1)),
-            },
-        );
-        pump(150 * MS, &mut gen_side, &mut ctx);
-        pump(150 * MS, &mut ctx, &mut gen_side);
-        assert!(matches!(
-            &gen_side.take_events()[..],
-            [TransferEvent { outcome: TransferOutcome::Failed(r), .. }] if r.contains("timed out")
-        ));
-    }
-
-    #[test]
-    fn a_corrupted_block_fails_the_transfer_naming_the_block() {
-        let (mut ctx, mut gen_side) = pair();
-        let id = ReqId(4);
-        ctx.on_command(0, &TransferCommand::Send { id, blocks: 3 });
-        gen_side.on_command(
-            0,
-            &TransferCommand::Receive {
-                id,
-                blocks: 3,
-                from: Some(addr(0, 1)),
-            },
-        );
-        pump(0, &mut gen_side, &mut ctx);
-        for mut o in ctx.take_outgoing() {
-            if let PeerMessage::KvBlocks { blocks, .. } = &mut o.message {
-                blocks[1].bytes[10] ^= 0xFF;
-            }
-            gen_side.on_message(MS, o.message);
-        }
-        assert_eq!(
-            gen_side.take_events(),
-            vec![TransferEvent {
-                id,
-                outcome: TransferOutcome::Failed("kv block 1 checksum mismatch".into())
-            }]
-        );
-        assert_eq!(gen_side.stats().checksum_failures, 1);
-        pump(MS, &mut gen_side, &mut ctx);
-        assert!(matches!(
-            &ctx.take_events()[..],
-            [TransferEvent {
-                outcome: TransferOutcome::Failed(_),
-                ..
-            }]
-        ));
-    }
-
-    #[test]
-    fn a_receive_without_a_kv_location_fails_at_once() {
-        let (_, mut gen_side) = pair();
-        gen_side.on_command(
-            0,
-            &TransferCommand::Receive {
-                id: ReqId(1),
-                blocks: 1,
-                from: None,
-            },
-        );
-        assert!(matches!(
-            &gen_side.take_events()[..],
-            [TransferEvent {
-                outcome: TransferOutcome::Failed(_),
-                ..
-            }]
-        ));
-    }
-}
+mod tests;
