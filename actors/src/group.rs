@@ -132,49 +132,137 @@ pub struct ServerGroup {
     role: Role,
     ranks: Vec<RankExecutor>,
     warning: Option<String>,
-    /// The batches launched at the last forward step (copies, in reused vectors).
-    launched: Vec<ScheduledBatch>,
+    /// What each rank asked for at its last poll (its contribution is in `bufs`).
+    asks: Vec<Asked>,
+    bufs: Collectives,
+    /// How many ranks launched a batch at the last forward step.
+    n_launched: usize,
     /// Per rank: the output its forward step awaits.
     awaited: Vec<Option<BatchNumber>>,
     /// Responses gathered this iteration, rank order.
     responses: Vec<Response>,
-    /// Per-rank reports of the iteration that ended last.
-    reports: Vec<IterationReport>,
+    /// Which rank's responses each range of `responses` holds.
+    response_ranks: Vec<(RankId, std::ops::Range<usize>)>,
     /// Per rank: sampled outputs not handed back yet (at most two, under overlap).
     outputs: Vec<Vec<ForwardOutput>>,
     spare_outputs: Vec<ForwardOutput>,
-    bufs: Collectives,
 }
 
-/// Collective results kept across iterations so that an iteration allocates nothing.
+/// The ranks' contributions to the collective they ask for, copied out as each rank is
+/// polled; kept across iterations so that an iteration allocates nothing.
 #[derive(Debug, Default)]
 struct Collectives {
     states: Vec<RankState>,
+    fetched: Option<FetchBatch>,
     matches: Vec<PrefixMatches>,
+    intent: PadIntent,
     votes: Vec<BatchVote>,
     statuses: Vec<TransferStatus>,
 }
 
 /// What one rank's poll asked for, copied out of the borrow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Asked {
+    /// Nothing polled yet, or an `IterationEnded` already consumed.
+    Nothing,
     Exchange(CollectiveTag),
     ReadIngress(FetchMode),
     Forward,
     Ended,
     Finished,
-    Stopped(StopReason),
+    Stopped,
 }
 
 impl Asked {
     fn describe(&self) -> String {
         match self {
+            Asked::Nothing => "nothing".into(),
             Asked::Exchange(tag) => format!("{} of iteration {}", tag.phase.name(), tag.iteration),
             Asked::ReadIngress(_) => "the ingress read".into(),
             Asked::Forward => "the forward".into(),
             Asked::Ended => "the iteration's end".into(),
             Asked::Finished => "finished".into(),
-            Asked::Stopped(_) => "stopped".into(),
+            Asked::Stopped => "stopped".into(),
         }
+    }
+}
+
+/// The parts of the group one rank's poll writes into.
+struct Sink<'a> {
+    bufs: &'a mut Collectives,
+    n_launched: &'a mut usize,
+    awaited: &'a mut [Option<BatchNumber>],
+    responses: &'a mut Vec<Response>,
+    response_ranks: &'a mut Vec<(RankId, std::ops::Range<usize>)>,
+}
+
+/// Polls rank `i` and copies what it contributes into the sink (one pass per phase:
+/// each rank is polled right after it handled the previous result, while its state is
+/// in cache).
+#[inline]
+fn collect(rank: &mut RankExecutor, i: usize, sink: &mut Sink<'_>) -> Asked {
+    match rank.poll() {
+        Io::Exchange(x) => {
+            let tag = x.tag();
+            let b = &mut *sink.bufs;
+            match x {
+                Exchange::States { mine, .. } => b.states[i] = *mine,
+                Exchange::Fetch { mine, .. } => {
+                    if let Some(f) = mine {
+                        b.fetched = Some(f.clone());
+                    }
+                }
+                Exchange::PrefixMatches { mine, .. } => {
+                    b.matches[i].tokens.clone_from(&mine.tokens)
+                }
+                Exchange::PadIntent { mine, .. } => {
+                    if i == 0 {
+                        b.intent = PadIntent::None;
+                    }
+                    b.intent = b.intent.max(mine);
+                }
+                Exchange::Votes { mine, .. } => b.votes[i] = *mine,
+                Exchange::Responses { mine, .. } => {
+                    if i == 0 {
+                        sink.responses.clear();
+                        sink.response_ranks.clear();
+                    }
+                    let start = sink.responses.len();
+                    if sink.responses.is_empty() {
+                        // Swap rather than copy: the vectors trade buffers.
+                        std::mem::swap(sink.responses, &mut mine.responses);
+                    } else {
+                        sink.responses.append(&mut mine.responses);
+                    }
+                    if sink.responses.len() > start {
+                        sink.response_ranks
+                            .push((RankId(i as u32), start..sink.responses.len()));
+                    }
+                }
+                Exchange::TransferStatus { mine, .. } => {
+                    b.statuses[i].events.clone_from(&mine.events)
+                }
+            }
+            Asked::Exchange(tag)
+        }
+        Io::ReadIngress(mode) => Asked::ReadIngress(mode),
+        Io::Forward {
+            launch,
+            await_output,
+        } => {
+            if i == 0 {
+                *sink.n_launched = 0;
+            }
+            sink.awaited[i] = await_output;
+            if launch.is_some() {
+                *sink.n_launched += 1;
+            }
+            Asked::Forward
+        }
+        // Read in place afterwards (`RankExecutor::last_report`).
+        Io::IterationEnded(_) => Asked::Ended,
+        Io::Finished => Asked::Finished,
+        Io::Stopped(_) => Asked::Stopped,
     }
 }
 
@@ -192,13 +280,21 @@ impl ServerGroup {
             role: server.role,
             ranks,
             warning: derived.warning,
-            launched: Vec::new(),
+            asks: vec![Asked::Nothing; dp],
+            bufs: Collectives {
+                states: vec![RankState::default(); dp],
+                fetched: None,
+                matches: vec![PrefixMatches::default(); dp],
+                intent: PadIntent::None,
+                votes: vec![BatchVote::default(); dp],
+                statuses: vec![TransferStatus::default(); dp],
+            },
+            n_launched: 0,
             awaited: vec![None; dp],
             responses: Vec::new(),
-            reports: (0..dp).map(|_| IterationReport::default()).collect(),
+            response_ranks: Vec::new(),
             outputs: (0..dp).map(|_| Vec::new()).collect(),
             spare_outputs: Vec::new(),
-            bufs: Collectives::default(),
         })
     }
 
@@ -227,9 +323,9 @@ impl ServerGroup {
         &mut self.ranks
     }
 
-    /// The batches launched at the last forward step.
-    pub fn launched(&self) -> &[ScheduledBatch] {
-        &self.launched
+    /// The batches launched at the forward step the group is at.
+    pub fn launched(&self) -> impl Iterator<Item = &ScheduledBatch> {
+        self.ranks.iter().filter_map(RankExecutor::launched)
     }
 
     /// Per rank, the output the last forward step awaits.
@@ -242,22 +338,22 @@ impl ServerGroup {
         &self.responses
     }
 
+    /// The gathered responses with the rank each range came from, mutably (a front
+    /// rewrites them in place).
+    pub fn responses_by_rank(
+        &mut self,
+    ) -> (&mut [Response], &[(RankId, std::ops::Range<usize>)]) {
+        (&mut self.responses, &self.response_ranks)
+    }
+
     /// Takes the gathered responses (the group keeps an empty vector).
     pub fn take_responses(&mut self) -> Vec<Response> {
         std::mem::take(&mut self.responses)
     }
 
-    /// Hands back a response vector for reuse.
-    pub fn recycle_responses(&mut self, mut v: Vec<Response>) {
-        v.clear();
-        if v.capacity() > self.responses.capacity() {
-            self.responses = v;
-        }
-    }
-
-    /// Per-rank reports of the iteration that ended last.
-    pub fn reports(&self) -> &[IterationReport] {
-        &self.reports
+    /// Per-rank reports of the iteration that ended last, rank order.
+    pub fn reports(&self) -> impl Iterator<Item = &IterationReport> {
+        self.ranks.iter().map(RankExecutor::last_report)
     }
 
     /// Whether every rank holds nothing and the replicated waiting queue is empty.
@@ -268,39 +364,120 @@ impl ServerGroup {
             && self.ranks[0].waiting().is_empty()
     }
 
+    /// Polls rank `i` into the buffers.
+    #[inline]
+    fn collect(&mut self, i: usize) {
+        let mut sink = Sink {
+            bufs: &mut self.bufs,
+            n_launched: &mut self.n_launched,
+            awaited: &mut self.awaited,
+            responses: &mut self.responses,
+            response_ranks: &mut self.response_ranks,
+        };
+        self.asks[i] = collect(&mut self.ranks[i], i, &mut sink);
+    }
+
+    /// Hands every rank the input `make` builds from the collected contributions, and
+    /// collects what each asks next.
+    fn handle_all(
+        &mut self,
+        make: impl Fn(&Collectives) -> InputKind,
+    ) -> Result<(), GroupError> {
+        let kind = make(&self.bufs);
+        let fetched = self.bufs.fetched.take();
+        for i in 0..self.ranks.len() {
+            let b = &self.bufs;
+            let input = match &kind {
+                InputKind::States => Input::States(&b.states),
+                InputKind::Fetch => Input::Fetch(fetched.as_ref().expect("rank 0 broadcast")),
+                InputKind::PrefixMatches => Input::PrefixMatches(&b.matches),
+                InputKind::PadIntent(g) => Input::PadIntent(*g),
+                InputKind::Votes => Input::Votes(&b.votes),
+                InputKind::Responses => Input::ResponsesGathered,
+                InputKind::TransferStatus => Input::TransferStatus(&b.statuses),
+            };
+            self.ranks[i].handle(input)?;
+            // No step is followed by itself, so this rank's next contribution goes to
+            // other buffers than the ones this input reads: collect it now, while the
+            // rank is in cache.
+            self.collect(i);
+        }
+        Ok(())
+    }
+
     /// Steps every rank until the server needs something other than a collective.
     pub fn advance(&mut self) -> Result<GroupNeed, GroupError> {
         loop {
-            // Rank 0 decides what comes next; the other ranks must agree.
-            let first = asked_of(self.ranks[0].poll());
-            match first {
-                Asked::Exchange(tag) => self.exchange(tag)?,
-                Asked::ReadIngress(mode) => return Ok(GroupNeed::ReadIngress(mode)),
-                Asked::Forward => return self.collect_forward(),
-                Asked::Ended => return self.collect_reports(),
+            if self.asks[0] == Asked::Nothing {
+                for i in 0..self.ranks.len() {
+                    self.collect(i);
+                }
+            }
+            let first = self.asks[0];
+            match &first {
+                Asked::Exchange(tag) => {
+                    self.expect_all(&first)?;
+                    let kind = match tag.phase {
+                        Phase::Gather => InputKind::States,
+                        Phase::Fetch => InputKind::Fetch,
+                        Phase::PrefixMatch => InputKind::PrefixMatches,
+                        Phase::PadIntent => InputKind::PadIntent(self.bufs.intent),
+                        Phase::Vote => InputKind::Votes,
+                        Phase::Responses => InputKind::Responses,
+                        Phase::Transfers => InputKind::TransferStatus,
+                    };
+                    self.handle_all(|_| kind)?;
+                }
+                // The other ranks already wait in the fetch broadcast.
+                Asked::ReadIngress(mode) => return Ok(GroupNeed::ReadIngress(*mode)),
+                Asked::Forward => {
+                    self.expect_all(&first)?;
+                    let n = self.n_launched;
+                    return Ok(GroupNeed::Forward {
+                        forward_ran: n == self.ranks.len() && n > 0,
+                    });
+                }
+                Asked::Ended => {
+                    self.expect_all(&first)?;
+                    // Consumed: the next advance opens the next iteration.
+                    self.asks.iter_mut().for_each(|a| *a = Asked::Nothing);
+                    return Ok(GroupNeed::IterationEnded);
+                }
                 Asked::Finished => {
-                    self.expect_all(|a| matches!(a, Asked::Finished), &first)?;
+                    self.expect_all(&first)?;
                     return Ok(GroupNeed::Finished);
                 }
-                Asked::Stopped(why) => {
-                    self.expect_all(|a| matches!(a, Asked::Stopped(_)), &Asked::Stopped(why.clone()))?;
+                Asked::Stopped => {
                     // Report the crashed rank's violation, whichever rank it was.
-                    let crashed = self.ranks.iter_mut().find_map(|r| match r.poll() {
-                        Io::Stopped(StopReason::Crashed(v)) => Some(StopReason::Crashed(v.clone())),
-                        _ => None,
-                    });
-                    return Ok(GroupNeed::Stopped(crashed.unwrap_or(why)));
+                    let mut reason = None;
+                    for r in &mut self.ranks {
+                        if let Io::Stopped(why) = r.poll() {
+                            let crashed = matches!(why, StopReason::Crashed(_));
+                            if crashed || reason.is_none() {
+                                reason = Some(why.clone());
+                            }
+                            if crashed {
+                                break;
+                            }
+                        }
+                    }
+                    return Ok(GroupNeed::Stopped(reason.expect("rank 0 stopped")));
                 }
+                Asked::Nothing => unreachable!("collected above"),
             }
         }
     }
 
-    fn expect_all(&mut self, ok: impl Fn(&Asked) -> bool, want: &Asked) -> Result<(), GroupError> {
-        for r in self.ranks.iter_mut().skip(1) {
-            let got = asked_of(r.poll());
-            if !ok(&got) {
+    /// Every rank must ask what rank 0 asks.
+    fn expect_all(&self, want: &Asked) -> Result<(), GroupError> {
+        for (i, got) in self.asks.iter().enumerate().skip(1) {
+            let same = match (want, got) {
+                (Asked::Exchange(a), Asked::Exchange(b)) => a == b,
+                (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
+            };
+            if !same {
                 return Err(GroupError::Diverged {
-                    rank: r.rank(),
+                    rank: RankId(i as u32),
                     want: want.describe(),
                     got: got.describe(),
                 });
@@ -309,225 +486,17 @@ impl ServerGroup {
         Ok(())
     }
 
-    fn diverged(rank: RankId, want: CollectiveTag, got: &Asked) -> GroupError {
-        GroupError::Diverged {
-            rank,
-            want: Asked::Exchange(want).describe(),
-            got: got.describe(),
-        }
-    }
-
-    /// Runs one collective over every rank, computed in place. Rank 0 was polled
-    /// already (a poll is repeatable until the input arrives).
-    fn exchange(&mut self, tag: CollectiveTag) -> Result<(), GroupError> {
-        let b = &mut self.bufs;
-        match tag.phase {
-            Phase::Gather => {
-                b.states.clear();
-                for r in &mut self.ranks {
-                    match r.poll() {
-                        Io::Exchange(Exchange::States { tag: t, mine }) if t == tag => {
-                            b.states.push(*mine)
-                        }
-                        other => {
-                            let got = asked_of(other);
-                            return Err(Self::diverged(r.rank(), tag, &got));
-                        }
-                    }
-                }
-                for r in &mut self.ranks {
-                    r.handle(Input::States(&b.states))?;
-                }
-            }
-            Phase::Fetch => {
-                let fetched = match self.ranks[0].poll() {
-                    Io::Exchange(Exchange::Fetch { mine: Some(f), .. }) => f.clone(),
-                    other => {
-                        let got = asked_of(other);
-                        return Err(Self::diverged(RankId(0), tag, &got));
-                    }
-                };
-                for r in &mut self.ranks {
-                    match r.poll() {
-                        Io::Exchange(Exchange::Fetch { tag: t, .. }) if t == tag => {}
-                        other => {
-                            let got = asked_of(other);
-                            return Err(Self::diverged(r.rank(), tag, &got));
-                        }
-                    }
-                    r.handle(Input::Fetch(&fetched))?;
-                }
-            }
-            Phase::PrefixMatch => {
-                b.matches.clear();
-                for r in &mut self.ranks {
-                    match r.poll() {
-                        Io::Exchange(Exchange::PrefixMatches { tag: t, mine }) if t == tag => {
-                            b.matches.push(mine.clone())
-                        }
-                        other => {
-                            let got = asked_of(other);
-                            return Err(Self::diverged(r.rank(), tag, &got));
-                        }
-                    }
-                }
-                for r in &mut self.ranks {
-                    r.handle(Input::PrefixMatches(&b.matches))?;
-                }
-            }
-            Phase::PadIntent => {
-                let mut global = PadIntent::None;
-                for r in &mut self.ranks {
-                    match r.poll() {
-                        Io::Exchange(Exchange::PadIntent { tag: t, mine }) if t == tag => {
-                            global = global.max(mine)
-                        }
-                        other => {
-                            let got = asked_of(other);
-                            return Err(Self::diverged(r.rank(), tag, &got));
-                        }
-                    }
-                }
-                for r in &mut self.ranks {
-                    r.handle(Input::PadIntent(global))?;
-                }
-            }
-            Phase::Vote => {
-                b.votes.clear();
-                for r in &mut self.ranks {
-                    match r.poll() {
-                        Io::Exchange(Exchange::Votes { tag: t, mine }) if t == tag => {
-                            b.votes.push(*mine)
-                        }
-                        other => {
-                            let got = asked_of(other);
-                            return Err(Self::diverged(r.rank(), tag, &got));
-                        }
-                    }
-                }
-                for r in &mut self.ranks {
-                    r.handle(Input::Votes(&b.votes))?;
-                }
-            }
-            Phase::Responses => {
-                self.responses.clear();
-                for r in &mut self.ranks {
-                    match r.poll() {
-                        Io::Exchange(Exchange::Responses { tag: t, mine }) if t == tag => {
-                            if self.responses.is_empty() {
-                                // Swap rather than copy: the vectors trade buffers.
-                                std::mem::swap(&mut self.responses, &mut mine.responses);
-                            } else {
-                                self.responses.append(&mut mine.responses);
-                            }
-                        }
-                        other => {
-                            let got = asked_of(other);
-                            return Err(Self::diverged(r.rank(), tag, &got));
-                        }
-                    }
-                }
-                for r in &mut self.ranks {
-                    r.handle(Input::ResponsesGathered)?;
-                }
-            }
-            Phase::Transfers => {
-                b.statuses.clear();
-                for r in &mut self.ranks {
-                    match r.poll() {
-                        Io::Exchange(Exchange::TransferStatus { tag: t, mine }) if t == tag => {
-                            b.statuses.push(mine.clone())
-                        }
-                        other => {
-                            let got = asked_of(other);
-                            return Err(Self::diverged(r.rank(), tag, &got));
-                        }
-                    }
-                }
-                for r in &mut self.ranks {
-                    r.handle(Input::TransferStatus(&b.statuses))?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn collect_forward(&mut self) -> Result<GroupNeed, GroupError> {
-        let mut n = 0;
-        for (i, r) in self.ranks.iter_mut().enumerate() {
-            match r.poll() {
-                Io::Forward {
-                    launch,
-                    await_output,
-                } => {
-                    self.awaited[i] = await_output;
-                    if let Some(batch) = launch {
-                        match self.launched.get_mut(n) {
-                            Some(copy) => {
-                                copy.number = batch.number;
-                                copy.rank = batch.rank;
-                                copy.entries.clear();
-                                copy.entries.extend_from_slice(&batch.entries);
-                            }
-                            None => self.launched.push(batch.clone()),
-                        }
-                        n += 1;
-                    }
-                }
-                other => {
-                    let got = asked_of(other);
-                    return Err(GroupError::Diverged {
-                        rank: r.rank(),
-                        want: "the forward".into(),
-                        got: got.describe(),
-                    });
-                }
-            }
-        }
-        self.launched.truncate(n);
-        Ok(GroupNeed::Forward {
-            forward_ran: n == self.ranks.len() && n > 0,
-        })
-    }
-
-    /// Every rank's report of the iteration that just ended (rank 0's was announced by
-    /// the poll that found it; `IterationEnded` is returned once).
-    fn collect_reports(&mut self) -> Result<GroupNeed, GroupError> {
-        for (i, (r, report)) in self.ranks.iter_mut().zip(self.reports.iter_mut()).enumerate() {
-            let ended = i == 0 || matches!(r.poll(), Io::IterationEnded(_));
-            match ended {
-                true => {
-                    let rep = r.last_report();
-                    // Overwritten in place: the report's vectors are reused.
-                    report.stats = rep.stats.clone();
-                    report.violations.clear();
-                    report.violations.extend_from_slice(&rep.violations);
-                    report.transfer_commands.clear();
-                    report
-                        .transfer_commands
-                        .extend_from_slice(&rep.transfer_commands);
-                }
-                false => {
-                    return Err(GroupError::Diverged {
-                        rank: r.rank(),
-                        want: "the iteration's end".into(),
-                        got: "another step".into(),
-                    });
-                }
-            }
-        }
-        Ok(GroupNeed::IterationEnded)
-    }
-
     /// Rank 0's ingress read.
     pub fn provide_ingress(&mut self, read: FetchBatch) -> Result<(), GroupError> {
-        Ok(self.ranks[0].handle(Input::Ingress(read))?)
+        self.ranks[0].handle(Input::Ingress(read))?;
+        self.collect(0);
+        Ok(())
     }
 
     /// Samples every launched batch with `tokens` and keeps the outputs until a rank
     /// awaits them (the stand-in device of an in-thread host).
     pub fn sample_launched(&mut self, tokens: &mut dyn TokenSource) {
-        for batch in &self.launched {
+        for batch in self.ranks.iter().filter_map(RankExecutor::launched) {
             let mut out = self.spare_outputs.pop().unwrap_or(ForwardOutput {
                 batch: batch.number,
                 sampled: Vec::new(),
@@ -540,14 +509,15 @@ impl ServerGroup {
     /// Hands every rank the output it awaits (sampled earlier by
     /// [`ServerGroup::sample_launched`]).
     pub fn provide_outputs(&mut self) -> Result<(), GroupError> {
-        for (i, r) in self.ranks.iter_mut().enumerate() {
+        for i in 0..self.ranks.len() {
             let pending = &mut self.outputs[i];
             let output = self.awaited[i].and_then(|n| {
                 let at = pending.iter().position(|o| o.batch == n)?;
                 Some(pending.remove(at))
             });
-            r.handle(Input::Output(output.as_ref()))?;
+            self.ranks[i].handle(Input::Output(output.as_ref()))?;
             self.spare_outputs.extend(output);
+            self.collect(i);
         }
         Ok(())
     }
@@ -560,12 +530,11 @@ impl ServerGroup {
         fetch: &mut dyn FnMut(FetchMode) -> Option<FetchBatch>,
         tokens: &mut dyn TokenSource,
     ) -> Result<GroupStep, GroupError> {
-        let mut iteration = None;
         let mut forward_ran = false;
+        let mut launched = Vec::new();
         loop {
             match self.advance()? {
                 GroupNeed::ReadIngress(mode) => {
-                    iteration.get_or_insert(self.ranks[0].iteration());
                     let Some(read) = fetch(mode) else {
                         return Ok(GroupStep::Idle);
                     };
@@ -573,16 +542,18 @@ impl ServerGroup {
                 }
                 GroupNeed::Forward { forward_ran: ran } => {
                     forward_ran = ran;
+                    launched = self.launched().cloned().collect();
                     self.sample_launched(tokens);
                     self.provide_outputs()?;
                 }
                 GroupNeed::IterationEnded => {
+                    let reports: Vec<IterationReport> = self.reports().cloned().collect();
                     return Ok(GroupStep::Ran(GroupIteration {
-                        iteration: iteration.unwrap_or(self.reports[0].stats.iteration),
+                        iteration: reports[0].stats.iteration,
                         forward_ran,
-                        launched: self.launched.clone(),
+                        launched: std::mem::take(&mut launched),
                         responses: self.take_responses(),
-                        reports: self.reports.clone(),
+                        reports,
                     }));
                 }
                 GroupNeed::Finished => return Ok(GroupStep::Finished),
@@ -592,13 +563,15 @@ impl ServerGroup {
     }
 }
 
-fn asked_of(io: Io<'_>) -> Asked {
-    match io {
-        Io::Exchange(x) => Asked::Exchange(x.tag()),
-        Io::ReadIngress(mode) => Asked::ReadIngress(mode),
-        Io::Forward { .. } => Asked::Forward,
-        Io::IterationEnded(_) => Asked::Ended,
-        Io::Finished => Asked::Finished,
-        Io::Stopped(why) => Asked::Stopped(why.clone()),
-    }
+/// Which input the collected contributions make.
+#[derive(Debug, Clone, Copy)]
+enum InputKind {
+    States,
+    Fetch,
+    PrefixMatches,
+    PadIntent(PadIntent),
+    Votes,
+    Responses,
+    TransferStatus,
 }
+

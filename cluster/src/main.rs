@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use lockstep_actors::config::Role;
+use lockstep_cluster::backends::RealOptions;
 use lockstep_cluster::report::{Report, ab_table};
 use lockstep_cluster::scenario::Scenario;
 use lockstep_cluster::sim::{self, SimOptions};
@@ -52,9 +52,14 @@ struct RealArgs {
     /// for cross-driver comparisons).
     #[arg(long)]
     preload: bool,
-    /// Write the report as JSON (rank 0 under mpirun).
+    /// Write the report as JSON (the front process under mpirun).
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// A server whose iterations change nothing for this long, while requests remain
+    /// and no KV transfer is in flight, is deadlocked: its requests fail and the run
+    /// reports `deadlocked`.
+    #[arg(long, default_value_t = 10_000)]
+    stall_timeout_ms: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -83,10 +88,19 @@ enum Command {
         /// Write one JSON line per server iteration and rank.
         #[arg(long, value_name = "PATH")]
         iter_log: Option<PathBuf>,
+        /// Deliver every request, and the client's shutdown, before the first iteration
+        /// (as `run --preload` does, for comparing drivers).
+        #[arg(long)]
+        preload: bool,
+        /// A server whose iterations change nothing for this long (virtual), while
+        /// requests remain and no KV transfer is in flight, is deadlocked.
+        #[arg(long, default_value_t = 10_000)]
+        stall_timeout_ms: u64,
     },
-    /// Run the scenario's servers for real: one thread per rank (`threads`; aggregated,
-    /// or ctx and gen servers with real KV transfers) or one process per rank under
-    /// mpirun (`mpi`, one aggregated server; see `lockstep rank`).
+    /// Run the scenario's servers for real: one thread per rank (`threads`) or one
+    /// process per rank plus a front process under mpirun (`mpi`, see `lockstep rank`);
+    /// aggregated or disaggregated alike, with real KV transfers between ctx and gen
+    /// servers.
     Run {
         #[command(flatten)]
         args: ScenarioArgs,
@@ -100,8 +114,9 @@ enum Command {
         #[arg(long, default_value_t = 30_000)]
         timeout_ms: u64,
     },
-    /// One rank of an MPI run: `mpirun -n DP lockstep rank SCENARIO.toml ...` (built with
-    /// `--features mpi`). Rank 0 plays the workload and writes the report.
+    /// One process of an MPI run: `mpirun -n N lockstep rank SCENARIO.toml ...` with N =
+    /// 1 + the ranks of every server (built with `--features mpi`). World rank 0 is the
+    /// front process: it plays the workload and writes the report.
     Rank {
         #[command(flatten)]
         args: ScenarioArgs,
@@ -178,7 +193,13 @@ fn load(args: &ScenarioArgs, preset: Option<&str>) -> anyhow::Result<Scenario> {
     Ok(scenario)
 }
 
-fn simulate(scenario: &Scenario, seed: u64, iter_log: Option<&Path>) -> anyhow::Result<Report> {
+fn simulate(
+    scenario: &Scenario,
+    seed: u64,
+    iter_log: Option<&Path>,
+    preload: bool,
+    stall_timeout_ms: u64,
+) -> anyhow::Result<Report> {
     let mut log_file = match iter_log {
         Some(p) => Some(BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
@@ -209,6 +230,8 @@ fn simulate(scenario: &Scenario, seed: u64, iter_log: Option<&Path>) -> anyhow::
             seed,
             iter_log: log_file.as_mut().map(|f| f as &mut dyn Write),
             progress: Some(&mut progress),
+            preload,
+            stall_bound_ns: stall_timeout_ms.saturating_mul(1_000_000),
         },
     )?;
     if let Some(b) = bar {
@@ -242,9 +265,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             seed,
             json,
             iter_log,
+            preload,
+            stall_timeout_ms,
         } => {
             let scenario = load(&args, policy.as_deref())?;
-            let report = simulate(&scenario, seed, iter_log.as_deref())?;
+            let report = simulate(
+                &scenario,
+                seed,
+                iter_log.as_deref(),
+                preload,
+                stall_timeout_ms,
+            )?;
             print!("{}", report.table());
             if let Some(p) = json {
                 write_json(&p, &report)?;
@@ -261,14 +292,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 return relaunch_under_mpirun(&args, &real);
             }
             let scenario = load(&args, real.policy.as_deref())?;
-            let report = lockstep_cluster::drivers::threads::run(
+            let report = lockstep_cluster::backends::threads::run(
                 &scenario,
-                &lockstep_cluster::drivers::threads::ThreadsOptions {
-                    seed: real.seed,
-                    time_scale: real.time_scale,
+                &RealOptions {
                     collective_timeout: std::time::Duration::from_millis(timeout_ms),
-                    preload: real.preload,
-                    ..Default::default()
+                    ..real.options()
                 },
             )?;
             print!("{}", report.table());
@@ -290,13 +318,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             iterations,
         } => {
             let o = match driver.as_str() {
-                "threads" => lockstep_cluster::drivers::overhead::threads(
+                "threads" => lockstep_cluster::overhead::threads(
                     dp,
                     active,
                     iterations,
-                    lockstep_cluster::drivers::overhead::WARMUP,
+                    lockstep_cluster::overhead::WARMUP,
                 )?,
                 "mpi" => {
+                    require_mpi_build()?;
                     let exe = std::env::current_exe()?;
                     let status = std::process::Command::new("mpirun")
                         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -328,7 +357,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 driver.as_str()
             };
-            println!("driver={driver} dp={dp} active_per_rank={active} iterations={iterations}");
+            println!(
+                "driver={driver} dp={dp} active_per_rank={active} iterations={iterations} collectives_per_iteration={}",
+                o.collectives
+            );
             println!(
                 "means: overhead_mean_us={:.2} floor_mean_us={:.2} ratio_of_means={:.2}",
                 o.overhead_mean_us,
@@ -350,8 +382,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             seed,
             json,
         } => {
-            let a = simulate(&load(&args, Some(&base))?, seed, None)?;
-            let b = simulate(&load(&args, Some(&treatment))?, seed, None)?;
+            let a = simulate(&load(&args, Some(&base))?, seed, None, false, 10_000)?;
+            let b = simulate(&load(&args, Some(&treatment))?, seed, None, false, 10_000)?;
             print!("{}", ab_table(&a, &b, &base, &treatment));
             if let Some(p) = json {
                 write_json(&p, &serde_json::json!({ "base": a, "treatment": b }))?;
@@ -361,29 +393,32 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `run --driver mpi`: re-launch this binary as `mpirun -n DP lockstep rank ...`.
+/// `run --driver mpi` and `overhead --driver mpi` need a build with MPI; say so once,
+/// before launching anything.
+fn require_mpi_build() -> anyhow::Result<()> {
+    if cfg!(feature = "mpi") {
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "this lockstep was built without MPI: rebuild with `cargo build --release -p lockstep-cluster --features mpi` (needs OpenMPI and libclang)"
+        )
+    }
+}
+
+/// `run --driver mpi`: re-launch this binary as `mpirun -n N lockstep rank ...`, N = 1
+/// (the front process) + every server's ranks.
 fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result<ExitCode> {
+    require_mpi_build()?;
     let scenario = load(args, real.policy.as_deref())?;
-    // One process per rank; a disaggregated scenario adds the front process.
-    let mut processes = 0;
+    let mut processes = 1;
     for server in &scenario.servers {
         processes += server.derive(&scenario.policy)?.sizes.dp;
     }
-    let disaggregated = scenario.servers.iter().any(|s| s.role != Role::Agg);
-    if disaggregated {
-        processes += 1;
-    } else if scenario.servers.len() != 1 {
-        anyhow::bail!(
-            "the mpi driver runs one aggregated server or a disaggregated fleet; the scenario has {} aggregated servers",
-            scenario.servers.len()
-        );
-    }
-    let dp = processes;
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new("mpirun");
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args(["--oversubscribe", "-n", &dp.to_string()])
+        .args(["--oversubscribe", "-n", &processes.to_string()])
         .arg(exe)
         .arg("rank")
         .arg(&args.scenario)
@@ -392,6 +427,8 @@ fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result
             &real.seed.to_string(),
             "--time-scale",
             &real.time_scale.to_string(),
+            "--stall-timeout-ms",
+            &real.stall_timeout_ms.to_string(),
         ]);
     if let Some(p) = &real.policy {
         cmd.args(["--policy", p]);
@@ -416,6 +453,18 @@ fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result
     })
 }
 
+impl RealArgs {
+    fn options(&self) -> RealOptions {
+        RealOptions {
+            seed: self.seed,
+            time_scale: self.time_scale,
+            preload: self.preload,
+            stall_bound: std::time::Duration::from_millis(self.stall_timeout_ms),
+            ..RealOptions::default()
+        }
+    }
+}
+
 #[cfg(feature = "mpi")]
 fn rank_command(
     args: &ScenarioArgs,
@@ -423,8 +472,7 @@ fn rank_command(
     watchdog_ms: u64,
     inject: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
-    use lockstep_cluster::drivers::mpi::{MpiOptions, run_rank_process};
-    use lockstep_cluster::drivers::threads::ThreadsOptions;
+    use lockstep_cluster::backends::mpi::{MpiOptions, run_process};
     let scenario = load(args, real.policy.as_deref())?;
     let text = std::fs::read(&args.scenario)?;
     let mut digest = lockstep_actors::kv::mix(text.len() as u64);
@@ -443,21 +491,13 @@ fn rank_command(
         }
     };
     let opts = MpiOptions {
-        common: ThreadsOptions {
-            seed: real.seed,
-            time_scale: real.time_scale,
-            preload: real.preload,
-            ..ThreadsOptions::default()
+        common: RealOptions {
+            mismatch_tag_at: mismatch,
+            ..real.options()
         },
         watchdog: std::time::Duration::from_millis(watchdog_ms),
-        mismatch_tag_at: mismatch,
     };
-    let disaggregated = scenario.servers.iter().any(|s| s.role != Role::Agg);
-    let outcome = if disaggregated {
-        lockstep_cluster::drivers::mpi_disagg::run_process(&scenario, digest, &opts)
-    } else {
-        run_rank_process(&scenario, digest, &opts)
-    };
+    let outcome = run_process(&scenario, digest, &opts);
     match outcome {
         Ok(Some(report)) => {
             print!("{}", report.table());
@@ -492,12 +532,12 @@ fn mpi_overhead(
     dp: u32,
     active: u32,
     iterations: u64,
-) -> anyhow::Result<Option<lockstep_cluster::drivers::overhead::Overhead>> {
-    Ok(lockstep_cluster::drivers::overhead::mpi_rank(
+) -> anyhow::Result<Option<lockstep_cluster::overhead::Overhead>> {
+    Ok(lockstep_cluster::overhead::mpi_rank(
         dp,
         active,
         iterations,
-        lockstep_cluster::drivers::overhead::WARMUP,
+        lockstep_cluster::overhead::WARMUP,
     )?)
 }
 
@@ -506,7 +546,7 @@ fn mpi_overhead(
     _dp: u32,
     _active: u32,
     _iterations: u64,
-) -> anyhow::Result<Option<lockstep_cluster::drivers::overhead::Overhead>> {
+) -> anyhow::Result<Option<lockstep_cluster::overhead::Overhead>> {
     anyhow::bail!(
         "this lockstep was built without MPI: rebuild with `cargo build --release -p lockstep-cluster --features mpi`"
     )

@@ -270,6 +270,7 @@ pub fn peer_with(routable: u32) -> lockstep_actors::counts::RankCounts {
         schedulable: routable,
         pad_schedulable: routable,
         retiring: 0,
+        receiving: 0,
     }
 }
 

@@ -206,6 +206,22 @@ pub enum PadIntent {
     Context = 2,
 }
 
+impl PadIntent {
+    /// The value the allreduce MAX combines.
+    pub fn as_u64(self) -> u64 {
+        self as u64
+    }
+
+    /// The intent a combined value stands for (anything above `Context` is `Context`).
+    pub fn from_u64(v: u64) -> PadIntent {
+        match v {
+            0 => PadIntent::None,
+            1 => PadIntent::Generation,
+            _ => PadIntent::Context,
+        }
+    }
+}
+
 /// Phase 6 contribution: how many entries (dummies included) this rank scheduled, and
 /// whether it hit a violation that crashes the real executor (every rank reads every
 /// flag in the same collective, so all stop at the same point instead of one leaving

@@ -181,6 +181,16 @@ struct Resident {
 struct Iteration {
     /// Rank 0's clock for this iteration (from the fetch broadcast).
     now_ns: u64,
+    /// This rank's contribution to the gather.
+    state: RankState,
+    /// This rank's vote.
+    vote: BatchVote,
+    /// Rank 0: what it read from the ingress, until the broadcast.
+    read: Option<FetchBatch>,
+    /// This rank's prefix matches for the popped requests (KV-aware routing).
+    matches: PrefixMatches,
+    /// This rank's transfer events for the transfer phase.
+    status: TransferStatus,
     /// Every rank's load at the gather.
     loads: Vec<RankLoad>,
     /// Requests popped from the waiting queue, to route.
@@ -224,8 +234,6 @@ struct Buffers {
     /// Entry vectors of batches that ended, reused for the next batch.
     spare_entries: Vec<Vec<ForwardEntry>>,
     ids: Vec<ReqId>,
-    /// A spare event vector for the transfer-status contribution.
-    events: Vec<TransferEvent>,
 }
 
 impl Buffers {
@@ -273,6 +281,8 @@ pub struct RankExecutor {
     bufs: Buffers,
     /// The rank's state when the server stalled out (the deadlock's evidence).
     stalled_state: Option<String>,
+    /// Why the rank stopped (a fatal violation here or on a peer).
+    stop: Option<StopReason>,
 }
 
 impl RankExecutor {
@@ -346,6 +356,7 @@ impl RankExecutor {
             iteration: 0,
             bufs: Buffers::default(),
             stalled_state: None,
+            stop: None,
         }
     }
 
@@ -442,6 +453,11 @@ impl RankExecutor {
     /// Whether the router is KV-aware.
     pub fn routes_by_prefix(&self) -> bool {
         self.router.needs_prefix_matches()
+    }
+
+    /// The batch this iteration launches (between the vote and the forward's output).
+    pub fn launched(&self) -> Option<&ScheduledBatch> {
+        self.iter.launched.as_ref()
     }
 
     /// The report of the last iteration that ended.

@@ -178,72 +178,67 @@ impl Input<'_> {
     }
 }
 
-/// Where a rank is in its iteration, with the data that moves from one step to the
-/// next.
-#[derive(Debug)]
+/// Where a rank is in its iteration, with the small data that moves from one step to
+/// the next (vectors travel in the iteration's data, so a step changes no heap state
+/// here).
+#[derive(Debug, Clone, Copy)]
 pub(super) enum Stage {
     /// Between iterations: the next poll opens one.
     Open,
-    /// Awaiting the states allgather.
-    Gather(RankState),
+    /// Awaiting the states allgather (this rank's in the iteration's data).
+    Gather,
     /// Rank 0: awaiting the ingress read.
     ReadIngress(FetchMode),
-    /// Awaiting the fetch broadcast (rank 0 holds its read).
-    Fetch(Option<FetchBatch>),
-    /// Awaiting the prefix matches.
-    PrefixMatch(PrefixMatches),
+    /// Awaiting the fetch broadcast (rank 0 holds its read in the iteration's data).
+    Fetch,
+    /// Awaiting the prefix matches (this rank's in the iteration's data).
+    PrefixMatch,
     /// Awaiting the pad intent.
     PadIntent(PadIntent),
-    /// Awaiting the votes.
-    Vote(BatchVote),
+    /// Awaiting the votes (this rank's in the iteration's data).
+    Vote,
     /// Awaiting the forward output.
     Forward,
     /// Awaiting the responses gather.
     Responses,
-    /// Awaiting the transfer status.
-    Transfers(TransferStatus),
+    /// Awaiting the transfer status (this rank's in the iteration's data).
+    Transfers,
     /// The iteration ended; the report is ready.
     Ended,
     /// The server is drained.
     Finished,
-    /// Stopped by a fatal violation.
-    Stopped(StopReason),
+    /// Stopped by a fatal violation (why: `RankExecutor::stop`).
+    Stopped,
 }
 
 impl Stage {
     fn name(&self) -> &'static str {
         match self {
             Stage::Open => "the iteration to open",
-            Stage::Gather(_) => "the states",
+            Stage::Gather => "the states",
             Stage::ReadIngress(_) => "an ingress read",
-            Stage::Fetch(_) => "the fetch broadcast",
-            Stage::PrefixMatch(_) => "the prefix matches",
+            Stage::Fetch => "the fetch broadcast",
+            Stage::PrefixMatch => "the prefix matches",
             Stage::PadIntent(_) => "the pad intent",
-            Stage::Vote(_) => "the votes",
+            Stage::Vote => "the votes",
             Stage::Forward => "a forward output",
             Stage::Responses => "the responses gather",
-            Stage::Transfers(_) => "the transfer status",
+            Stage::Transfers => "the transfer status",
             Stage::Ended => "the next poll",
             Stage::Finished => "nothing (finished)",
-            Stage::Stopped(_) => "nothing (stopped)",
+            Stage::Stopped => "nothing (stopped)",
         }
     }
 }
 
 impl RankExecutor {
-    fn tag(&self, phase: Phase) -> CollectiveTag {
-        CollectiveTag {
-            iteration: self.iteration,
-            phase,
-        }
-    }
-
     /// What this rank needs next. Between iterations it opens the next one (its gather).
+    #[inline]
     pub fn poll(&mut self) -> Io<'_> {
         match self.stage {
             Stage::Open => {
-                let state = self.open_iteration();
-                self.stage = Stage::Gather(state);
+                self.iter.state = self.open_iteration();
+                self.stage = Stage::Gather;
             }
             Stage::Ended => {
                 self.stage = Stage::Open;
@@ -251,36 +246,44 @@ impl RankExecutor {
             }
             _ => {}
         }
-        let tag = self.tag(match &self.stage {
-            Stage::Fetch(_) => Phase::Fetch,
-            Stage::PrefixMatch(_) => Phase::PrefixMatch,
-            Stage::PadIntent(_) => Phase::PadIntent,
-            Stage::Vote(_) => Phase::Vote,
-            Stage::Responses => Phase::Responses,
-            Stage::Transfers(_) => Phase::Transfers,
-            _ => Phase::Gather,
-        });
+        let iteration = self.iteration;
+        let tag = |phase| CollectiveTag { iteration, phase };
         match &mut self.stage {
-            Stage::Gather(state) => Io::Exchange(Exchange::States { tag, mine: state }),
-            Stage::ReadIngress(mode) => Io::ReadIngress(*mode),
-            Stage::Fetch(read) => Io::Exchange(Exchange::Fetch {
-                tag,
-                mine: read.as_ref(),
+            Stage::Gather => Io::Exchange(Exchange::States {
+                tag: tag(Phase::Gather),
+                mine: &self.iter.state,
             }),
-            Stage::PrefixMatch(m) => Io::Exchange(Exchange::PrefixMatches { tag, mine: m }),
-            Stage::PadIntent(i) => Io::Exchange(Exchange::PadIntent { tag, mine: *i }),
-            Stage::Vote(v) => Io::Exchange(Exchange::Votes { tag, mine: v }),
+            Stage::ReadIngress(mode) => Io::ReadIngress(*mode),
+            Stage::Fetch => Io::Exchange(Exchange::Fetch {
+                tag: tag(Phase::Fetch),
+                mine: self.iter.read.as_ref(),
+            }),
+            Stage::PrefixMatch => Io::Exchange(Exchange::PrefixMatches {
+                tag: tag(Phase::PrefixMatch),
+                mine: &self.iter.matches,
+            }),
+            Stage::PadIntent(i) => Io::Exchange(Exchange::PadIntent {
+                tag: tag(Phase::PadIntent),
+                mine: *i,
+            }),
+            Stage::Vote => Io::Exchange(Exchange::Votes {
+                tag: tag(Phase::Vote),
+                mine: &self.iter.vote,
+            }),
             Stage::Forward => Io::Forward {
                 launch: self.iter.launched.as_ref(),
                 await_output: self.iter.awaited,
             },
             Stage::Responses => Io::Exchange(Exchange::Responses {
-                tag,
+                tag: tag(Phase::Responses),
                 mine: &mut self.iter.responses,
             }),
-            Stage::Transfers(s) => Io::Exchange(Exchange::TransferStatus { tag, mine: s }),
+            Stage::Transfers => Io::Exchange(Exchange::TransferStatus {
+                tag: tag(Phase::Transfers),
+                mine: &self.iter.status,
+            }),
             Stage::Finished => Io::Finished,
-            Stage::Stopped(why) => Io::Stopped(why),
+            Stage::Stopped => Io::Stopped(self.stop.as_ref().expect("a stopped rank says why")),
             Stage::Open | Stage::Ended => unreachable!("handled above"),
         }
     }
@@ -288,106 +291,89 @@ impl RankExecutor {
     /// Hands back the answer to the last [`RankExecutor::poll`]. An input the executor
     /// did not ask for, or a malformed one, is refused and changes nothing.
     pub fn handle(&mut self, input: Input<'_>) -> Result<(), ExecutorError> {
-        if let Err(e) = self.check_input(&input) {
-            return Err(e);
-        }
-        let stage = std::mem::replace(&mut self.stage, Stage::Open);
-        self.stage = match (stage, input) {
-            (Stage::Gather(_), Input::States(all)) => self.on_states(all),
-            (Stage::ReadIngress(_), Input::Ingress(read)) => Stage::Fetch(Some(read)),
-            (Stage::Fetch(_), Input::Fetch(fetched)) => {
+        let dp = self.setup.sizes.dp as usize;
+        self.stage = match (self.stage, input) {
+            (Stage::Gather, Input::States(all)) => {
+                self.arity(Phase::Gather, all.len(), dp)?;
+                self.on_states(all)
+            }
+            (Stage::ReadIngress(_), Input::Ingress(read)) => {
+                self.iter.read = Some(read);
+                Stage::Fetch
+            }
+            (Stage::Fetch, Input::Fetch(fetched)) => {
+                self.iter.read = None;
                 self.on_fetch(fetched);
                 self.after_fetch()
             }
-            (Stage::PrefixMatch(_), Input::PrefixMatches(all)) => {
+            (Stage::PrefixMatch, Input::PrefixMatches(all)) => {
+                self.arity(Phase::PrefixMatch, all.len(), dp)?;
+                let n = self.iter.popped.len();
+                if let Some(bad) = all.iter().find(|m| m.tokens.len() != n) {
+                    self.arity(Phase::PrefixMatch, bad.tokens.len(), n)?;
+                }
                 self.route(Some(all));
                 self.after_route()
             }
             (Stage::PadIntent(_), Input::PadIntent(global)) => self.pad_and_schedule(global),
-            (Stage::Vote(_), Input::Votes(votes)) => self.on_votes(votes),
+            (Stage::Vote, Input::Votes(votes)) => {
+                self.arity(Phase::Vote, votes.len(), dp)?;
+                self.on_votes(votes)
+            }
             (Stage::Forward, Input::Output(output)) => {
+                let got = output.map(|o| o.batch);
+                if got != self.iter.awaited {
+                    return Err(ExecutorError::WrongBatch {
+                        rank: self.rank,
+                        got,
+                        want: self.iter.awaited,
+                    });
+                }
                 self.process_output(output);
                 Stage::Responses
             }
             (Stage::Responses, Input::ResponsesGathered) => {
                 self.iter.responses.responses.clear();
                 if self.setup.schedule.transfers {
-                    let mut events = std::mem::take(&mut self.bufs.events);
-                    events.clear();
-                    events.append(&mut self.pending_transfer_events);
-                    Stage::Transfers(TransferStatus { events })
+                    let status = &mut self.iter.status.events;
+                    status.clear();
+                    status.append(&mut self.pending_transfer_events);
+                    Stage::Transfers
                 } else {
                     self.end_iteration();
                     Stage::Ended
                 }
             }
-            (Stage::Transfers(status), Input::TransferStatus(_)) => {
-                self.apply_transfers(status);
+            (Stage::Transfers, Input::TransferStatus(all)) => {
+                self.arity(Phase::Transfers, all.len(), dp)?;
+                self.apply_transfers();
                 self.end_iteration();
                 Stage::Ended
             }
-            (stage, input) => unreachable!(
-                "check_input let {} through at {}",
-                input.name(),
-                stage.name()
-            ),
+            (stage, input) => {
+                return Err(ExecutorError::UnexpectedInput {
+                    rank: self.rank,
+                    iteration: self.iteration,
+                    awaiting: stage.name(),
+                    got: input.name(),
+                });
+            }
         };
         Ok(())
     }
 
-    /// Refuses an input the stage does not await, or a collective result of the wrong
-    /// size, before anything changes.
-    fn check_input(&self, input: &Input<'_>) -> Result<(), ExecutorError> {
-        let dp = self.setup.sizes.dp as usize;
-        let arity = |phase: Phase, got: usize, want: usize| {
-            if got == want {
-                Ok(())
-            } else {
-                Err(ExecutorError::WrongArity {
-                    rank: self.rank,
-                    iteration: self.iteration,
-                    phase,
-                    got,
-                    want,
-                })
-            }
-        };
-        match (&self.stage, input) {
-            (Stage::Gather(_), Input::States(all)) => arity(Phase::Gather, all.len(), dp),
-            (Stage::ReadIngress(_), Input::Ingress(_))
-            | (Stage::Fetch(_), Input::Fetch(_))
-            | (Stage::PadIntent(_), Input::PadIntent(_))
-            | (Stage::Responses, Input::ResponsesGathered) => Ok(()),
-            (Stage::PrefixMatch(_), Input::PrefixMatches(all)) => {
-                arity(Phase::PrefixMatch, all.len(), dp)?;
-                let n = self.iter.popped.len();
-                match all.iter().find(|m| m.tokens.len() != n) {
-                    Some(bad) => arity(Phase::PrefixMatch, bad.tokens.len(), n),
-                    None => Ok(()),
-                }
-            }
-            (Stage::Vote(_), Input::Votes(votes)) => arity(Phase::Vote, votes.len(), dp),
-            (Stage::Forward, Input::Output(output)) => {
-                let got = output.map(|o| o.batch);
-                if got == self.iter.awaited {
-                    Ok(())
-                } else {
-                    Err(ExecutorError::WrongBatch {
-                        rank: self.rank,
-                        got,
-                        want: self.iter.awaited,
-                    })
-                }
-            }
-            (Stage::Transfers(_), Input::TransferStatus(all)) => {
-                arity(Phase::Transfers, all.len(), dp)
-            }
-            (stage, input) => Err(ExecutorError::UnexpectedInput {
+    /// A collective result of the wrong size is refused before anything changes.
+    fn arity(&self, phase: Phase, got: usize, want: usize) -> Result<(), ExecutorError> {
+        if got == want {
+            Ok(())
+        } else {
+            Err(ExecutorError::WrongArity {
                 rank: self.rank,
                 iteration: self.iteration,
-                awaiting: stage.name(),
-                got: input.name(),
-            }),
+                phase,
+                got,
+                want,
+            })
         }
     }
 
@@ -424,7 +410,7 @@ impl RankExecutor {
             counts,
             responses_due,
             progressed: self.progressed_last,
-            awaiting_transfer: self.awaiting_transfer(),
+            awaiting_transfer: counts.receiving > 0 || !self.resident.sending.is_empty(),
         }
     }
 
@@ -444,7 +430,7 @@ impl RankExecutor {
         if self.rank.0 == 0 {
             Stage::ReadIngress(self.fetch_mode(all))
         } else {
-            Stage::Fetch(None)
+            Stage::Fetch
         }
     }
 
@@ -452,13 +438,15 @@ impl RankExecutor {
     fn after_fetch(&mut self) -> Stage {
         if self.setup.schedule.prefix_matches {
             let kv = &self.kv;
-            let tokens = self
-                .iter
-                .popped
-                .iter()
-                .map(|s| kv.longest_prefix_match(&s.block_hashes))
-                .collect();
-            Stage::PrefixMatch(PrefixMatches { tokens })
+            let tokens = &mut self.iter.matches.tokens;
+            tokens.clear();
+            tokens.extend(
+                self.iter
+                    .popped
+                    .iter()
+                    .map(|s| kv.longest_prefix_match(&s.block_hashes)),
+            );
+            Stage::PrefixMatch
         } else {
             self.route(None);
             self.after_route()
@@ -479,7 +467,8 @@ impl RankExecutor {
     fn pad_and_schedule(&mut self, global: PadIntent) -> Stage {
         let batch_size = self.pad_and_schedule_batch(global);
         let fatal = self.iter.violations.iter().any(|v| v.kind.is_fatal());
-        Stage::Vote(BatchVote { batch_size, fatal })
+        self.iter.vote = BatchVote { batch_size, fatal };
+        Stage::Vote
     }
 
     /// The votes: stop every rank on a fatal violation anywhere; otherwise commit or roll
@@ -489,12 +478,13 @@ impl RankExecutor {
             // The run ends here; the tentative dummy goes with this iteration's work.
             self.abandon_tentative();
             let mine = self.iter.violations.iter().find(|v| v.kind.is_fatal());
-            return Stage::Stopped(match mine {
+            self.stop = Some(match mine {
                 Some(v) => StopReason::Crashed(v.clone()),
                 None => StopReason::PeerCrashed {
                     peer: RankId(peer as u32),
                 },
             });
+            return Stage::Stopped;
         }
         let can_queue = votes.iter().all(|v| v.batch_size > 0);
         self.resolve_vote(can_queue);

@@ -76,8 +76,8 @@ impl RankExecutor {
     }
 
     /// The transfer phase (§3.9): apply this rank's events, agreed in the allgather.
-    pub(super) fn apply_transfers(&mut self, status: TransferStatus) {
-        let mut events = status.events;
+    pub(super) fn apply_transfers(&mut self) {
+        let mut events = std::mem::take(&mut self.iter.status.events);
         self.iter.stats.transfer_events_applied = events.len() as u32;
         if !events.is_empty() {
             self.iter.progressed = true;
@@ -85,7 +85,8 @@ impl RankExecutor {
         for event in events.drain(..) {
             self.apply_transfer(event);
         }
-        self.bufs.events = events;
+        // Back, empty, with its capacity.
+        self.iter.status.events = events;
     }
 
     /// Effects of launching `batch`: prefill progress, KV growth, and the state updates

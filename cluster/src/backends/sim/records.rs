@@ -24,11 +24,6 @@ impl<T> ById<T> {
         self.slots[i] = Some(value);
     }
 
-    pub(super) fn get(&self, id: &ReqId) -> Option<&T> {
-        let i = usize::try_from(id.0).ok()?;
-        self.slots.get(i)?.as_ref()
-    }
-
     pub(super) fn get_mut(&mut self, id: &ReqId) -> Option<&mut T> {
         let i = usize::try_from(id.0).ok()?;
         self.slots.get_mut(i)?.as_mut()
