@@ -249,6 +249,7 @@ fn collect(rank: &mut RankExecutor, i: usize, sink: &mut Sink<'_>) -> Asked {
         Io::Forward {
             launch,
             await_output,
+            ..
         } => {
             if i == 0 {
                 *sink.n_launched = 0;
@@ -326,6 +327,11 @@ impl ServerGroup {
     /// The batches launched at the forward step the group is at.
     pub fn launched(&self) -> impl Iterator<Item = &ScheduledBatch> {
         self.ranks.iter().filter_map(RankExecutor::launched)
+    }
+
+    /// Every rank's batch shape at the forward step the group is at (from the votes).
+    pub fn shapes(&self) -> &[crate::executor::BatchShape] {
+        self.ranks[0].forward_shapes()
     }
 
     /// Per rank, the output the last forward step awaits.

@@ -227,6 +227,17 @@ impl<'s> Fleet<'s> {
         }
     }
 
+    /// The modeled wire of the real drivers when they run modeled time (`time_scale >
+    /// 0`): what the simulator's network charges a message, scaled.
+    pub fn wire_model(&self, time_scale: f64) -> Option<crate::runtime::transceiver_host::WireModel> {
+        (time_scale > 0.0).then(|| crate::runtime::transceiver_host::WireModel {
+            latency_ns: self.scenario.model.link.latency_us * 1_000.0,
+            bytes_per_ns: self.scenario.model.link.bandwidth_gb_per_s,
+            block_bytes: self.profile.kv.bytes_per_token() * u64::from(self.tokens_per_block),
+            time_scale,
+        })
+    }
+
     /// Modeled KV (the simulator): the model's full block size, nothing materialised.
     pub fn modeled_codec(&self) -> KvCodec {
         KvCodec::Modeled {

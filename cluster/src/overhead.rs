@@ -222,7 +222,7 @@ fn control_run<C: Collective>(
             .collect(),
     );
     // A fresh device per run: an overlapped run ends with one output never awaited.
-    let mut device = DeviceHandle::zero_cost(Duration::from_secs(60));
+    let mut device = DeviceHandle::zero_cost();
     let clock = WallClock::start();
     let progress = Progress::default();
     let mut recording = Recording {

@@ -346,7 +346,7 @@ impl SoloRank {
                         *mine,
                         BatchVote {
                             batch_size: peer_vote,
-                            fatal: false,
+                            ..BatchVote::default()
                         },
                     ];
                     self.last_vote = *mine;
@@ -356,6 +356,7 @@ impl SoloRank {
                 Io::Forward {
                     launch,
                     await_output,
+                    ..
                 } => {
                     if let Some(batch) = launch {
                         self.outputs.insert(batch.number, self.tokens.sample(batch));

@@ -193,6 +193,7 @@ fn one_empty_iteration(server: &lockstep_actors::config::ServerConfig) -> Vec<Co
             Io::Forward {
                 launch,
                 await_output,
+                ..
             } => {
                 assert!(launch.is_none() && await_output.is_none());
                 e.handle(Input::Output(None))

@@ -233,6 +233,11 @@ pub struct BatchVote {
     /// A fatal violation on this rank this iteration (cap check, unseatable request).
     #[serde(default)]
     pub fatal: bool,
+    /// What this rank's batch would cost the device: with every rank's shape, every host
+    /// computes the same iteration time (the forward ends when the slowest rank's
+    /// does: its collectives wait for all).
+    #[serde(default)]
+    pub shape: super::shape::BatchShape,
 }
 
 /// What one forward entry does, as the backend sees it.

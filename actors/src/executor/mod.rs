@@ -36,6 +36,7 @@ mod checks;
 pub mod messages;
 pub mod protocol;
 mod schedule;
+pub mod shape;
 pub mod stats;
 mod update;
 
@@ -58,6 +59,7 @@ use crate::seats::SlotPool;
 pub use messages::*;
 pub use admission::idle_decision;
 pub use protocol::{Exchange, Input, Io, StopReason};
+pub use shape::BatchShape;
 pub use stats::{IterationReport, IterationStats, RankTotals};
 
 use crate::invariants::Violation;
@@ -185,6 +187,8 @@ struct Iteration {
     state: RankState,
     /// This rank's vote.
     vote: BatchVote,
+    /// Every rank's batch shape, from the votes (what the forward costs).
+    shapes: Vec<BatchShape>,
     /// Rank 0: what it read from the ingress, until the broadcast.
     read: Option<FetchBatch>,
     /// This rank's prefix matches for the popped requests (KV-aware routing).
@@ -458,6 +462,11 @@ impl RankExecutor {
     /// The batch this iteration launches (between the vote and the forward's output).
     pub fn launched(&self) -> Option<&ScheduledBatch> {
         self.iter.launched.as_ref()
+    }
+
+    /// Every rank's batch shape, from the last vote.
+    pub fn forward_shapes(&self) -> &[BatchShape] {
+        &self.iter.shapes
     }
 
     /// The report of the last iteration that ended.

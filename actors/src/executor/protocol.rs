@@ -125,6 +125,8 @@ pub enum Io<'a> {
     /// Launch `launch` (if any) on the device, then hand back the output of
     /// `await_output` (if any) as [`Input::Output`].
     Forward {
+        /// Every rank's batch shape (what the iteration costs, the same on every rank).
+        shapes: &'a [super::BatchShape],
         /// The batch to launch now.
         launch: Option<&'a ScheduledBatch>,
         /// The batch whose output the update needs: this one without overlap, the
@@ -271,6 +273,7 @@ impl RankExecutor {
                 mine: &self.iter.vote,
             }),
             Stage::Forward => Io::Forward {
+                shapes: &self.iter.shapes,
                 launch: self.iter.launched.as_ref(),
                 await_output: self.iter.awaited,
             },
@@ -467,7 +470,17 @@ impl RankExecutor {
     fn pad_and_schedule(&mut self, global: PadIntent) -> Stage {
         let batch_size = self.pad_and_schedule_batch(global);
         let fatal = self.iter.violations.iter().any(|v| v.kind.is_fatal());
-        self.iter.vote = BatchVote { batch_size, fatal };
+        let shape = self
+            .iter
+            .batch
+            .as_ref()
+            .map(super::BatchShape::of)
+            .unwrap_or_default();
+        self.iter.vote = BatchVote {
+            batch_size,
+            fatal,
+            shape,
+        };
         Stage::Vote
     }
 
@@ -487,6 +500,8 @@ impl RankExecutor {
             return Stage::Stopped;
         }
         let can_queue = votes.iter().all(|v| v.batch_size > 0);
+        self.iter.shapes.clear();
+        self.iter.shapes.extend(votes.iter().map(|v| v.shape));
         self.resolve_vote(can_queue);
         Stage::Forward
     }

@@ -475,6 +475,7 @@ fn run_server_rank(
             .or(fleet.scenario.faults.lost_transfer_every);
         let layout = net.layout.clone();
         let outbox = net.outbox.clone();
+        let wire = fleet.wire_model(opts.common.time_scale);
         Some(
             std::thread::Builder::new()
                 .name("transceiver".into())
@@ -484,7 +485,7 @@ fn run_server_rank(
                         peers: MpiPeers::for_this_thread(),
                         commands: commands_rx,
                     };
-                    run_transceiver(transceiver, &mut inbox, &net, &events_tx, &clock, lose)
+                    run_transceiver(transceiver, &mut inbox, &net, &events_tx, &clock, lose, wire)
                 })
                 .map_err(|source| RuntimeError::Spawn {
                     what: "the transceiver".into(),
@@ -495,12 +496,9 @@ fn run_server_rank(
         None
     };
     let mut device = if opts.common.time_scale > 0.0 {
-        DeviceHandle::start(rank, opts.watchdog).map_err(|source| RuntimeError::Spawn {
-            what: "the device".into(),
-            source,
-        })?
+        DeviceHandle::modeled()
     } else {
-        DeviceHandle::zero_cost(opts.watchdog)
+        DeviceHandle::zero_cost()
     };
     let mut ingress = (rank == 0).then(|| IngressInbox {
         peers: MpiPeers::for_this_thread(),

@@ -1,7 +1,7 @@
 //! The `threads` backend: the runtime's hosts on OS threads of one process — a rank host
 //! per rank of every server (each server its own in-process collective group), a
-//! transceiver host per rank of a ctx or gen server, a device thread per rank (modeled
-//! time) or an inline zero-cost device, the front host on its own thread, and the client
+//! transceiver host per rank of a ctx or gen server, the front host on its own thread,
+//! and the client
 //! on the caller's. [`Net`] is channels: crossbeam channels to the front and the
 //! transceivers, and each server's bounded [`IngressQueue`].
 
@@ -154,7 +154,7 @@ impl Inbox<FrontInbound> for FrontInbox {
     }
 }
 
-/// Runs the scenario with one thread per rank (and per transceiver, device, front).
+/// Runs the scenario with one thread per rank (and per transceiver, and the front).
 pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeError> {
     let started = Instant::now();
     let fleet = Fleet::plan(scenario, opts.seed)?;
@@ -272,8 +272,8 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
                 let lose = opts
                     .lose_kv_blocks_every
                     .or(scenario.faults.lost_transfer_every);
-                let timeout = opts.collective_timeout;
                 let time_scale = opts.time_scale;
+                let wire = fleet.wire_model(time_scale);
                 std::thread::Builder::new()
                     .name(format!("{}-rank-{r}", p.config.name))
                     .spawn_scoped(scope, move || {
@@ -288,7 +288,7 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
                             options: rank_options,
                             mistag,
                             lose,
-                            device_timeout: timeout,
+                            wire,
                             time_scale,
                             scope,
                         })
@@ -327,7 +327,7 @@ struct RankThread<'scope, 'env> {
     options: &'scope RankOptions,
     mistag: Option<u64>,
     lose: Option<u64>,
-    device_timeout: Duration,
+    wire: Option<crate::runtime::transceiver_host::WireModel>,
     time_scale: f64,
     scope: &'scope std::thread::Scope<'scope, 'env>,
 }
@@ -346,7 +346,7 @@ fn rank_thread(t: RankThread<'_, '_>) {
         options,
         mistag,
         lose,
-        device_timeout,
+        wire,
         time_scale,
         scope,
     } = t;
@@ -369,6 +369,7 @@ fn rank_thread(t: RankThread<'_, '_>) {
                     &events_tx,
                     &clock,
                     lose,
+                    wire,
                 )
             });
         match spawned {
@@ -376,41 +377,33 @@ fn rank_thread(t: RankThread<'_, '_>) {
             Err(e) => tracing::error!(server, %rank, "starting the transceiver: {e}"),
         }
     }
-    let device = if time_scale > 0.0 {
-        DeviceHandle::start(rank.index(), device_timeout)
+    let mut device = if time_scale > 0.0 {
+        DeviceHandle::modeled()
     } else {
-        Ok(DeviceHandle::zero_cost(device_timeout))
+        DeviceHandle::zero_cost()
     };
     let progress = Progress::default();
-    let outcome = match device {
-        Err(source) => Err(RuntimeError::Spawn {
-            what: format!("the device of server {server} rank {rank}"),
-            source,
-        }),
-        Ok(mut device) => {
-            let ports = RankPorts {
-                server,
-                ingress: ingress.as_mut().map(|i| i as &mut dyn Inbox<IngressItem>),
-                net,
-                transfers: link.as_ref(),
-                device: &mut device,
-                clock: &clock,
-                progress: &progress,
-            };
-            let mut coll = MisTagged {
-                inner: &mut member,
-                at: mistag,
-            };
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                run_rank(&mut exec, &mut coll, ports, options)
-            }))
-            .unwrap_or_else(|_| {
-                Err(RuntimeError::Panicked {
-                    what: format!("server {server} rank {rank}"),
-                })
-            })
-        }
+    let ports = RankPorts {
+        server,
+        ingress: ingress.as_mut().map(|i| i as &mut dyn Inbox<IngressItem>),
+        net,
+        transfers: link.as_ref(),
+        device: &mut device,
+        clock: &clock,
+        progress: &progress,
     };
+    let mut coll = MisTagged {
+        inner: &mut member,
+        at: mistag,
+    };
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_rank(&mut exec, &mut coll, ports, options)
+    }))
+    .unwrap_or_else(|_| {
+        Err(RuntimeError::Panicked {
+            what: format!("server {server} rank {rank}"),
+        })
+    });
     // Leaving the group wakes any peer still waiting in a collective.
     drop(member);
     if let Some(i) = &ingress {

@@ -19,7 +19,7 @@ use lockstep_actors::executor::{
 };
 use lockstep_actors::front::IngressItem;
 use lockstep_actors::invariants::Violation;
-use lockstep_gpu::{AnalyticBackend, Backend, BatchShape};
+use lockstep_gpu::{AnalyticBackend, Backend};
 use lockstep_transport::{Collective, Exchanged, exchange};
 
 use super::clock::{Clock, WallClock};
@@ -182,23 +182,23 @@ pub fn run_rank<C: Collective + ?Sized>(
                 exec.handle(Input::Ingress(read)).map_err(exe_err)?;
             }
             Io::Forward {
+                shapes,
                 launch,
                 await_output,
             } => {
-                if let Some(p) = opts.pacing {
-                    let shape = launch.map(BatchShape::of).unwrap_or_default();
-                    let host = p.scaled(p.backend.host_ns(&shape));
+                // The server's iteration time, from every rank's shape: the same on
+                // every rank and in the simulator (the forward ends with the slowest
+                // rank's, whose collectives every rank waits for).
+                let time = opts.pacing.map(|p| {
+                    let t = p.backend.iteration_ns(shapes, launch.is_some(), true);
+                    (p.scaled(t.host_ns), p.scaled(t.device_ns))
+                });
+                if let Some((host, _)) = time {
                     ports.clock.sleep_until(fetched_at.saturating_add(host));
                 }
                 if let Some(batch) = launch {
-                    let forward_ns = opts.pacing.map_or(0, |p| {
-                        let shape = BatchShape::of(batch);
-                        p.scaled(p.backend.forward_ns(&shape) + p.backend.collective_ns())
-                    });
-                    ports
-                        .device
-                        .launch(batch, forward_ns)
-                        .map_err(|source| RuntimeError::Device { server, rank, source })?;
+                    let forward_ns = time.map_or(0, |(_, device)| device);
+                    ports.device.launch(batch, forward_ns);
                 }
                 let output = match await_output {
                     Some(n) => Some(

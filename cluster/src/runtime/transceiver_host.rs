@@ -59,8 +59,44 @@ pub struct TransceiverEnd {
     pub lost: u64,
 }
 
+/// Modeled time on the wire (the real drivers with modeled time): a peer's message is
+/// handed to the transceiver only after the link's latency and its modeled size over
+/// the link's bandwidth, scaled, as the simulator delivers it.
+#[derive(Debug, Clone, Copy)]
+pub struct WireModel {
+    /// Link latency per message, ns.
+    pub latency_ns: f64,
+    /// Link bandwidth, bytes per ns.
+    pub bytes_per_ns: f64,
+    /// The model's bytes per KV block (real blocks on the wire are capped).
+    pub block_bytes: u64,
+    /// Wall seconds per modeled second.
+    pub time_scale: f64,
+}
+
+impl WireModel {
+    /// The scaled wall time `message` spends on the wire.
+    pub fn delay_ns(&self, message: &PeerMessage) -> u64 {
+        let modeled = match message {
+            PeerMessage::KvBlocks { payload, .. } => {
+                let blocks = match payload {
+                    lockstep_actors::transceiver::KvPayload::Blocks(b) => b.len() as u64,
+                    lockstep_actors::transceiver::KvPayload::Modeled { blocks, .. } => {
+                        u64::from(*blocks)
+                    }
+                };
+                64 + blocks * self.block_bytes
+            }
+            _ => 64,
+        };
+        let ns = self.latency_ns + modeled as f64 / self.bytes_per_ns;
+        (ns * self.time_scale).round() as u64
+    }
+}
+
 /// Runs a transceiver until [`TransceiverInput::Stop`] (or its inbox closes).
-/// `lose_kv_every`: fault injection, [`lost_on_the_wire`].
+/// `lose_kv_every`: fault injection, [`lost_on_the_wire`]; `wire`: modeled time on the
+/// wire (`None`: messages count from their arrival).
 pub fn run_transceiver(
     mut transceiver: Transceiver,
     inbox: &mut dyn Inbox<TransceiverInput>,
@@ -68,15 +104,34 @@ pub fn run_transceiver(
     events: &Sender<TransferEvent>,
     clock: &WallClock,
     lose_kv_every: Option<u64>,
+    wire: Option<WireModel>,
 ) -> TransceiverEnd {
     let server = transceiver.address().server as usize;
     let mut lost = 0;
+    // Messages on the modeled wire, by due time (then arrival order).
+    let mut on_wire: std::collections::BTreeMap<(u64, u64), TransceiverIn> = Default::default();
+    let mut arrivals = 0u64;
+    let mut accept = |t: &mut Transceiver, input: TransceiverIn, wire_queue: &mut std::collections::BTreeMap<(u64, u64), TransceiverIn>| {
+        let now = clock.now_ns();
+        match (&input, wire) {
+            (TransceiverIn::Message(m), Some(w)) => {
+                arrivals += 1;
+                wire_queue.insert((now + w.delay_ns(m), arrivals), input);
+            }
+            _ => t.handle(now, input),
+        }
+    };
     loop {
-        let deadline = transceiver.poll_timeout().map(|ns| clock.instant(ns));
+        let next_due = on_wire.keys().next().map(|&(at, _)| at);
+        let next = match (transceiver.poll_timeout(), next_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let deadline = next.map(|ns| clock.instant(ns));
         let mut stop = false;
         match inbox.recv_until(deadline) {
             Received::Message(TransceiverInput::In(input)) => {
-                transceiver.handle(clock.now_ns(), input)
+                accept(&mut transceiver, input, &mut on_wire)
             }
             Received::Message(TransceiverInput::Stop) | Received::Closed => stop = true,
             Received::TimedOut => {}
@@ -84,9 +139,16 @@ pub fn run_transceiver(
         // Whatever else is there now, in order.
         while !stop && let Some(next) = inbox.try_recv() {
             match next {
-                TransceiverInput::In(input) => transceiver.handle(clock.now_ns(), input),
+                TransceiverInput::In(input) => accept(&mut transceiver, input, &mut on_wire),
                 TransceiverInput::Stop => stop = true,
             }
+        }
+        let now = clock.now_ns();
+        while let Some(entry) = on_wire.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            transceiver.handle(now, entry.remove());
         }
         transceiver.handle_timeout(clock.now_ns());
         while let Some(Outgoing { to, message }) = transceiver.poll_transmit() {

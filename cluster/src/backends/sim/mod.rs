@@ -203,10 +203,27 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
 }
 
 impl Sim<'_, '_> {
-    fn push(&mut self, at: u64, e: Event) {
+    fn push(&mut self, at: u64, e: Event) -> u64 {
         self.seq += 1;
         self.queue.push(std::cmp::Reverse((at, self.seq)));
         self.events.insert(self.seq, e);
+        self.seq
+    }
+
+    /// Cancels a scheduled event (its queue entry is skipped, and moves no clock).
+    fn cancel(&mut self, seq: u64) {
+        self.events.remove(&seq);
+    }
+
+    /// The time of the next live event, dropping cancelled entries on the way.
+    fn next_event_time(&mut self) -> Option<u64> {
+        while let Some(&std::cmp::Reverse((at, seq))) = self.queue.peek() {
+            if self.events.contains_key(&seq) {
+                return Some(at);
+            }
+            self.queue.pop();
+        }
+        None
     }
 
     fn protocol(&self, s: usize, source: lockstep_actors::group::GroupError) -> SimError {
@@ -226,7 +243,7 @@ impl Sim<'_, '_> {
             if self.outcome.as_ref().is_some_and(|o| o.0 == Outcome::Crashed) {
                 return Ok(());
             }
-            let next_event = self.queue.peek().map(|std::cmp::Reverse((t, _))| *t);
+            let next_event = self.next_event_time();
             let next_arrival = if self.opts.preload {
                 None
             } else {
@@ -372,6 +389,9 @@ impl Sim<'_, '_> {
     fn resume(&mut self, s: usize, stalled_out: Option<String>) -> Result<(), SimError> {
         let now = self.now;
         self.servers[s].stall_generation += 1;
+        if let Some(seq) = self.servers[s].stall_timer.take() {
+            self.cancel(seq);
+        }
         self.servers[s]
             .fetch(now, stalled_out)
             .map_err(|e| self.protocol(s, e))?;
@@ -393,13 +413,17 @@ impl Sim<'_, '_> {
                         srv.stall_generation += 1;
                         let at = srv.stalled_since.unwrap_or(self.now) + self.opts.stall_bound_ns;
                         let generation = srv.stall_generation;
-                        self.push(
+                        if let Some(old) = self.servers[s].stall_timer.take() {
+                            self.cancel(old);
+                        }
+                        let seq = self.push(
                             at.max(self.now),
                             Event::StallBound {
                                 server: s,
                                 generation,
                             },
                         );
+                        self.servers[s].stall_timer = Some(seq);
                     }
                     return Ok(());
                 }
@@ -581,6 +605,7 @@ impl Sim<'_, '_> {
         let mut sends = Vec::new();
         let mut events = Vec::new();
         let mut timer_at = None;
+        let mut cancelled = None;
         let srv = &mut self.servers[s];
         let Some((t, timer)) = &mut srv.transceivers[r] else {
             return Ok(());
@@ -597,19 +622,25 @@ impl Sim<'_, '_> {
         while let Some(e) = t.poll_event() {
             events.push(e);
         }
-        if let Some(at) = t.poll_timeout()
-            && self.net.timeouts_fire()
-            && timer.is_none_or(|set| at < set)
-        {
-            *timer = Some(at);
-            timer_at = Some(at.max(now));
+        // One timer per transceiver, at its next deadline: a timer set for a deadline
+        // that moved (its transfer ended) is cancelled, so it moves no clock.
+        let due = t.poll_timeout().filter(|_| self.net.timeouts_fire());
+        if timer.map(|(at, _)| at) != due {
+            cancelled = timer.take().map(|(_, seq)| seq);
+            timer_at = due.map(|at| at.max(now));
         }
         for (to, message) in sends {
             let at = now + self.net.wire_ns(message.wire_bytes());
             self.push(at, Event::Peer { to, message });
         }
+        if let Some(seq) = cancelled {
+            self.cancel(seq);
+        }
         if let Some(at) = timer_at {
-            self.push(at, Event::TransceiverTimer { server: s, rank: r });
+            let seq = self.push(at, Event::TransceiverTimer { server: s, rank: r });
+            if let Some((_, timer)) = &mut self.servers[s].transceivers[r] {
+                *timer = Some((at, seq));
+            }
         }
         if !events.is_empty() {
             for e in events {

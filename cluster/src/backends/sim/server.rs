@@ -19,7 +19,7 @@ use lockstep_actors::group::{DeterministicTokens, GroupError, GroupNeed, ServerG
 use lockstep_actors::ids::BatchNumber;
 use lockstep_actors::invariants::Violation;
 use lockstep_actors::transceiver::Transceiver;
-use lockstep_gpu::{AnalyticBackend, Backend, BatchShape};
+use lockstep_gpu::{AnalyticBackend, Backend};
 
 use crate::fleet::PlannedServer;
 use crate::report::{RankEnding, RankSummary, ServerReport, server_report};
@@ -66,19 +66,20 @@ pub struct SimServer {
     pub overlap: bool,
     pub group: ServerGroup,
     pub ingress: VecDeque<IngressItem>,
-    /// Per rank (ctx and gen servers): the transceiver, and when its timer is set.
-    pub transceivers: Vec<Option<(Transceiver, Option<u64>)>>,
+    /// Per rank (ctx and gen servers): the transceiver, and its timer (when, and the
+    /// event's sequence number).
+    pub transceivers: Vec<Option<(Transceiver, Option<(u64, u64)>)>>,
     pub state: ServerState,
     /// Per rank: KV messages the wire lost (fault injection).
     pub lost: Vec<u64>,
-    /// When the current stall began, and the stall timer's generation.
+    /// When the current stall began, the stall timer's generation and its event.
     pub stalled_since: Option<u64>,
     pub stall_generation: u64,
+    pub stall_timer: Option<u64>,
     device: Device,
     next_forward: u64,
     /// The running iteration's start, host and device time.
     current: Option<(u64, u64, u64)>,
-    shapes: Vec<BatchShape>,
     tokens: DeterministicTokens,
     iterations: u64,
     busy_ns: u64,
@@ -103,10 +104,10 @@ impl SimServer {
             lost: vec![0; dp],
             stalled_since: None,
             stall_generation: 0,
+            stall_timer: None,
             device: Device::new(),
             next_forward: 0,
             current: None,
-            shapes: Vec::new(),
             tokens: DeterministicTokens,
             iterations: 0,
             busy_ns: 0,
@@ -189,13 +190,8 @@ impl SimServer {
     /// The forward step's times: returns the process point.
     fn time_forward(&mut self, now: u64, forward_ran: bool, backend: &AnalyticBackend) -> u64 {
         let t0 = self.current.map_or(now, |c| c.0);
-        let dp = self.group.ranks().len();
-        self.shapes.clear();
-        self.shapes.resize(dp, BatchShape::default());
-        for b in self.group.launched() {
-            self.shapes[b.rank.index()] = BatchShape::of(b);
-        }
-        let time = backend.iteration_ns(&self.shapes, forward_ran, self.overlap);
+        // Every rank's shape came with its vote: the time every driver computes.
+        let time = backend.iteration_ns(self.group.shapes(), forward_ran, self.overlap);
         let launch_at = t0 + time.host_ns;
         if forward_ran {
             self.device.handle(

@@ -1,7 +1,9 @@
-//! The summary of one rank's batch that the cost model reads.
+//! The summary of one rank's batch that the cost model reads. Every rank sends its own
+//! with its vote, so every host of the server computes the same iteration time.
 
-use lockstep_actors::executor::{ForwardKind, ScheduledBatch};
 use serde::{Deserialize, Serialize};
+
+use super::messages::{ForwardKind, ScheduledBatch};
 
 /// What a forward costs depends on: summary of one rank's batch.
 ///
@@ -68,8 +70,8 @@ impl BatchShape {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockstep_actors::executor::ForwardEntry;
-    use lockstep_actors::ids::{BatchNumber, RankId, ReqId};
+    use crate::executor::ForwardEntry;
+    use crate::ids::{BatchNumber, RankId, ReqId};
 
     fn entry(id: u64, kind: ForwardKind, kv_tokens: u32, is_dummy: bool) -> ForwardEntry {
         ForwardEntry {
