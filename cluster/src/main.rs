@@ -243,6 +243,16 @@ fn simulate(
     Ok(report)
 }
 
+/// A run that failed (a collective error, a lost device or rank) exits non-zero; a
+/// crashed or deadlocked run is a result the report describes (exit 0).
+fn exit_code(report: &Report) -> ExitCode {
+    if report.outcome == lockstep_cluster::report::Outcome::Failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
@@ -280,7 +290,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(p) = json {
                 write_json(&p, &report)?;
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(exit_code(&report))
         }
         Command::Run {
             args,
@@ -303,7 +313,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(p) = &real.json {
                 write_json(p, &report)?;
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(exit_code(&report))
         }
         Command::Rank {
             args,
@@ -504,7 +514,7 @@ fn rank_command(
             if let Some(p) = &real.json {
                 write_json(p, &report)?;
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(exit_code(&report))
         }
         Ok(None) => Ok(ExitCode::SUCCESS),
         Err(e) => {

@@ -7,7 +7,7 @@
 /// `bytes_per_token × tokens_per_block` (about 1.1 MB for DeepSeek-V3 at 32 tokens per
 /// block); moving that much per block would make tests slow and memory-hungry while
 /// testing nothing more, so drivers send at most this much per block.
-pub const MAX_KV_BLOCK_BYTES: usize = 64 * 1024;
+pub const MAX_KV_BLOCK_BYTES: usize = 4 * 1024;
 
 /// Bytes one transferred block carries: the model's real block size, capped at
 /// [`MAX_KV_BLOCK_BYTES`] (at least 1 byte so every block is checked).

@@ -387,9 +387,7 @@ fn run_front(
     if opts.common.preload {
         // Every request goes out in the front's first turn: one ingress message per
         // server, which its rank 0's first read takes whole.
-        while let Ok(item) = client_rx.try_recv() {
-            host.handle(FrontInbound::Client(item));
-        }
+        host.handle_all(client_rx.try_iter().map(FrontInbound::Client));
     }
     let client_thread = std::thread::Builder::new()
         .name("client".into())

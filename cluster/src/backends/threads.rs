@@ -227,9 +227,7 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
         if opts.preload {
             // Every request reaches the servers' ingress before any rank runs: the first
             // fetch sees them all, as in the other drivers.
-            while let Ok(item) = client_rx.try_recv() {
-                front.handle(FrontInbound::Client(item));
-            }
+            front.handle_all(client_rx.try_iter().map(FrontInbound::Client));
         }
         let mut front_inbox = FrontInbox {
             client: client_rx,

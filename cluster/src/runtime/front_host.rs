@@ -69,6 +69,20 @@ impl<'a> FrontHost<'a> {
 
     /// Handles one input and sends what it produced.
     pub fn handle(&mut self, input: FrontInbound) {
+        self.take(input);
+        self.flush();
+    }
+
+    /// Handles several inputs, then sends what they produced together: a server's rank
+    /// 0 reads one batch (the preloaded requests reach every first fetch whole).
+    pub fn handle_all(&mut self, inputs: impl IntoIterator<Item = FrontInbound>) {
+        for input in inputs {
+            self.take(input);
+        }
+        self.flush();
+    }
+
+    fn take(&mut self, input: FrontInbound) {
         let now = self.clock.now_ns();
         match input {
             FrontInbound::Client(ClientItem::Request(spec)) => {
@@ -99,7 +113,6 @@ impl<'a> FrontHost<'a> {
                 tracing::warn!(?other, "the front got a message meant for a server");
             }
         }
-        self.flush();
     }
 
     fn to_client(&self, responses: Vec<Response>) {

@@ -196,7 +196,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         }
         sim.front.handle(0, FrontIn::Shutdown);
         sim.shutdown_sent = true;
-        sim.dispatch_front();
+        sim.dispatch_front()?;
     }
     sim.run_loop()?;
     Ok(sim.report(started.elapsed().as_secs_f64()))
@@ -276,7 +276,7 @@ impl Sim<'_, '_> {
                         .insert(arrival.spec.id, ClientRecord::new(arrival.spec.clone(), now));
                     self.front.handle(now, FrontIn::Request(arrival.spec));
                 }
-                self.dispatch_front();
+                self.dispatch_front()?;
                 continue;
             }
             let Some(std::cmp::Reverse((_, seq))) = self.queue.pop() else {
@@ -327,7 +327,7 @@ impl Sim<'_, '_> {
             }
             Event::Ingress { server, items } => {
                 if self.servers[server].state == ServerState::Done {
-                    self.refuse(server, items);
+                    self.refuse(server, items)?;
                 } else {
                     self.servers[server].ingress.extend(items);
                     self.wake(server)?;
@@ -350,18 +350,18 @@ impl Sim<'_, '_> {
                 for r in &responses {
                     self.to_client(r);
                 }
-                self.dispatch_front();
+                self.dispatch_front()?;
             }
             Event::ServerStopped(s) => {
                 self.front.handle(now, FrontIn::ServerStopped(s));
-                self.dispatch_front();
+                self.dispatch_front()?;
             }
         }
         Ok(())
     }
 
     /// A server that stopped refuses what reaches it: its requests fail at the front.
-    fn refuse(&mut self, server: usize, items: Vec<IngressItem>) {
+    fn refuse(&mut self, server: usize, items: Vec<IngressItem>) -> Result<(), SimError> {
         for item in items {
             if let IngressItem::Request(spec) = item {
                 self.front.handle(
@@ -374,7 +374,7 @@ impl Sim<'_, '_> {
                 );
             }
         }
-        self.dispatch_front();
+        self.dispatch_front()
     }
 
     /// An input reached server `s`: a waiting rank 0 reads it now.
@@ -436,8 +436,7 @@ impl Sim<'_, '_> {
                     step = self.servers[s].step(self.now, &self.backend);
                 }
                 Step::Finished => {
-                    self.deliver_control(Event::ServerStopped(s));
-                    return Ok(());
+                    return self.deliver_control(Event::ServerStopped(s));
                 }
                 Step::Crashed(v) => {
                     self.outcome = Some((
@@ -505,7 +504,7 @@ impl Sim<'_, '_> {
             p(self.finished, self.workload.total());
         }
         self.client_shutdown_if_done();
-        self.dispatch_front();
+        self.dispatch_front()?;
         let commands: Vec<(usize, Vec<_>)> = self.servers[s]
             .group
             .reports()
@@ -552,7 +551,7 @@ impl Sim<'_, '_> {
 
     /// Sends what the front produced over the simulated network, ingress items as one
     /// batch per server.
-    fn dispatch_front(&mut self) {
+    fn dispatch_front(&mut self) -> Result<(), SimError> {
         let now = self.now;
         let mut batches: BTreeMap<usize, Vec<IngressItem>> = BTreeMap::new();
         let mut for_client = Vec::new();
@@ -569,7 +568,7 @@ impl Sim<'_, '_> {
             }
         }
         for (server, items) in batches {
-            self.deliver_control(Event::Ingress { server, items });
+            self.deliver_control(Event::Ingress { server, items })?;
         }
         for (server, id) in notices {
             // The gen peer's notice crosses the link between the servers.
@@ -587,14 +586,19 @@ impl Sim<'_, '_> {
         }
         if !for_client.is_empty() {
             // The client's shutdown may have followed.
-            self.dispatch_front();
+            self.dispatch_front()?;
         }
+        Ok(())
     }
 
-    /// A message between the front and a server, after the control latency.
-    fn deliver_control(&mut self, e: Event) {
-        let at = self.now + self.net.control_ns();
-        self.push(at, e);
+    /// A message between the front and a server, after the control latency. Even
+    /// without one it is an event: a request the client sends the instant a server's
+    /// iteration ends reaches that server after its next iteration began, as it
+    /// (almost always) does in the real drivers, where the client, the front and rank
+    /// 0 race and rank 0's next fetch is a collective away.
+    fn deliver_control(&mut self, e: Event) -> Result<(), SimError> {
+        self.push(self.now + self.net.control_ns(), e);
+        Ok(())
     }
 
     /// Moves a transceiver's outputs: messages onto the wire, events to its rank (which
