@@ -7,8 +7,8 @@
 use crate::config::{ConfigError, Role, ServerConfig};
 use crate::executor::{
     BatchVote, Exchange, ExecutorError, FetchBatch, FetchMode, ForwardOutput, Input, Io,
-    IterationReport, PadIntent, PrefixMatches, RankExecutor, RankState, Response,
-    ScheduledBatch, StopReason, TransferStatus,
+    IterationReport, PadIntent, PrefixMatches, RankExecutor, RankState, Response, ScheduledBatch,
+    StopReason, TransferStatus,
 };
 use crate::executor::{CollectiveTag, Phase};
 use crate::ids::{BatchNumber, RankId};
@@ -346,9 +346,7 @@ impl ServerGroup {
 
     /// The gathered responses with the rank each range came from, mutably (a front
     /// rewrites them in place).
-    pub fn responses_by_rank(
-        &mut self,
-    ) -> (&mut [Response], &[(RankId, std::ops::Range<usize>)]) {
+    pub fn responses_by_rank(&mut self) -> (&mut [Response], &[(RankId, std::ops::Range<usize>)]) {
         (&mut self.responses, &self.response_ranks)
     }
 
@@ -385,10 +383,7 @@ impl ServerGroup {
 
     /// Hands every rank the input `make` builds from the collected contributions, and
     /// collects what each asks next.
-    fn handle_all(
-        &mut self,
-        make: impl Fn(&Collectives) -> InputKind,
-    ) -> Result<(), GroupError> {
+    fn handle_all(&mut self, make: impl Fn(&Collectives) -> InputKind) -> Result<(), GroupError> {
         let kind = make(&self.bufs);
         let fetched = self.bufs.fetched.take();
         for i in 0..self.ranks.len() {
@@ -580,4 +575,3 @@ enum InputKind {
     Responses,
     TransferStatus,
 }
-

@@ -31,7 +31,9 @@ pub enum PlanError {
     #[error("the scenario has no [workload] section")]
     NoWorkload,
     /// Aggregated and disaggregated servers mixed.
-    #[error("a scenario has either agg servers or ctx and gen servers, not both (server `{agg}` is agg, server `{other}` is {role})")]
+    #[error(
+        "a scenario has either agg servers or ctx and gen servers, not both (server `{agg}` is agg, server `{other}` is {role})"
+    )]
     MixedRoles {
         /// An agg server.
         agg: String,
@@ -41,7 +43,9 @@ pub enum PlanError {
         role: &'static str,
     },
     /// ctx servers without gen servers or the other way round.
-    #[error("a disaggregated scenario needs at least one ctx and one gen server; it has {ctx} ctx and {gen_servers} gen")]
+    #[error(
+        "a disaggregated scenario needs at least one ctx and one gen server; it has {ctx} ctx and {gen_servers} gen"
+    )]
     OneSided {
         /// ctx servers.
         ctx: usize,
@@ -49,7 +53,9 @@ pub enum PlanError {
         gen_servers: usize,
     },
     /// Servers with different KV block sizes.
-    #[error("server `{server}`: kv_cache_config.tokens_per_block = {value} differs from server `{first}`'s {first_value}; KV handed between servers needs one block size")]
+    #[error(
+        "server `{server}`: kv_cache_config.tokens_per_block = {value} differs from server `{first}`'s {first_value}; KV handed between servers needs one block size"
+    )]
     BlockSizes {
         /// The differing server.
         server: String,
@@ -229,7 +235,10 @@ impl<'s> Fleet<'s> {
 
     /// The modeled wire of the real drivers when they run modeled time (`time_scale >
     /// 0`): what the simulator's network charges a message, scaled.
-    pub fn wire_model(&self, time_scale: f64) -> Option<crate::runtime::transceiver_host::WireModel> {
+    pub fn wire_model(
+        &self,
+        time_scale: f64,
+    ) -> Option<crate::runtime::transceiver_host::WireModel> {
         (time_scale > 0.0).then(|| crate::runtime::transceiver_host::WireModel {
             latency_ns: self.scenario.model.link.latency_us * 1_000.0,
             bytes_per_ns: self.scenario.model.link.bandwidth_gb_per_s,

@@ -19,7 +19,8 @@ use lockstep_cluster::validate;
 #[command(
     name = "lockstep",
     version,
-    about = "Attention-data-parallel LLM serving control plane"
+    about = "Attention-data-parallel LLM serving control plane",
+    after_help = "Exit status of a run: 0 completed, 1 the run failed (a collective error, a lost rank), 2 the fleet crashed or deadlocked (the report says how)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -243,13 +244,16 @@ fn simulate(
     Ok(report)
 }
 
-/// A run that failed (a collective error, a lost device or rank) exits non-zero; a
-/// crashed or deadlocked run is a result the report describes (exit 0).
+/// The exit status says how the run ended, so scripts need not parse the report:
+/// 0 every request completed (or failed with a reason the report gives), 1 the run
+/// itself failed (a collective error, a lost device or rank), 2 the fleet crashed (a
+/// fatal violation) or deadlocked: a result the report describes.
 fn exit_code(report: &Report) -> ExitCode {
-    if report.outcome == lockstep_cluster::report::Outcome::Failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
+    use lockstep_cluster::report::Outcome;
+    match report.outcome {
+        Outcome::Completed => ExitCode::SUCCESS,
+        Outcome::Failed => ExitCode::FAILURE,
+        Outcome::Crashed | Outcome::Deadlocked => ExitCode::from(2),
     }
 }
 

@@ -197,6 +197,9 @@ impl<C: Collective> Collective for Recording<'_, C> {
     }
 }
 
+/// A control run's per-iteration times and the calls of its last iteration.
+type ControlRun = (Vec<Duration>, Vec<(Phase, Call)>);
+
 /// One rank's control run: the benchmark fleet preloaded at rank 0, `warmup +
 /// iterations` iterations with the zero-cost backend; this rank's per-iteration times
 /// past the warmup, and the calls of its last iteration.
@@ -206,7 +209,7 @@ fn control_run<C: Collective>(
     active: u32,
     iterations: u64,
     warmup: u64,
-) -> Result<(Vec<Duration>, Vec<(Phase, Call)>), RuntimeError> {
+) -> Result<ControlRun, RuntimeError> {
     let rank = member.rank();
     let server = bench_server(dp, active);
     let sizes = server
@@ -247,7 +250,11 @@ fn control_run<C: Collective>(
             ..RankOptions::default()
         },
     )?;
-    let times = run.iteration_times.into_iter().skip(warmup as usize).collect();
+    let times = run
+        .iteration_times
+        .into_iter()
+        .skip(warmup as usize)
+        .collect();
     Ok((times, recording.calls))
 }
 

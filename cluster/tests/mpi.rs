@@ -17,7 +17,8 @@ use lockstep_cluster::report::{Outcome, Report};
 
 #[test]
 fn mpi_aggregated_runs_agree_exactly_with_the_simulator_at_2_and_4_ranks() {
-    let Some(bin) = mpi_bin("mpi_aggregated_runs_agree_exactly_with_the_simulator_at_2_and_4_ranks")
+    let Some(bin) =
+        mpi_bin("mpi_aggregated_runs_agree_exactly_with_the_simulator_at_2_and_4_ranks")
     else {
         return;
     };
@@ -31,8 +32,9 @@ fn mpi_aggregated_runs_agree_exactly_with_the_simulator_at_2_and_4_ranks() {
 
 #[test]
 fn mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_servers() {
-    let Some(bin) = mpi_bin("mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_servers")
-    else {
+    let Some(bin) = mpi_bin(
+        "mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_servers",
+    ) else {
         return;
     };
     let text = disagg_text(60);
@@ -42,7 +44,12 @@ fn mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_
     assert_eq!(mpi.per_request, sim.per_request);
     let transfers = multi_token_requests(&mpi);
     for s in &mpi.servers {
-        assert_eq!((s.transfers.timeouts, s.transfers.checksum_failures), (0, 0), "{}", s.name);
+        assert_eq!(
+            (s.transfers.timeouts, s.transfers.checksum_failures),
+            (0, 0),
+            "{}",
+            s.name
+        );
         assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
         assert_eq!(s.violation_count, 0, "{}: {:?}", s.name, s.violations);
     }
@@ -134,7 +141,8 @@ fn mpi_a_mismatched_collective_is_a_tag_error_not_a_hang() {
     );
     assert!(!out.status.success(), "a failed run exits non-zero");
     assert!(started.elapsed() < Duration::from_secs(30));
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(
         text.contains("tag mismatch") && text.contains("Gather") && text.contains("Vote"),
         "{text}"
@@ -143,13 +151,21 @@ fn mpi_a_mismatched_collective_is_a_tag_error_not_a_hang() {
 
 /// A slow MPI job (the cost model in real time, aggregated dp 2: the front is world rank
 /// 0, the server's ranks 1 and 2), and the pid of the process of world rank `victim`.
-fn slow_job(bin: &PathBuf, name: &str, watchdog_ms: &str, victim: u32) -> (std::process::Child, u32) {
+/// The caller waits on the child; a panic while looking for the pid ends the test process
+/// (and with it mpirun, whose stdin and stderr close).
+#[allow(clippy::zombie_processes)]
+fn slow_job(
+    bin: &PathBuf,
+    name: &str,
+    watchdog_ms: &str,
+    victim: u32,
+) -> (std::process::Child, u32) {
     let path = temp(name);
     let text = agg_text(2, true)
         .replace("num_requests = 80", "num_requests = 4000")
         .replace("concurrency = 80", "concurrency = 64");
     std::fs::write(&path, text).unwrap();
-    let child = mpirun(
+    let mut child = mpirun(
         bin,
         3,
         &[
@@ -186,7 +202,11 @@ fn slow_job(bin: &PathBuf, name: &str, watchdog_ms: &str, victim: u32) -> (std::
             std::thread::sleep(Duration::from_millis(500));
             return (child, pid);
         }
-        assert!(Instant::now() < deadline, "the job's processes did not come up");
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the job's processes did not come up");
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -218,12 +238,16 @@ fn mpi_a_killed_rank_ends_the_job_non_zero_within_the_watchdog_time() {
         .status()
         .unwrap();
     let out = wait_within(child, Duration::from_secs(20));
-    assert!(!out.status.success(), "the job must fail when a rank is lost");
+    assert!(
+        !out.status.success(),
+        "the job must fail when a rank is lost"
+    );
 }
 
 #[test]
 fn mpi_the_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops() {
-    let Some(bin) = mpi_bin("mpi_the_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops")
+    let Some(bin) =
+        mpi_bin("mpi_the_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops")
     else {
         return;
     };
@@ -235,8 +259,14 @@ fn mpi_the_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops() {
         .unwrap();
     let stopped = Instant::now();
     let out = wait_within(child, Duration::from_secs(20));
-    let _ = Command::new("kill").args(["-9", &victim.to_string()]).status();
-    assert!(stopped.elapsed() < Duration::from_secs(20), "{:?}", stopped.elapsed());
+    let _ = Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status();
+    assert!(
+        stopped.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        stopped.elapsed()
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -276,11 +306,18 @@ fn mpi_a_stalled_server_ends_deadlocked_as_in_the_simulator() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let started = Instant::now();
     let _ = output_within(mpirun(&bin, 3, &args), Duration::from_secs(60));
-    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
     let r: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(r.outcome, Outcome::Deadlocked, "{:?}", r.outcome_detail);
     let detail = r.outcome_detail.unwrap_or_default();
-    assert!(detail.contains("rank 0:") && detail.contains("rank 1:"), "{detail}");
+    assert!(
+        detail.contains("rank 0:") && detail.contains("rank 1:"),
+        "{detail}"
+    );
     assert_eq!(r.requests.failed, 6);
     let sim = simulate_with(&parse(&text, &sets), |o| o.stall_bound_ns = 300_000_000);
     assert_eq!(sim.outcome, Outcome::Deadlocked);

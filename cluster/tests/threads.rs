@@ -43,7 +43,11 @@ fn a_mismatched_collective_is_a_tag_error_naming_both_ranks_not_a_hang() {
             ..real_options()
         },
     );
-    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
     assert_eq!(r.outcome, Outcome::Failed);
     let err = r.outcome_detail.unwrap_or_default();
     assert!(
@@ -73,10 +77,19 @@ fn disaggregated_runs_agree_on_tokens_over_two_ctx_and_two_gen_servers() {
     let receives: u64 = b.servers[2..].iter().map(|s| s.transfers.count).sum();
     assert_eq!((sends, receives), (transfers, transfers));
     for s in &b.servers {
-        assert!(s.ranks.iter().map(|k| k.routed_requests).sum::<u64>() > 0, "{}", s.name);
+        assert!(
+            s.ranks.iter().map(|k| k.routed_requests).sum::<u64>() > 0,
+            "{}",
+            s.name
+        );
         let t = &s.transfers;
         assert!(t.bytes > 0, "{}", s.name);
-        assert_eq!((t.timeouts, t.lost, t.checksum_failures), (0, 0, 0), "{}", s.name);
+        assert_eq!(
+            (t.timeouts, t.lost, t.checksum_failures),
+            (0, 0, 0),
+            "{}",
+            s.name
+        );
         assert_eq!(s.violation_count, 0, "{}: {:?}", s.name, s.violations);
         assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
     }
@@ -96,7 +109,14 @@ fn assert_failed_exactly_the_lost(r: &Report, every: u64) {
 fn outcomes(r: &Report) -> Vec<(u64, u32, String, bool)> {
     r.per_request
         .iter()
-        .map(|d| (d.id, d.output_tokens, d.token_digest.clone(), d.failure.is_some()))
+        .map(|d| {
+            (
+                d.id,
+                d.output_tokens,
+                d.token_digest.clone(),
+                d.failure.is_some(),
+            )
+        })
         .collect()
 }
 
@@ -122,7 +142,10 @@ fn lost_kv_fails_exactly_the_requests_whose_kv_the_wire_lost_in_both_drivers() {
     for d in b.per_request.iter().filter(|d| d.failure.is_some()) {
         let why = d.failure.as_deref().unwrap_or_default();
         assert!(why.contains("kv transfer timed out after 300 ms"), "{why}");
-        assert_eq!(d.output_tokens, 1, "only the ctx server's token got out: {d:?}");
+        assert_eq!(
+            d.output_tokens, 1,
+            "only the ctx server's token got out: {d:?}"
+        );
     }
     for s in &b.servers {
         assert_eq!(s.violation_count, 0, "{}: {:?}", s.name, s.violations);
@@ -190,19 +213,79 @@ fn a_stalled_server_ends_deadlocked_in_the_simulator_and_the_threads_driver_alik
             ..real_options()
         },
     );
-    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(b.outcome, Outcome::Deadlocked, "{:?}", b.outcome_detail);
     for r in [&a, &b] {
         let detail = r.outcome_detail.as_deref().unwrap_or_default();
         // Every rank's state is named.
-        assert!(detail.contains("rank 0:") && detail.contains("rank 1:"), "{detail}");
-        assert!(detail.contains("no iteration changed anything for 300 ms"), "{detail}");
+        assert!(
+            detail.contains("rank 0:") && detail.contains("rank 1:"),
+            "{detail}"
+        );
+        assert!(
+            detail.contains("no iteration changed anything for 300 ms"),
+            "{detail}"
+        );
         // Every request is accounted for: failed with the deadlock as the reason.
         assert_eq!(r.requests.failed, 6);
-        assert!(r
-            .per_request
-            .iter()
-            .all(|d| d.failure.as_deref().is_some_and(|f| f.contains("deadlocked"))));
+        assert!(r.per_request.iter().all(|d| {
+            d.failure
+                .as_deref()
+                .is_some_and(|f| f.contains("deadlocked"))
+        }));
+    }
+}
+
+/// §3.2's negative control in the real driver: judged on the routable count, rank 0
+/// waits for input while a retiring request needs one more iteration, and a closed-loop
+/// client sends nothing until it is answered. The wait is bounded like any stall, so the
+/// run ends deadlocked, as in the simulator, instead of hanging; under the live count
+/// (the fixed rule) the same scenario completes.
+#[test]
+fn judging_idleness_on_the_routable_count_deadlocks_a_closed_loop_client_in_every_driver() {
+    let sets = [
+        "workload.concurrency=1",
+        "workload.num_requests=3",
+        "workload.output_len=1",
+    ];
+    let fixed = parse(&agg_text(2, true), &sets);
+    let text = agg_text(2, true);
+    let mut with_switch: Vec<&str> = sets.to_vec();
+    with_switch.push("policy.idle.predicate=\"routable\"");
+    let defective = parse(&text, &with_switch);
+    let options = RealOptions {
+        preload: false,
+        stall_bound: Duration::from_millis(300),
+        ..real_options()
+    };
+    let ok = threads_run(&fixed, options.clone());
+    assert_eq!(ok.outcome, Outcome::Completed, "{:?}", ok.outcome_detail);
+    assert_eq!(ok.requests.completed, 3);
+
+    let a = simulate_with(&defective, |o| {
+        o.preload = false;
+        o.stall_bound_ns = 300_000_000;
+    });
+    let started = Instant::now();
+    let b = threads_run(&defective, options);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    for r in [&a, &b] {
+        assert_eq!(r.outcome, Outcome::Deadlocked, "{:?}", r.outcome_detail);
+        let detail = r.outcome_detail.as_deref().unwrap_or_default();
+        assert!(detail.contains("retiring 1"), "{detail}");
+        assert_eq!(
+            r.requests.failed + r.requests.completed,
+            r.requests.submitted
+        );
+        assert_eq!(r.requests.completed, 0, "{:?}", r.per_request);
     }
 }
 
@@ -244,7 +327,10 @@ fn disaggregated_serving_completes_every_request_under_the_legacy_policy_too() {
 fn preload_refuses_a_closed_loop_whose_later_requests_wait_on_earlier_ones() {
     let s = parse(&agg_text(2, true), &["workload.concurrency=8"]);
     let err = threads_try(&s, real_options()).expect_err("refused");
-    assert!(err.contains("concurrency 8 < workload.num_requests 80"), "{err}");
+    assert!(
+        err.contains("concurrency 8 < workload.num_requests 80"),
+        "{err}"
+    );
     let e = lockstep_cluster::sim::run(
         &s,
         lockstep_cluster::sim::SimOptions {
@@ -254,5 +340,8 @@ fn preload_refuses_a_closed_loop_whose_later_requests_wait_on_earlier_ones() {
     )
     .expect_err("refused")
     .to_string();
-    assert!(e.contains("concurrency 8 < workload.num_requests 80"), "{e}");
+    assert!(
+        e.contains("concurrency 8 < workload.num_requests 80"),
+        "{e}"
+    );
 }

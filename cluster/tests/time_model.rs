@@ -14,8 +14,18 @@ use lockstep_cluster::report::Report;
 fn assert_same_time_model(a: &Report, b: &Report) {
     assert_eq!(a.per_request, b.per_request);
     let (la, lb) = (&a.latency_ms, &b.latency_ms);
-    assert!(within(la.ttft.mean, lb.ttft.mean, 10.0), "ttft {:?} vs {:?}", la.ttft, lb.ttft);
-    assert!(within(la.tpot.mean, lb.tpot.mean, 10.0), "tpot {:?} vs {:?}", la.tpot, lb.tpot);
+    assert!(
+        within(la.ttft.mean, lb.ttft.mean, 10.0),
+        "ttft {:?} vs {:?}",
+        la.ttft,
+        lb.ttft
+    );
+    assert!(
+        within(la.tpot.mean, lb.tpot.mean, 10.0),
+        "tpot {:?} vs {:?}",
+        la.tpot,
+        lb.tpot
+    );
     for (sa, sb) in a.servers.iter().zip(&b.servers) {
         assert!(
             close_counts(sa.iterations, sb.iterations, 3),
@@ -91,7 +101,11 @@ fn disaggregated_over_mpi() {
         ),
         std::time::Duration::from_secs(120),
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let b: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_same_time_model(&a, &b);
     for ctx in ["ctx0", "ctx1"] {

@@ -13,5 +13,5 @@ pub mod kv_contents;
 mod profiles;
 
 pub use cost::{AnalyticBackend, Backend, Coefficients, IterationTime, ZeroCostBackend};
-pub use profiles::{KvGeometry, ModelProfile, UnknownProfile, profile, profiles};
 pub use lockstep_actors::executor::BatchShape;
+pub use profiles::{KvGeometry, ModelProfile, UnknownProfile, profile, profiles};

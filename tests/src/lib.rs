@@ -324,9 +324,7 @@ impl SoloRank {
                     let all = [*mine, peer_state];
                     e.handle(Input::States(&all))
                 }
-                Io::ReadIngress(_) => {
-                    e.handle(Input::Ingress(fetched.take().expect("one fetch")))
-                }
+                Io::ReadIngress(_) => e.handle(Input::Ingress(fetched.take().expect("one fetch"))),
                 Io::Exchange(Exchange::Fetch { mine, .. }) => {
                     let f = mine.expect("rank 0 broadcasts").clone();
                     e.handle(Input::Fetch(&f))
@@ -338,9 +336,7 @@ impl SoloRank {
                     let all = [mine.clone(), peer];
                     e.handle(Input::PrefixMatches(&all))
                 }
-                Io::Exchange(Exchange::PadIntent { mine, .. }) => {
-                    e.handle(Input::PadIntent(mine))
-                }
+                Io::Exchange(Exchange::PadIntent { mine, .. }) => e.handle(Input::PadIntent(mine)),
                 Io::Exchange(Exchange::Votes { mine, .. }) => {
                     let all = [
                         *mine,

@@ -3,8 +3,8 @@
 
 use lockstep_actors::config::{KvCacheConfig, Role};
 use lockstep_actors::executor::{
-    CollectiveTag, FetchBatch, FetchMode, Finish, Phase, RankExecutor, TransferCommand, TransferEvent,
-    TransferOutcome, idle_decision,
+    CollectiveTag, FetchBatch, FetchMode, Finish, Phase, RankExecutor, TransferCommand,
+    TransferEvent, TransferOutcome, idle_decision,
 };
 use lockstep_actors::ids::{RankId, ReqId};
 use lockstep_actors::policy::Policy;
@@ -214,7 +214,10 @@ fn one_empty_iteration(server: &lockstep_actors::config::ServerConfig) -> Vec<Co
 #[test]
 fn s3_every_rank_runs_the_collectives_of_its_schedule_in_the_fixed_order() {
     let phases = |server| -> Vec<Phase> {
-        one_empty_iteration(&server).iter().map(|t| t.phase).collect()
+        one_empty_iteration(&server)
+            .iter()
+            .map(|t| t.phase)
+            .collect()
     };
     // Aggregated, balanced router: no prefix matches, no pad intent, no transfers.
     let agg = adp_server(1, 2, false);

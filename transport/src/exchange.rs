@@ -53,9 +53,7 @@ pub fn exchange<C: Collective + ?Sized>(
     Ok(match x {
         Exchange::States { tag, mine } => Exchanged::States(c.allgather(tag, mine)?),
         Exchange::Fetch { tag, mine } => Exchanged::Fetch(c.broadcast(tag, 0, mine)?),
-        Exchange::PrefixMatches { tag, mine } => {
-            Exchanged::PrefixMatches(c.allgather(tag, mine)?)
-        }
+        Exchange::PrefixMatches { tag, mine } => Exchanged::PrefixMatches(c.allgather(tag, mine)?),
         Exchange::PadIntent { tag, mine } => {
             Exchanged::PadIntent(PadIntent::from_u64(c.allreduce_max(tag, mine.as_u64())?))
         }

@@ -123,7 +123,10 @@ impl<T> IngressQueue<T> {
     /// Appends every item of `items` at once whatever the bound (control items, which
     /// must never be refused while the reader runs), or refuses them if the queue is
     /// closed.
-    pub fn push_all_unbounded(&self, items: impl IntoIterator<Item = T>) -> Result<(), IngressError> {
+    pub fn push_all_unbounded(
+        &self,
+        items: impl IntoIterator<Item = T>,
+    ) -> Result<(), IngressError> {
         let mut st = self.inner.state.lock();
         if st.closed {
             return Err(IngressError::Closed);
@@ -165,6 +168,11 @@ impl<T> IngressQueue<T> {
             }
             st = self.inner.readable.wait(st);
         }
+    }
+
+    /// The oldest item if one is queued now, without waiting.
+    pub fn try_pop(&self) -> Option<T> {
+        self.inner.state.lock().items.pop_front()
     }
 
     /// Everything queued now, oldest first, without waiting.

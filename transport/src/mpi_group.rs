@@ -40,10 +40,8 @@ impl MpiMember {
     /// thread is in a collective. A binary started without `mpirun` is a world of
     /// size 1.
     pub fn init() -> Result<MpiMember, CollectiveError> {
-        let (universe, provided) =
-            mpi::initialize_with_threading(mpi::Threading::Multiple).ok_or_else(|| {
-                CollectiveError::GroupBroken("MPI was already initialised".into())
-            })?;
+        let (universe, provided) = mpi::initialize_with_threading(mpi::Threading::Multiple)
+            .ok_or_else(|| CollectiveError::GroupBroken("MPI was already initialised".into()))?;
         if provided < mpi::Threading::Multiple {
             return Err(CollectiveError::GroupBroken(format!(
                 "this MPI provides thread level {provided:?}; lockstep needs Multiple"

@@ -7,6 +7,7 @@ use crate::config::Role;
 use crate::counts::RankCounts;
 use crate::invariants::InvariantKind;
 use crate::padding::PadPath;
+use crate::policy::IdlePredicate;
 use crate::request::{Request, RequestSpec, RequestState};
 use crate::router::RouteInput;
 
@@ -25,15 +26,24 @@ impl RankExecutor {
             return FetchMode::Poll;
         }
         let live: u64 = gathered.iter().map(|s| u64::from(s.counts.live)).sum();
+        let judged = match self.setup.policy.idle.predicate {
+            IdlePredicate::Live => live,
+            IdlePredicate::Routable => gathered.iter().map(|s| u64::from(s.counts.routable)).sum(),
+        };
+        let stalled = FetchMode::Stalled {
+            bounded: !gathered.iter().any(|s| s.awaiting_transfer),
+        };
         match idle_decision(
-            live,
+            judged,
             self.replicated.waiting.len(),
             self.replicated.shutdown,
         ) {
-            FetchMode::Block => FetchMode::Block,
-            _ if gathered.iter().all(|s| !s.progressed) => FetchMode::Stalled {
-                bounded: !gathered.iter().any(|s| s.awaiting_transfer),
-            },
+            FetchMode::Block if live == 0 => FetchMode::Block,
+            // `idle.predicate = "routable"`: rank 0 waits for input although work
+            // remains. The wait is bounded like any stall, so a closed-loop client's
+            // deadlock ends in failed requests instead of a hang.
+            FetchMode::Block => stalled,
+            _ if gathered.iter().all(|s| !s.progressed) => stalled,
             _ => FetchMode::Poll,
         }
     }
@@ -168,13 +178,13 @@ impl RankExecutor {
         self.totals.routed_requests += routed_now as u64;
         self.iter.expected = assignment.expected;
         let counts = match self.iter.gathered.take() {
-            Some((at_gather, n)) if n <= self.resident.active.len() => at_gather.plus(
-                RankCounts::of(
+            Some((at_gather, n)) if n <= self.resident.active.len() => {
+                at_gather.plus(RankCounts::of(
                     &self.resident.active[n..],
                     &self.setup.window,
                     &self.setup.policy,
-                ),
-            ),
+                ))
+            }
             _ => self.counts(),
         };
         debug_assert_eq!(counts, self.counts(), "counts added up wrong");

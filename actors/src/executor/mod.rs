@@ -56,8 +56,8 @@ use crate::scheduler::{
 };
 use crate::seats::SlotPool;
 
-pub use messages::*;
 pub use admission::idle_decision;
+pub use messages::*;
 pub use protocol::{Exchange, Input, Io, StopReason};
 pub use shape::BatchShape;
 pub use stats::{IterationReport, IterationStats, RankTotals};
@@ -486,9 +486,11 @@ impl RankExecutor {
     /// Whether a KV transfer of this rank is in flight (a send, or a receive).
     pub fn awaiting_transfer(&self) -> bool {
         !self.resident.sending.is_empty()
-            || self.resident.active.iter().any(|r| {
-                r.state == crate::request::RequestState::DisaggGenerationTransInProgress
-            })
+            || self
+                .resident
+                .active
+                .iter()
+                .any(|r| r.state == crate::request::RequestState::DisaggGenerationTransInProgress)
     }
 
     /// One line describing this rank's requests (for deadlock and watchdog reports).

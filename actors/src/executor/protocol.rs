@@ -403,9 +403,7 @@ impl RankExecutor {
         it.responses.rank = self.rank;
         it.responses.responses.clear();
         let responses_due = !self.carried_responses.is_empty();
-        it.responses
-            .responses
-            .append(&mut self.carried_responses);
+        it.responses.responses.append(&mut self.carried_responses);
         let counts = self.counts();
         self.iter.gathered = Some((counts, self.resident.active.len()));
         RankState {

@@ -175,7 +175,8 @@ struct PrefixMemory {
 impl PrefixMemory {
     /// How many leading blocks of `keys` (chained) were routed here.
     fn matched(&self, keys: impl Iterator<Item = u64>) -> usize {
-        keys.take_while(|k| self.last_routed.contains_key(k)).count()
+        keys.take_while(|k| self.last_routed.contains_key(k))
+            .count()
     }
 
     fn remember(&mut self, keys: impl Iterator<Item = u64>) {
@@ -289,7 +290,9 @@ impl Front {
                 self.shutdown(Role::Ctx);
                 self.shutdown_gen_when_ctx_stopped();
             }
-            FrontIn::SubmitFailed { server, id, reason } => self.on_submit_failed(server, id, reason),
+            FrontIn::SubmitFailed { server, id, reason } => {
+                self.on_submit_failed(server, id, reason)
+            }
             FrontIn::ServerStopped(server) => self.on_server_stopped(server),
         }
     }

@@ -112,15 +112,20 @@ fn a_first_token_hands_the_request_to_a_gen_server_with_its_kv_location() {
     f.handle_responses(0, 0, RankId(1), &mut first);
     assert_eq!(first[0].finish, None, "the client sees a token, not an end");
     let outs = drain(&mut f);
-    let [FrontOut::ToServer {
-        server: 1,
-        item: IngressItem::Request(handed),
-    }] = &outs[..]
+    let [
+        FrontOut::ToServer {
+            server: 1,
+            item: IngressItem::Request(handed),
+        },
+    ] = &outs[..]
     else {
         panic!("one handoff to the first gen server, got {outs:?}");
     };
     assert_eq!(handed.generated_before, 1);
-    assert!(handed.block_hashes.is_empty(), "a gen server never prefills");
+    assert!(
+        handed.block_hashes.is_empty(),
+        "a gen server never prefills"
+    );
     assert_eq!(handed.kv_source, Some(at(0, 1)));
     assert_eq!(f.outstanding(), vec![0, 1, 0]);
     // It completes on the gen server: nothing left in flight.
@@ -156,7 +161,10 @@ fn a_gen_side_failure_aborts_the_ctx_send_and_a_ctx_side_failure_cancels_the_gen
         f.handle_responses(0, 0, RankId(0), &mut first);
     }
     drain(&mut f);
-    let mut gen_failed = [response(1, Some(Finish::Failed("kv receive failed".into())))];
+    let mut gen_failed = [response(
+        1,
+        Some(Finish::Failed("kv receive failed".into())),
+    )];
     f.handle_responses(0, 1, RankId(0), &mut gen_failed);
     assert!(matches!(
         &drain(&mut f)[..],
@@ -226,13 +234,23 @@ fn a_handoff_no_gen_server_takes_fails_the_request_and_frees_the_ctx_kv() {
         },
     );
     let outs = drain(&mut f);
-    assert!(matches!(
-        &outs[..],
-        [
-            FrontOut::ToPeer { message: PeerMessage::Abort { .. }, .. },
-            FrontOut::ToClient(Response { finish: Some(Finish::Failed(_)), generated: 1, .. })
-        ]
-    ), "{outs:?}");
+    assert!(
+        matches!(
+            &outs[..],
+            [
+                FrontOut::ToPeer {
+                    message: PeerMessage::Abort { .. },
+                    ..
+                },
+                FrontOut::ToClient(Response {
+                    finish: Some(Finish::Failed(_)),
+                    generated: 1,
+                    ..
+                })
+            ]
+        ),
+        "{outs:?}"
+    );
     assert_eq!(f.outstanding(), vec![0, 0]);
 }
 

@@ -585,9 +585,8 @@ impl Transceiver {
         };
         let problem = match &payload {
             KvPayload::Blocks(blocks) => self.check_blocks(blocks, r.blocks),
-            KvPayload::Modeled { blocks, .. } => (*blocks != r.blocks).then(|| {
-                format!("kv transfer brought {blocks} blocks, {} expected", r.blocks)
-            }),
+            KvPayload::Modeled { blocks, .. } => (*blocks != r.blocks)
+                .then(|| format!("kv transfer brought {blocks} blocks, {} expected", r.blocks)),
         };
         if let Some(reason) = problem {
             if reason.contains("checksum") {

@@ -280,7 +280,10 @@ fn the_next_deadline_is_the_oldest_open_transfer_plus_the_timeout() {
     assert_eq!(ctx.poll_timeout(), Some(109 * MS));
     assert!(matches!(
         ctx.poll_event(),
-        Some(TransferEvent { id: ReqId(1), outcome: TransferOutcome::Failed(_) })
+        Some(TransferEvent {
+            id: ReqId(1),
+            outcome: TransferOutcome::Failed(_)
+        })
     ));
     assert_eq!(ctx.poll_event(), None);
 }
@@ -308,7 +311,10 @@ fn an_abort_command_ends_the_transfer_without_an_event_and_tells_the_peer() {
             reason: "cancelled".into(),
         }),
     );
-    assert!(gen_side.take_events().is_empty(), "the executor dropped it already");
+    assert!(
+        gen_side.take_events().is_empty(),
+        "the executor dropped it already"
+    );
     assert_eq!(gen_side.in_flight(), 0);
     assert_eq!(gen_side.poll_timeout(), None);
     // The blocks arrive late and are ignored; the ctx side hears of the abort.

@@ -22,9 +22,9 @@ use crossbeam_channel::{Receiver, Sender, unbounded};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use lockstep_actors::executor::TransferEvent;
 use lockstep_actors::executor::{CollectiveTag, Phase, RankExecutor, Response};
 use lockstep_actors::front::{Front, IngressItem};
-use lockstep_actors::executor::TransferEvent;
 use lockstep_actors::transceiver::{KvAddress, Transceiver, TransceiverIn};
 use lockstep_gpu::AnalyticBackend;
 use lockstep_transport::{Collective, HEARTBEAT_CHANNEL, MpiMember, MpiPeers};
@@ -37,9 +37,7 @@ use crate::runtime::device::DeviceHandle;
 use crate::runtime::faults::MisTagged;
 use crate::runtime::front_host::{FrontHost, FrontInbound};
 use crate::runtime::rank_host::{Pacing, RankOptions, RankPorts, run_rank};
-use crate::runtime::transceiver_host::{
-    TransceiverInput, TransceiverLink, run_transceiver,
-};
+use crate::runtime::transceiver_host::{TransceiverInput, TransceiverLink, run_transceiver};
 use crate::runtime::watchdog::{Progress, watch};
 use crate::runtime::{
     Clock, Endpoint, Envelope, Inbox, Net, NetError, Received, RuntimeError, WallClock,
@@ -483,7 +481,15 @@ fn run_server_rank(
                         peers: MpiPeers::for_this_thread(),
                         commands: commands_rx,
                     };
-                    run_transceiver(transceiver, &mut inbox, &net, &events_tx, &clock, lose, wire)
+                    run_transceiver(
+                        transceiver,
+                        &mut inbox,
+                        &net,
+                        &events_tx,
+                        &clock,
+                        lose,
+                        wire,
+                    )
                 })
                 .map_err(|source| RuntimeError::Spawn {
                     what: "the transceiver".into(),
@@ -549,7 +555,10 @@ fn run_server_rank(
     summary.lost = end.lost;
     if rank == 0 {
         // After its last responses (one outbox: in order).
-        let _ = net.send(Endpoint::Front, Envelope::ServerStopped { server: s as u32 });
+        let _ = net.send(
+            Endpoint::Front,
+            Envelope::ServerStopped { server: s as u32 },
+        );
     }
     let _ = net.send(Endpoint::Front, Envelope::RankEnded(Box::new(summary)));
     // Until the front says the run is over, drain what still reaches this process (a

@@ -9,13 +9,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, select, unbounded};
 
+use lockstep_actors::executor::TransferEvent;
 use lockstep_actors::executor::{RankExecutor, Response};
 use lockstep_actors::front::{Front, IngressItem};
-use lockstep_actors::executor::TransferEvent;
 use lockstep_actors::transceiver::{KvAddress, Transceiver, TransceiverIn};
 use lockstep_gpu::AnalyticBackend;
-use lockstep_transport::sync::Deadline;
-use lockstep_transport::{InProcessGroup, IngressError, IngressQueue, Popped};
+use lockstep_transport::{InProcessGroup, IngressError, IngressQueue};
 
 use super::{RealOptions, real_report};
 use crate::fleet::Fleet;
@@ -25,12 +24,10 @@ use crate::runtime::device::DeviceHandle;
 use crate::runtime::faults::MisTagged;
 use crate::runtime::front_host::{FrontHost, FrontInbound};
 use crate::runtime::rank_host::{Pacing, RankOptions, RankPorts, run_rank};
-use crate::runtime::transceiver_host::{
-    TransceiverInput, TransceiverLink, run_transceiver,
-};
+use crate::runtime::transceiver_host::{TransceiverInput, TransceiverLink, run_transceiver};
 use crate::runtime::watchdog::Progress;
 use crate::runtime::{
-    Endpoint, Envelope, Inbox, Net, NetError, Received, RuntimeError, WallClock,
+    Endpoint, Envelope, Inbox, Net, NetError, QueueInbox, Received, RuntimeError, WallClock,
 };
 use crate::scenario::Scenario;
 
@@ -80,23 +77,6 @@ impl Net for ThreadNet {
             (Endpoint::Ingress(_) | Endpoint::Transceiver(_), _) => {
                 Err(NetError::Unknown { endpoint: to })
             }
-        }
-    }
-}
-
-/// A server's ingress queue, as rank 0 reads it.
-struct QueueInbox(IngressQueue<IngressItem>);
-
-impl Inbox<IngressItem> for QueueInbox {
-    fn recv_until(&mut self, deadline: Option<Instant>) -> Received<IngressItem> {
-        let wait = match deadline {
-            Some(d) => d.saturating_duration_since(Instant::now()),
-            None => Duration::from_secs(365 * 24 * 3600),
-        };
-        match self.0.pop_until(&Deadline::after(wait)) {
-            Popped::Item(i) => Received::Message(i),
-            Popped::TimedOut => Received::TimedOut,
-            Popped::Closed => Received::Closed,
         }
     }
 }
@@ -303,11 +283,9 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
         for q in &ingress {
             q.close();
         }
-        let summaries = front_thread
-            .join()
-            .map_err(|_| RuntimeError::Panicked {
-                what: "the front".into(),
-            })??;
+        let summaries = front_thread.join().map_err(|_| RuntimeError::Panicked {
+            what: "the front".into(),
+        })??;
         Ok::<_, RuntimeError>((summaries, client_result))
     })?;
     Ok(real_report(&fleet, summaries, client_result?, started))
@@ -318,8 +296,12 @@ struct RankThread<'scope, 'env> {
     server: usize,
     exec: RankExecutor,
     member: lockstep_transport::InProcessMember,
-    ingress: Option<QueueInbox>,
-    transceiver: Option<(Transceiver, Receiver<TransceiverInput>, Sender<TransceiverInput>)>,
+    ingress: Option<QueueInbox<IngressItem>>,
+    transceiver: Option<(
+        Transceiver,
+        Receiver<TransceiverInput>,
+        Sender<TransceiverInput>,
+    )>,
     net: &'scope ThreadNet,
     clock: WallClock,
     options: &'scope RankOptions,

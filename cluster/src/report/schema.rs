@@ -247,4 +247,3 @@ pub struct RequestDetail {
     /// Completed, or the failure reason.
     pub failure: Option<String>,
 }
-

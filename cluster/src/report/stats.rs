@@ -31,7 +31,6 @@ impl Percentiles {
     }
 }
 
-
 /// How a rank's loop ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RankEnding {

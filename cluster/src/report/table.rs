@@ -221,4 +221,3 @@ pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: 
     );
     o
 }
-

@@ -12,10 +12,10 @@ use crossbeam_channel::Sender;
 use lockstep_actors::executor::Response;
 use lockstep_actors::front::{Front, FrontIn, FrontOut, IngressItem};
 
+use super::RuntimeError;
 use super::client::ClientItem;
 use super::clock::{Clock, WallClock};
 use super::net::{Endpoint, Envelope, Inbox, Net, NetError, Received};
-use super::RuntimeError;
 use crate::report::RankSummary;
 
 /// What reaches the front host.
@@ -106,7 +106,8 @@ impl<'a> FrontHost<'a> {
             }
             FrontInbound::Net(Envelope::ServerStopped { server }) => {
                 self.stopped[server as usize] = true;
-                self.front.handle(now, FrontIn::ServerStopped(server as usize));
+                self.front
+                    .handle(now, FrontIn::ServerStopped(server as usize));
             }
             FrontInbound::Net(Envelope::RankEnded(summary)) => self.summaries.push(*summary),
             FrontInbound::Net(other @ (Envelope::Ingress(_) | Envelope::Peer(_))) => {
@@ -142,7 +143,9 @@ impl<'a> FrontHost<'a> {
                     FrontOut::ToPeer { to, message } => {
                         if !self.stopped[to.server as usize] {
                             // A rank that stopped has nothing left to free.
-                            let _ = self.net.send(Endpoint::Transceiver(to), Envelope::Peer(message));
+                            let _ = self
+                                .net
+                                .send(Endpoint::Transceiver(to), Envelope::Peer(message));
                         }
                     }
                     FrontOut::ToClient(r) => for_client.push(r),

@@ -17,7 +17,7 @@ pub mod transceiver_host;
 pub mod watchdog;
 
 pub use clock::{Clock, WallClock};
-pub use net::{Endpoint, Envelope, Inbox, Net, NetError, Received};
+pub use net::{Endpoint, Envelope, Inbox, Net, NetError, QueueInbox, Received};
 
 /// A failure of a real run.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,12 @@
 //!
 //! Messages between two endpoints arrive in the order they were sent.
 
+use std::time::{Duration, Instant};
+
 use serde::{Deserialize, Serialize};
+
+use lockstep_transport::sync::Deadline;
+use lockstep_transport::{IngressQueue, Popped};
 
 use lockstep_actors::executor::RankResponses;
 use lockstep_actors::front::IngressItem;
@@ -101,5 +106,29 @@ pub trait Inbox<T> {
             Received::Message(m) => Some(m),
             Received::TimedOut | Received::Closed => None,
         }
+    }
+}
+
+/// A bounded [`IngressQueue`] as an inbox: how a server's rank 0 reads its ingress in
+/// one process (the threads backend, the loom model).
+#[derive(Debug)]
+pub struct QueueInbox<T>(pub IngressQueue<T>);
+
+impl<T> Inbox<T> for QueueInbox<T> {
+    fn recv_until(&mut self, deadline: Option<Instant>) -> Received<T> {
+        let wait = match deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()),
+            None => Duration::from_secs(365 * 24 * 3600),
+        };
+        match self.0.pop_until(&Deadline::after(wait)) {
+            Popped::Item(i) => Received::Message(i),
+            Popped::TimedOut => Received::TimedOut,
+            Popped::Closed => Received::Closed,
+        }
+    }
+
+    // Never waits, also under loom, where a deadline never passes.
+    fn try_recv(&mut self) -> Option<T> {
+        self.0.try_pop()
     }
 }

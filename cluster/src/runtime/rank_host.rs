@@ -14,20 +14,18 @@
 
 use std::time::{Duration, Instant};
 
-use lockstep_actors::executor::{
-    FetchBatch, FetchMode, Input, Io, RankExecutor, StopReason,
-};
+use lockstep_actors::executor::{FetchBatch, FetchMode, Input, Io, RankExecutor, StopReason};
 use lockstep_actors::front::IngressItem;
 use lockstep_actors::invariants::Violation;
 use lockstep_gpu::{AnalyticBackend, Backend};
 use lockstep_transport::{Collective, Exchanged, exchange};
 
+use super::RuntimeError;
 use super::clock::{Clock, WallClock};
 use super::device::DeviceHandle;
 use super::net::{Endpoint, Envelope, Inbox, Net, Received};
 use super::transceiver_host::TransceiverLink;
 use super::watchdog::Progress;
-use super::RuntimeError;
 use crate::report::RankEnding;
 
 /// Modeled time in the real drivers: the host's step and the device's forward take the
@@ -160,7 +158,11 @@ pub fn run_rank<C: Collective + ?Sized>(
                                 responses: all.clone(),
                             },
                         )
-                        .map_err(|source| RuntimeError::Net { server, rank, source })?;
+                        .map_err(|source| RuntimeError::Net {
+                            server,
+                            rank,
+                            source,
+                        })?;
                 }
                 if let Exchanged::States(all) = &result {
                     ports.progress.gathered(&all[rank], exec.waiting().len());
@@ -201,15 +203,17 @@ pub fn run_rank<C: Collective + ?Sized>(
                     ports.device.launch(batch, forward_ns);
                 }
                 let output = match await_output {
-                    Some(n) => Some(
-                        ports
-                            .device
-                            .await_output(n)
-                            .map_err(|source| RuntimeError::Device { server, rank, source })?,
-                    ),
+                    Some(n) => Some(ports.device.await_output(n).map_err(|source| {
+                        RuntimeError::Device {
+                            server,
+                            rank,
+                            source,
+                        }
+                    })?),
                     None => None,
                 };
-                exec.handle(Input::Output(output.as_ref())).map_err(exe_err)?;
+                exec.handle(Input::Output(output.as_ref()))
+                    .map_err(exe_err)?;
                 if let Some(o) = output {
                     ports.device.recycle(o);
                 }
@@ -227,7 +231,9 @@ pub fn run_rank<C: Collective + ?Sized>(
                     }
                 }
                 iterations += 1;
-                ports.progress.iteration_done(iterations, ports.clock.now_ns());
+                ports
+                    .progress
+                    .iteration_done(iterations, ports.clock.now_ns());
                 if opts.time_iterations {
                     run.iteration_times.push(iteration_started.elapsed());
                 }

@@ -111,16 +111,19 @@ pub fn run_transceiver(
     // Messages on the modeled wire, by due time (then arrival order).
     let mut on_wire: std::collections::BTreeMap<(u64, u64), TransceiverIn> = Default::default();
     let mut arrivals = 0u64;
-    let mut accept = |t: &mut Transceiver, input: TransceiverIn, wire_queue: &mut std::collections::BTreeMap<(u64, u64), TransceiverIn>| {
-        let now = clock.now_ns();
-        match (&input, wire) {
-            (TransceiverIn::Message(m), Some(w)) => {
-                arrivals += 1;
-                wire_queue.insert((now + w.delay_ns(m), arrivals), input);
+    let mut accept =
+        |t: &mut Transceiver,
+         input: TransceiverIn,
+         wire_queue: &mut std::collections::BTreeMap<(u64, u64), TransceiverIn>| {
+            let now = clock.now_ns();
+            match (&input, wire) {
+                (TransceiverIn::Message(m), Some(w)) => {
+                    arrivals += 1;
+                    wire_queue.insert((now + w.delay_ns(m), arrivals), input);
+                }
+                _ => t.handle(now, input),
             }
-            _ => t.handle(now, input),
-        }
-    };
+        };
     loop {
         let next_due = on_wire.keys().next().map(|&(at, _)| at);
         let next = match (transceiver.poll_timeout(), next_due) {

@@ -49,8 +49,10 @@ impl Progress {
     pub fn gathered(&self, mine: &RankState, waiting: usize) {
         let c = mine.counts;
         self.live.store(u64::from(c.live), Ordering::Relaxed);
-        self.routable.store(u64::from(c.routable), Ordering::Relaxed);
-        self.retiring.store(u64::from(c.retiring), Ordering::Relaxed);
+        self.routable
+            .store(u64::from(c.routable), Ordering::Relaxed);
+        self.retiring
+            .store(u64::from(c.retiring), Ordering::Relaxed);
         self.schedulable
             .store(u64::from(c.schedulable), Ordering::Relaxed);
         self.waiting.store(waiting as u64, Ordering::Relaxed);

@@ -90,7 +90,9 @@ pub fn parse(text: &str, sets: &[&str]) -> Scenario {
 
 /// `examples/NAME`, with `--set` overrides.
 pub fn example(name: &str, sets: &[&str]) -> Scenario {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name);
     let mut s = Scenario::load(&path).expect("example loads");
     for set in sets {
         s.apply_set(set).expect("valid --set");

@@ -103,7 +103,10 @@ enum Event {
     /// A transceiver's deadline.
     TransceiverTimer { server: usize, rank: usize },
     /// Items reach a server's ingress.
-    Ingress { server: usize, items: Vec<IngressItem> },
+    Ingress {
+        server: usize,
+        items: Vec<IngressItem>,
+    },
     /// A message reaches a transceiver.
     Peer { to: KvAddress, message: PeerMessage },
     /// Responses reach the front (with a control latency; without one they go at once).
@@ -191,7 +194,8 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
             let Some(a) = sim.workload.pop_due(t) else {
                 break;
             };
-            sim.records.insert(a.spec.id, ClientRecord::new(a.spec.clone(), 0));
+            sim.records
+                .insert(a.spec.id, ClientRecord::new(a.spec.clone(), 0));
             sim.front.handle(0, FrontIn::Request(a.spec));
         }
         sim.front.handle(0, FrontIn::Shutdown);
@@ -240,7 +244,11 @@ impl Sim<'_, '_> {
         }
         let mut backstop_at = None;
         loop {
-            if self.outcome.as_ref().is_some_and(|o| o.0 == Outcome::Crashed) {
+            if self
+                .outcome
+                .as_ref()
+                .is_some_and(|o| o.0 == Outcome::Crashed)
+            {
                 return Ok(());
             }
             let next_event = self.next_event_time();
@@ -272,8 +280,10 @@ impl Sim<'_, '_> {
                 // Arrivals of one instant reach the front together, and its outputs go
                 // out as one batch per server.
                 while let Some(arrival) = self.workload.pop_due(now) {
-                    self.records
-                        .insert(arrival.spec.id, ClientRecord::new(arrival.spec.clone(), now));
+                    self.records.insert(
+                        arrival.spec.id,
+                        ClientRecord::new(arrival.spec.clone(), now),
+                    );
                     self.front.handle(now, FrontIn::Request(arrival.spec));
                 }
                 self.dispatch_front()?;
@@ -335,7 +345,11 @@ impl Sim<'_, '_> {
             }
             Event::Peer { to, message } => {
                 let (s, r) = (to.server as usize, to.rank.index());
-                if let Some(Some((t, _))) = self.servers.get_mut(s).and_then(|x| x.transceivers.get_mut(r)) {
+                if let Some(Some((t, _))) = self
+                    .servers
+                    .get_mut(s)
+                    .and_then(|x| x.transceivers.get_mut(r))
+                {
                     t.handle(now, TransceiverIn::Message(message));
                     self.pump(s, r)?;
                 }
@@ -348,7 +362,7 @@ impl Sim<'_, '_> {
                 self.front
                     .handle_responses(now, server, rank, &mut responses);
                 for r in &responses {
-                    self.to_client(r);
+                    self.answer_client(r);
                 }
                 self.dispatch_front()?;
             }
@@ -524,7 +538,7 @@ impl Sim<'_, '_> {
     }
 
     /// The client saw a response.
-    fn to_client(&mut self, r: &Response) {
+    fn answer_client(&mut self, r: &Response) {
         let now = self.now;
         if let Some(rec) = self.records.get_mut(&r.id) {
             let was_open = rec.end_ns.is_none();
@@ -558,7 +572,9 @@ impl Sim<'_, '_> {
         let mut notices = Vec::new();
         while let Some(out) = self.front.poll_out() {
             match out {
-                FrontOut::ToServer { server, item } => batches.entry(server).or_default().push(item),
+                FrontOut::ToServer { server, item } => {
+                    batches.entry(server).or_default().push(item)
+                }
                 FrontOut::PeerReady { ctx_server, id, .. } => notices.push((ctx_server, id)),
                 FrontOut::ToPeer { to, message } => {
                     let at = now + self.net.wire_ns(message.wire_bytes());
@@ -582,7 +598,7 @@ impl Sim<'_, '_> {
             );
         }
         for r in &for_client {
-            self.to_client(r);
+            self.answer_client(r);
         }
         if !for_client.is_empty() {
             // The client's shutdown may have followed.

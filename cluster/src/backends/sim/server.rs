@@ -58,6 +58,9 @@ pub enum Step {
     Crashed(Violation),
 }
 
+/// A pending timer: when it fires, and its event's sequence number.
+pub type TimerAt = (u64, u64);
+
 /// One simulated server.
 pub struct SimServer {
     pub name: String,
@@ -66,9 +69,8 @@ pub struct SimServer {
     pub overlap: bool,
     pub group: ServerGroup,
     pub ingress: VecDeque<IngressItem>,
-    /// Per rank (ctx and gen servers): the transceiver, and its timer (when, and the
-    /// event's sequence number).
-    pub transceivers: Vec<Option<(Transceiver, Option<(u64, u64)>)>>,
+    /// Per rank (ctx and gen servers): the transceiver and its timer.
+    pub transceivers: Vec<Option<(Transceiver, Option<TimerAt>)>>,
     pub state: ServerState,
     /// Per rank: KV messages the wire lost (fault injection).
     pub lost: Vec<u64>,
@@ -89,7 +91,10 @@ pub struct SimServer {
 }
 
 impl SimServer {
-    pub fn new(planned: &PlannedServer<'_>, policy: lockstep_actors::policy::Policy) -> Result<SimServer, lockstep_actors::config::ConfigError> {
+    pub fn new(
+        planned: &PlannedServer<'_>,
+        policy: lockstep_actors::policy::Policy,
+    ) -> Result<SimServer, lockstep_actors::config::ConfigError> {
         let group = ServerGroup::new(planned.config, policy)?;
         let dp = planned.sizes.dp as usize;
         Ok(SimServer {
@@ -152,14 +157,12 @@ impl SimServer {
                     self.state = ServerState::Done;
                     return Ok(Step::Crashed(match why {
                         lockstep_actors::executor::StopReason::Crashed(v) => v,
-                        lockstep_actors::executor::StopReason::PeerCrashed { peer } => {
-                            Violation {
-                                iteration: self.group.ranks()[0].iteration(),
-                                rank: peer,
-                                kind: lockstep_actors::invariants::InvariantKind::Cap,
-                                detail: "a peer crashed".into(),
-                            }
-                        }
+                        lockstep_actors::executor::StopReason::PeerCrashed { peer } => Violation {
+                            iteration: self.group.ranks()[0].iteration(),
+                            rank: peer,
+                            kind: lockstep_actors::invariants::InvariantKind::Cap,
+                            detail: "a peer crashed".into(),
+                        },
                     }));
                 }
             }
