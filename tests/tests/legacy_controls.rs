@@ -6,7 +6,7 @@ use lockstep_actors::config::{CapacitySchedulerPolicy, Role};
 use lockstep_actors::executor::FetchBatch;
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::invariants::InvariantKind;
-use lockstep_actors::kv::{KvConfig, KvManager};
+use lockstep_actors::kv::{KvCommand, KvConfig, KvManager};
 use lockstep_actors::policy::{PadPredicate, Policy};
 use lockstep_actors::request::{Request, RequestSpec, RequestState, SchedulableWindow};
 use lockstep_actors::scheduler::{CapacityConfig, CapacityScheduler};
@@ -187,8 +187,17 @@ fn transfer_mix() -> (Vec<Request>, KvManager) {
         index_pool_size: 8,
     });
     for r in &active {
-        kv.add_sequence(r.id(), &[], 16).unwrap();
-        kv.ensure_tokens(r.id(), 16).unwrap();
+        kv.handle(KvCommand::AddSequence {
+            id: r.id(),
+            block_hashes: &[],
+            prompt_len: 16,
+        })
+        .unwrap();
+        kv.handle(KvCommand::EnsureTokens {
+            id: r.id(),
+            tokens: 16,
+        })
+        .unwrap();
     }
     (active, kv)
 }

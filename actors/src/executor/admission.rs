@@ -6,6 +6,7 @@
 use crate::config::Role;
 use crate::counts::RankCounts;
 use crate::invariants::InvariantKind;
+use crate::kv::KvCommand;
 use crate::padding::PadPath;
 use crate::policy::IdlePredicate;
 use crate::request::{Request, RequestSpec, RequestState};
@@ -366,7 +367,7 @@ impl RankExecutor {
         for r in std::mem::take(&mut self.resident.sending) {
             // Its first token went out already (ContextDone); the front fails the
             // request when the ctx side reports the send failed.
-            let _ = self.kv.free_sequence(r.id());
+            let _ = self.kv.handle(KvCommand::FreeSequence { id: r.id() });
             self.iter.commands.push(TransferCommand::Abort {
                 id: r.id(),
                 reason: reason.clone(),
@@ -399,7 +400,7 @@ impl RankExecutor {
     /// Frees everything a request holds on this rank.
     pub(super) fn release(&mut self, r: &Request) {
         if r.holds_kv {
-            let _ = self.kv.free_sequence(r.id());
+            let _ = self.kv.handle(KvCommand::FreeSequence { id: r.id() });
         }
         if let Some(seat) = r.seat {
             self.seats.release(seat);

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use crate::config::Role;
 use crate::ids::{BatchNumber, ReqId};
 use crate::invariants::InvariantKind;
-use crate::kv::KvError;
+use crate::kv::{KvCommand, KvError};
 use crate::padding::{DummyKind, TentativeDummy, pad_need};
 use crate::request::{Request, RequestSpec, RequestState};
 use crate::scheduler::EntryKind;
@@ -64,8 +64,14 @@ impl RankExecutor {
             self.skip_pad("no free seat");
             return;
         }
-        let kv = match self.kv.allocate_dummy(tokens) {
-            Ok(kv) => kv,
+        let kv = match self.kv.handle(KvCommand::AllocateDummy { tokens }) {
+            Ok(reply) => match reply.into_dummy() {
+                Some(kv) => kv,
+                None => {
+                    self.skip_pad("the KV manager answered without a dummy");
+                    return;
+                }
+            },
             Err(e) => {
                 self.skip_pad(&e.to_string());
                 return;
@@ -73,7 +79,7 @@ impl RankExecutor {
         };
         let Some(seat) = self.seats.try_take() else {
             // Checked above; keep the KV consistent regardless.
-            self.kv.rollback_dummy(kv);
+            let _ = self.kv.handle(KvCommand::RollbackDummy(kv));
             self.skip_pad("no free seat");
             return;
         };
@@ -174,11 +180,13 @@ impl RankExecutor {
         let id = self.resident.active[index].id();
         if !self.resident.active[index].holds_kv {
             let r = &self.resident.active[index];
-            match self
-                .kv
-                .add_sequence(id, &r.spec.block_hashes, r.spec.prompt_len)
-            {
-                Ok(reused) => {
+            match self.kv.handle(KvCommand::AddSequence {
+                id,
+                block_hashes: &r.spec.block_hashes,
+                prompt_len: r.spec.prompt_len,
+            }) {
+                Ok(reply) => {
+                    let reused = reply.reused_tokens();
                     let r = &mut self.resident.active[index];
                     r.holds_kv = true;
                     // The reused prefix is whole blocks.
@@ -235,7 +243,11 @@ impl RankExecutor {
         let kv_tokens = r.kv_tokens;
         let need = kv_tokens + step_tokens;
         if need > r.kv_room {
-            if self.kv.ensure_tokens(id, need).is_err() {
+            if self
+                .kv
+                .handle(KvCommand::EnsureTokens { id, tokens: need })
+                .is_err()
+            {
                 self.iter.stats.deferrals_out_of_blocks += 1;
                 self.totals.deferrals_out_of_blocks += 1;
                 return None;
@@ -262,7 +274,7 @@ impl RankExecutor {
     /// far are recomputed with the prompt.
     fn pause(&mut self, index: usize) {
         let id = self.resident.active[index].id();
-        let _ = self.kv.free_sequence(id);
+        let _ = self.kv.handle(KvCommand::FreeSequence { id });
         let r = &mut self.resident.active[index];
         r.holds_kv = false;
         r.kv_room = 0;
@@ -285,7 +297,11 @@ impl RankExecutor {
     fn start_receive(&mut self, i: usize) {
         let id = self.resident.active[i].id();
         let prompt = self.resident.active[i].spec.prompt_len;
-        match self.kv.add_sequence(id, &[], prompt) {
+        match self.kv.handle(KvCommand::AddSequence {
+            id,
+            block_hashes: &[],
+            prompt_len: prompt,
+        }) {
             Ok(_) => {}
             Err(KvError::NoFreeIndexSlot { .. }) => {
                 self.iter.stats.deferrals_no_free_index_slot += 1;
@@ -294,8 +310,12 @@ impl RankExecutor {
             }
             Err(_) => return,
         }
-        if self.kv.ensure_tokens(id, prompt).is_err() {
-            let _ = self.kv.free_sequence(id);
+        if self
+            .kv
+            .handle(KvCommand::EnsureTokens { id, tokens: prompt })
+            .is_err()
+        {
+            let _ = self.kv.handle(KvCommand::FreeSequence { id });
             self.iter.stats.deferrals_out_of_blocks += 1;
             self.totals.deferrals_out_of_blocks += 1;
             return;
@@ -346,19 +366,19 @@ impl RankExecutor {
 
     fn resolve_dummy(&mut self, tentative: TentativeDummy, can_queue: bool) {
         if can_queue {
-            self.kv.commit_dummy(tentative.kv);
+            let _ = self.kv.handle(KvCommand::CommitDummy(tentative.kv));
             self.iter.stats.dummy_committed = true;
             self.totals.dummies_committed += 1;
         } else if self.setup.policy.pad.rollback {
             // Roll back exactly this dummy: its KV, its seat, itself.
-            self.kv.rollback_dummy(tentative.kv);
+            let _ = self.kv.handle(KvCommand::RollbackDummy(tentative.kv));
             self.seats.release(tentative.seat);
             self.resident.dummy = None;
             self.iter.stats.dummy_rolled_back = true;
             self.totals.dummies_rolled_back += 1;
         } else {
             // Legacy: nothing undoes the dummy; it survives into the next iteration.
-            self.kv.commit_dummy(tentative.kv);
+            let _ = self.kv.handle(KvCommand::CommitDummy(tentative.kv));
         }
     }
 
@@ -366,7 +386,7 @@ impl RankExecutor {
     /// back with the rest of the iteration's work.
     pub(super) fn abandon_tentative(&mut self) {
         if let Some(tentative) = self.iter.tentative.take() {
-            self.kv.rollback_dummy(tentative.kv);
+            let _ = self.kv.handle(KvCommand::RollbackDummy(tentative.kv));
             self.seats.release(tentative.seat);
             self.resident.dummy = None;
         }
@@ -374,7 +394,7 @@ impl RankExecutor {
 
     pub(super) fn free_dummy(&mut self) {
         if let Some(d) = self.resident.dummy.take() {
-            let _ = self.kv.free_sequence(ReqId::DUMMY);
+            let _ = self.kv.handle(KvCommand::FreeSequence { id: ReqId::DUMMY });
             if let Some(seat) = d.seat {
                 self.seats.release(seat);
             }

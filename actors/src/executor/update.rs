@@ -3,6 +3,7 @@
 //! completions.
 
 use crate::config::Role;
+use crate::kv::KvCommand;
 use crate::request::RequestState;
 
 use super::RankExecutor;
@@ -107,9 +108,11 @@ impl RankExecutor {
                     r.kv_tokens += chunk;
                     let computed = r.context_pos.min(r.spec.prompt_len);
                     if !r.spec.block_hashes.is_empty() {
-                        let _ = self
-                            .kv
-                            .register_prefix(e.id, &r.spec.block_hashes, computed);
+                        let _ = self.kv.handle(KvCommand::RegisterPrefix {
+                            id: e.id,
+                            block_hashes: &r.spec.block_hashes,
+                            computed_tokens: computed,
+                        });
                     }
                     if samples {
                         r.next_position += 1;
@@ -198,7 +201,7 @@ impl RankExecutor {
                 r.state = RequestState::GenerationComplete;
                 r.holds_kv = false;
                 r.kv_room = 0;
-                let _ = self.kv.free_sequence(r.id());
+                let _ = self.kv.handle(KvCommand::FreeSequence { id: r.id() });
                 self.totals.completed += 1;
             }
         }
@@ -219,7 +222,7 @@ impl RankExecutor {
             .position(|r| r.id() == event.id)
         {
             let r = self.resident.sending.remove(pos);
-            let _ = self.kv.free_sequence(r.id());
+            let _ = self.kv.handle(KvCommand::FreeSequence { id: r.id() });
             match failure {
                 None => self.totals.completed += 1,
                 Some(reason) => {
