@@ -3,9 +3,11 @@
 # installs what the tests need (a C toolchain, OpenMPI, and libclang for the MPI driver's
 # bindgen step); then it runs, in order:
 #   1. the MPI driver build (release, --features mpi, in target/mpi);
-#   2. the whole workspace suite (--all-targets --no-fail-fast), with the MPI cases run
-#      through mpirun when the driver built;
-#   3. the loom models (a separate build with --cfg lockstep_loom, in target/loom).
+#   2. the whole workspace suite (--all-targets --no-fail-fast); the MPI tests are
+#      #[ignore]d there (they need mpirun and the MPI build);
+#   3. the MPI tests (cluster/tests/mpi.rs, the ignored ones), one at a time, through
+#      mpirun with the driver of stage 1;
+#   4. the loom models (a separate build with --cfg lockstep_loom, in target/loom).
 # A failing stage does not stop the later ones. At the end it prints how long each stage
 # took, which stages failed, and one closing line summed over every test runner:
 #   summary: N passed, M failed
@@ -109,8 +111,8 @@ stage "system packages" install_packages
 # mpirun refuses root unless told; the tests oversubscribe 2 cores with 4 ranks.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-# The MPI cases of the workspace suite run only when LOCKSTEP_MPI_BIN names a driver this
-# run built; without it they return early and pass, so a failed build must fail the run.
+# The MPI tests run only when LOCKSTEP_MPI_BIN names a driver this run built; a failed
+# build fails the run.
 unset LOCKSTEP_MPI_BIN
 mpi_missing=()
 command -v mpirun >/dev/null 2>&1 || mpi_missing+=(mpirun)
@@ -131,6 +133,16 @@ else
 fi
 
 stage "workspace tests" logged cargo test --workspace --all-targets --no-fail-fast
+
+if [ -n "${LOCKSTEP_MPI_BIN:-}" ]; then
+  # One at a time: each test is a whole mpirun job, and one of them paces the cost model
+  # in real time.
+  stage "MPI tests" logged cargo test -p lockstep-cluster --test mpi -- --ignored --test-threads=1
+else
+  echo "== MPI tests"
+  echo "!! MPI tests NOT RUN: the MPI driver did not build (see above); this run fails" >&2
+  stage_times+=("== MPI tests: not run")
+fi
 
 stage "loom models" logged env RUSTFLAGS="--cfg lockstep_loom" CARGO_TARGET_DIR=target/loom \
   cargo test --release -p loom-tests --tests

@@ -4,8 +4,8 @@
 //! when N ends, not when it was launched.
 //!
 //! Pure: the simulator reads ready times from it directly; the real drivers' device
-//! thread drives the same actor with a real clock, sleeping until
-//! [`Device::poll_timeout`].
+//! handle (`cluster/src/runtime/device.rs`) drives the same actor inline on the rank's
+//! thread, handing an output back no earlier than its modeled end on the wall clock.
 
 use std::collections::VecDeque;
 

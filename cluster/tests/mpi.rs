@@ -1,8 +1,10 @@
 //! The MPI driver (one front process and one process per rank under mpirun) against the
 //! simulator, and its faults: a mismatched collective, a killed or stopped rank, a
-//! wrong world size, a stalled server. Each test needs the MPI build (`LOCKSTEP_MPI_BIN`,
-//! set by `scripts/test.sh`); without it a test fails, unless `LOCKSTEP_SKIP_MPI` says
-//! to skip it, which it then reports by name.
+//! wrong world size, a stalled server; and the same time model as the simulator. Each
+//! test needs mpirun and the MPI build, so each is `#[ignore]`d: a plain `cargo test`
+//! reports them as ignored, and `scripts/test.sh` runs them, one at a time, with
+//! `LOCKSTEP_MPI_BIN` naming the build (`cargo test -p lockstep-cluster --test mpi --
+//! --ignored --test-threads=1`). Run that way without `LOCKSTEP_MPI_BIN`, they fail.
 
 mod common;
 
@@ -16,12 +18,9 @@ use lockstep_actors::transceiver::lost_on_the_wire;
 use lockstep_cluster::report::{Outcome, Report};
 
 #[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_aggregated_runs_agree_exactly_with_the_simulator_at_2_and_4_ranks() {
-    let Some(bin) =
-        mpi_bin("mpi_aggregated_runs_agree_exactly_with_the_simulator_at_2_and_4_ranks")
-    else {
-        return;
-    };
+    let bin = mpi_bin();
     for dp in [2, 4] {
         let text = agg_text(dp, true);
         let mpi = mpi_report(&bin, &text, &[], &format!("agg-{dp}"));
@@ -31,12 +30,9 @@ fn mpi_aggregated_runs_agree_exactly_with_the_simulator_at_2_and_4_ranks() {
 }
 
 #[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_servers() {
-    let Some(bin) = mpi_bin(
-        "mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_servers",
-    ) else {
-        return;
-    };
+    let bin = mpi_bin();
     let text = disagg_text(60);
     let mpi = mpi_report(&bin, &text, &[], "disagg");
     let sim = simulate(&parse(&text, &[]));
@@ -59,10 +55,9 @@ fn mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_
 }
 
 #[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_lost_kv_fails_exactly_the_requests_the_simulator_fails() {
-    let Some(bin) = mpi_bin("mpi_lost_kv_fails_exactly_the_requests_the_simulator_fails") else {
-        return;
-    };
+    let bin = mpi_bin();
     let sets = [
         "faults.lost_transfer_every=3",
         "server.cache_transceiver_config.kv_transfer_timeout_ms=300",
@@ -93,10 +88,9 @@ fn mpi_lost_kv_fails_exactly_the_requests_the_simulator_fails() {
 }
 
 #[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_world_size_mismatch_is_a_clear_error_naming_both_numbers() {
-    let Some(bin) = mpi_bin("mpi_world_size_mismatch_is_a_clear_error_naming_both_numbers") else {
-        return;
-    };
+    let bin = mpi_bin();
     let agg = temp("size-agg.toml");
     std::fs::write(&agg, agg_text(4, true)).unwrap();
     let disagg = temp("size-disagg.toml");
@@ -117,10 +111,9 @@ fn mpi_world_size_mismatch_is_a_clear_error_naming_both_numbers() {
 }
 
 #[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_a_mismatched_collective_is_a_tag_error_not_a_hang() {
-    let Some(bin) = mpi_bin("mpi_a_mismatched_collective_is_a_tag_error_not_a_hang") else {
-        return;
-    };
+    let bin = mpi_bin();
     let path = temp("tag.toml");
     std::fs::write(&path, agg_text(2, true)).unwrap();
     let started = Instant::now();
@@ -227,11 +220,9 @@ fn wait_within(mut child: std::process::Child, limit: Duration) -> std::process:
 }
 
 #[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_a_killed_rank_ends_the_job_non_zero_within_the_watchdog_time() {
-    let Some(bin) = mpi_bin("mpi_a_killed_rank_ends_the_job_non_zero_within_the_watchdog_time")
-    else {
-        return;
-    };
+    let bin = mpi_bin();
     let (child, victim) = slow_job(&bin, "kill.toml", "3000", 2);
     Command::new("kill")
         .args(["-9", &victim.to_string()])
@@ -245,12 +236,9 @@ fn mpi_a_killed_rank_ends_the_job_non_zero_within_the_watchdog_time() {
 }
 
 #[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_the_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops() {
-    let Some(bin) =
-        mpi_bin("mpi_the_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops")
-    else {
-        return;
-    };
+    let bin = mpi_bin();
     let (child, victim) = slow_job(&bin, "stop.toml", "2000", 2);
     // A stopped rank neither progresses nor dies: only its peers' watchdogs end this.
     Command::new("kill")
@@ -278,10 +266,9 @@ fn mpi_the_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops() {
 }
 
 #[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_a_stalled_server_ends_deadlocked_as_in_the_simulator() {
-    let Some(bin) = mpi_bin("mpi_a_stalled_server_ends_deadlocked_as_in_the_simulator") else {
-        return;
-    };
+    let bin = mpi_bin();
     let sets = [
         "server.max_num_tokens=8",
         "workload.num_requests=6",
@@ -324,11 +311,9 @@ fn mpi_a_stalled_server_ends_deadlocked_as_in_the_simulator() {
 }
 
 #[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_generation_first_and_the_legacy_policy_complete_every_request() {
-    let Some(bin) = mpi_bin("mpi_generation_first_and_the_legacy_policy_complete_every_request")
-    else {
-        return;
-    };
+    let bin = mpi_bin();
     let text = disagg_text(40);
     let first = ["server.ctx0.cache_transceiver_config.generation_first=true"];
     let m = mpi_report(&bin, &text, &first, "disagg-first");
@@ -351,5 +336,45 @@ fn mpi_generation_first_and_the_legacy_policy_complete_every_request() {
     assert_eq!(l.requests.completed, 40, "{:?}", l.per_request);
     for s in &l.servers {
         assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+    }
+}
+
+/// The same time model as the simulator (`time_model.rs`) over MPI, 7 processes: with
+/// the cost model in real time, latencies and iterations follow the simulator's.
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_with_modeled_time_latency_and_iterations_follow_the_simulator() {
+    let bin = mpi_bin();
+    let text = disagg_text(200);
+    let a = simulate(&parse(&text, &[]));
+    let path = temp("time-model.toml");
+    std::fs::write(&path, &text).unwrap();
+    let json = temp("time-model.json");
+    let out = output_within(
+        mpirun(
+            &bin,
+            7,
+            &[
+                path.to_str().unwrap(),
+                "--seed",
+                "3",
+                "--preload",
+                "--time-scale",
+                "1",
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        ),
+        std::time::Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_same_time_model(&a, &b);
+    for ctx in ["ctx0", "ctx1"] {
+        assert_eq!(routing(&a, ctx), routing(&b, ctx), "{ctx}");
     }
 }

@@ -6,7 +6,7 @@ use lockstep_actors::config::{CapacitySchedulerPolicy, Role};
 use lockstep_actors::executor::FetchBatch;
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::invariants::InvariantKind;
-use lockstep_actors::kv::{KvCommand, KvConfig, KvManager};
+use lockstep_actors::kv::{KvCommand, KvConfig, KvManager, KvReply};
 use lockstep_actors::policy::{PadPredicate, Policy};
 use lockstep_actors::request::{Request, RequestSpec, RequestState, SchedulableWindow};
 use lockstep_actors::scheduler::{CapacityConfig, CapacityScheduler};
@@ -187,17 +187,17 @@ fn transfer_mix() -> (Vec<Request>, KvManager) {
         index_pool_size: 8,
     });
     for r in &active {
-        kv.handle(KvCommand::AddSequence {
+        let added = kv.handle(KvCommand::AddSequence {
             id: r.id(),
             block_hashes: &[],
             prompt_len: 16,
-        })
-        .unwrap();
-        kv.handle(KvCommand::EnsureTokens {
+        });
+        assert_eq!(added, Ok(KvReply::Added { reused_tokens: 0 }));
+        let grown = kv.handle(KvCommand::EnsureTokens {
             id: r.id(),
             tokens: 16,
-        })
-        .unwrap();
+        });
+        assert_eq!(grown, Ok(KvReply::Done));
     }
     (active, kv)
 }

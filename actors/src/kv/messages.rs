@@ -48,7 +48,9 @@ pub enum KvCommand<'a> {
     },
     /// The dummy transaction: keep the tentative dummy (the vote accepted).
     CommitDummy(TentativeDummyKv),
-    /// The dummy transaction: undo the tentative dummy exactly (the vote vetoed).
+    /// The dummy transaction: free exactly the tentative dummy's slot and blocks (the
+    /// vote vetoed). A cached block its allocation evicted stays evicted: no eviction is
+    /// undone.
     RollbackDummy(TentativeDummyKv),
 }
 

@@ -47,7 +47,11 @@ pub struct Client {
     scale: f64,
     preload: bool,
     shutdown_sent: bool,
+    front_gone: bool,
 }
+
+/// The failure of a request the client could not send: the fleet had stopped.
+const FRONT_STOPPED: &str = "not served: every server had stopped before the request was sent";
 
 /// What the client saw.
 pub struct ClientResult {
@@ -97,7 +101,32 @@ impl Client {
             scale: time_scale.max(0.0),
             preload,
             shutdown_sent: preload,
+            front_gone: false,
         })
+    }
+
+    /// The front stopped (it does once every server has stopped, e.g. a deadlocked
+    /// server) before the workload was played out: `refused`, if the front refused it,
+    /// and every request still to come fail with the reason, as in the simulator, where
+    /// requests sent to a stopped fleet fail.
+    fn front_stopped(&mut self, refused: Option<ReqId>) {
+        self.front_gone = true;
+        let now = self.clock.now_ns();
+        let fail = |rec: &mut ClientRecord, workload: &mut Workload| {
+            rec.end(now, false, Some(FRONT_STOPPED.into()));
+            workload.on_finished(rec.spec.id, now, false);
+        };
+        if let Some(rec) = refused.and_then(|id| self.records.get_mut(&id)) {
+            fail(rec, &mut self.workload);
+        }
+        while let Some(t) = self.workload.next_arrival_ns() {
+            let Some(a) = self.workload.pop_due(t) else {
+                break;
+            };
+            let mut rec = ClientRecord::new(a.spec, now);
+            fail(&mut rec, &mut self.workload);
+            self.records.insert(rec.spec.id, rec);
+        }
     }
 
     fn send(&self, item: ClientItem) -> Result<(), ClientError> {
@@ -116,15 +145,24 @@ impl Client {
                         break;
                     };
                     let now = self.clock.now_ns();
+                    let id = a.spec.id;
                     self.records
-                        .insert(a.spec.id, ClientRecord::new(a.spec.clone(), now));
-                    self.send(ClientItem::Request(a.spec))?;
+                        .insert(id, ClientRecord::new(a.spec.clone(), now));
+                    if self.send(ClientItem::Request(a.spec)).is_err() {
+                        self.front_stopped(Some(id));
+                        break;
+                    }
+                }
+                if self.front_gone {
+                    break;
                 }
                 if !self.shutdown_sent
                     && self.workload.exhausted()
                     && self.records.values().all(|r| r.end_ns.is_some())
                 {
-                    self.send(ClientItem::Shutdown)?;
+                    // The front may be gone already (every server stopped); nothing
+                    // is lost then: every request has ended.
+                    let _ = self.send(ClientItem::Shutdown);
                     self.shutdown_sent = true;
                 }
             }
@@ -150,7 +188,10 @@ impl Client {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.front_stopped(None);
+                    break;
+                }
             }
         }
         let end_ns = self.clock.now_ns();

@@ -194,19 +194,15 @@ pub fn within(a: f64, b: f64, percent: f64) -> bool {
 // ---- MPI ----
 
 /// The MPI binary (`LOCKSTEP_MPI_BIN`, built by `scripts/test.sh` with `--features
-/// mpi`). Without it an MPI test fails, unless `LOCKSTEP_SKIP_MPI` is set: then it says
-/// it is skipped (by name, on stderr) and does nothing — it never passes silently.
-pub fn mpi_bin(test: &str) -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("LOCKSTEP_MPI_BIN") {
-        return Some(PathBuf::from(p));
+/// mpi`). The MPI tests are `#[ignore]`d, so they run only when asked; asked without
+/// the binary, they fail.
+pub fn mpi_bin() -> PathBuf {
+    match std::env::var_os("LOCKSTEP_MPI_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => panic!(
+            "this test needs the MPI build: run scripts/test.sh, or build with `cargo build --release -p lockstep-cluster --features mpi` and set LOCKSTEP_MPI_BIN to the binary"
+        ),
     }
-    if std::env::var_os("LOCKSTEP_SKIP_MPI").is_some() {
-        eprintln!("SKIPPED {test}: LOCKSTEP_SKIP_MPI is set and there is no MPI build");
-        return None;
-    }
-    panic!(
-        "{test} needs the MPI build: run scripts/test.sh, or build with `cargo build --release -p lockstep-cluster --features mpi` and set LOCKSTEP_MPI_BIN to the binary (LOCKSTEP_SKIP_MPI=1 skips the MPI tests, reporting them as skipped)"
-    );
 }
 
 /// `mpirun -n N BIN rank ARGS...`.
@@ -288,4 +284,32 @@ pub fn mpi_report(bin: &PathBuf, text: &str, sets: &[&str], name: &str) -> Repor
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+}
+
+/// The same time model: per-request tokens equal, mean TTFT and TPOT within 10 %, every
+/// server's iterations within 3 %.
+pub fn assert_same_time_model(a: &Report, b: &Report) {
+    assert_eq!(a.per_request, b.per_request);
+    let (la, lb) = (&a.latency_ms, &b.latency_ms);
+    assert!(
+        within(la.ttft.mean, lb.ttft.mean, 10.0),
+        "ttft {:?} vs {:?}",
+        la.ttft,
+        lb.ttft
+    );
+    assert!(
+        within(la.tpot.mean, lb.tpot.mean, 10.0),
+        "tpot {:?} vs {:?}",
+        la.tpot,
+        lb.tpot
+    );
+    for (sa, sb) in a.servers.iter().zip(&b.servers) {
+        assert!(
+            close_counts(sa.iterations, sb.iterations, 3),
+            "{}: {} iterations simulated, {} run",
+            sa.name,
+            sa.iterations,
+            sb.iterations
+        );
+    }
 }
