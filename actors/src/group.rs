@@ -146,6 +146,8 @@ pub struct ServerGroup {
     /// Per rank: sampled outputs not handed back yet (at most two, under overlap).
     outputs: Vec<Vec<ForwardOutput>>,
     spare_outputs: Vec<ForwardOutput>,
+    /// Every rank's batch shape, from the last votes.
+    shapes: Vec<crate::executor::BatchShape>,
 }
 
 /// The ranks' contributions to the collective they ask for, copied out as each rank is
@@ -296,6 +298,7 @@ impl ServerGroup {
             response_ranks: Vec::new(),
             outputs: (0..dp).map(|_| Vec::new()).collect(),
             spare_outputs: Vec::new(),
+            shapes: Vec::new(),
         })
     }
 
@@ -331,7 +334,7 @@ impl ServerGroup {
 
     /// Every rank's batch shape at the forward step the group is at (from the votes).
     pub fn shapes(&self) -> &[crate::executor::BatchShape] {
-        self.ranks[0].forward_shapes()
+        &self.shapes
     }
 
     /// Per rank, the output the last forward step awaits.
@@ -423,7 +426,11 @@ impl ServerGroup {
                         Phase::Fetch => InputKind::Fetch,
                         Phase::PrefixMatch => InputKind::PrefixMatches,
                         Phase::PadIntent => InputKind::PadIntent(self.bufs.intent),
-                        Phase::Vote => InputKind::Votes,
+                        Phase::Vote => {
+                            self.shapes.clear();
+                            self.shapes.extend(self.bufs.votes.iter().map(|v| v.shape));
+                            InputKind::Votes
+                        }
                         Phase::Responses => InputKind::Responses,
                         Phase::Transfers => InputKind::TransferStatus,
                     };

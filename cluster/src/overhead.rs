@@ -15,12 +15,15 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use lockstep_actors::config::{KvCacheConfig, ServerConfig};
-use lockstep_actors::executor::{CollectiveTag, Phase, RankExecutor};
+use lockstep_actors::executor::{
+    BatchVote, CollectiveTag, Exchange, FetchBatch, PadIntent, Phase, PrefixMatches, RankExecutor,
+    RankResponses, RankState, TransferStatus,
+};
 use lockstep_actors::front::IngressItem;
 use lockstep_actors::ids::RankId;
 use lockstep_actors::policy::Policy;
 use lockstep_actors::request::RequestSpec;
-use lockstep_transport::{Collective, CollectiveError, InProcessGroup};
+use lockstep_transport::{Collective, CollectiveError, InProcessGroup, exchange};
 
 use crate::runtime::device::DeviceHandle;
 use crate::runtime::rank_host::{RankOptions, RankPorts, run_rank};
@@ -120,19 +123,67 @@ impl Net for Discard {
     }
 }
 
-/// What one collective call carried.
+/// One contribution of the control plane's last iteration, typed as its phase's
+/// collective carries it, so that the floor pays the same encoding and decoding.
 #[derive(Debug, Clone)]
 enum Call {
-    Allgather(Vec<u8>),
-    Broadcast(Option<Vec<u8>>),
-    AllreduceMax(u64),
-    Gather(Vec<u8>),
+    States(RankState),
+    Fetch(Option<FetchBatch>),
+    PrefixMatches(PrefixMatches),
+    PadIntent(u64),
+    Votes(BatchVote),
+    Responses(RankResponses),
+    TransferStatus(TransferStatus),
 }
 
-/// A collective that keeps the calls of the iteration in progress (the last one's
-/// remain when the run stops).
+impl Call {
+    /// The typed contribution of `phase`, from its encoding (`None` if it does not
+    /// decode as that phase's payload).
+    fn of(phase: Phase, bytes: Option<&[u8]>) -> Option<Call> {
+        fn decode<T: DeserializeOwned>(bytes: Option<&[u8]>) -> Option<T> {
+            let (v, _) =
+                bincode::serde::decode_from_slice(bytes?, bincode::config::standard()).ok()?;
+            Some(v)
+        }
+        Some(match phase {
+            Phase::Gather => Call::States(decode(bytes)?),
+            Phase::Fetch => Call::Fetch(match bytes {
+                Some(_) => Some(decode(bytes)?),
+                None => None,
+            }),
+            Phase::PrefixMatch => Call::PrefixMatches(decode(bytes)?),
+            Phase::PadIntent => Call::PadIntent(decode(bytes)?),
+            Phase::Vote => Call::Votes(decode(bytes)?),
+            Phase::Responses => Call::Responses(decode(bytes)?),
+            Phase::Transfers => Call::TransferStatus(decode(bytes)?),
+        })
+    }
+
+    /// The collective this contribution goes into, as the rank host runs it.
+    fn exchange(&mut self, tag: CollectiveTag) -> Exchange<'_> {
+        match self {
+            Call::States(mine) => Exchange::States { tag, mine },
+            Call::Fetch(mine) => Exchange::Fetch {
+                tag,
+                mine: mine.as_ref(),
+            },
+            Call::PrefixMatches(mine) => Exchange::PrefixMatches { tag, mine },
+            Call::PadIntent(v) => Exchange::PadIntent {
+                tag,
+                mine: PadIntent::from_u64(*v),
+            },
+            Call::Votes(mine) => Exchange::Votes { tag, mine },
+            Call::Responses(mine) => Exchange::Responses { tag, mine },
+            Call::TransferStatus(mine) => Exchange::TransferStatus { tag, mine },
+        }
+    }
+}
+
+/// A collective that keeps the contributions of one iteration, `last` (encoding only
+/// then, so the control run pays nothing for the recording before it).
 struct Recording<'a, C> {
     inner: &'a mut C,
+    last: u64,
     calls: Vec<(Phase, Call)>,
 }
 
@@ -141,11 +192,14 @@ fn bytes_of<T: Serialize>(v: &T) -> Vec<u8> {
 }
 
 impl<C: Collective> Recording<'_, C> {
-    fn record(&mut self, tag: CollectiveTag, call: Call) {
-        if tag.phase == Phase::Gather {
-            self.calls.clear();
+    fn record<T: Serialize>(&mut self, tag: CollectiveTag, mine: Option<&T>) {
+        if tag.iteration != self.last {
+            return;
         }
-        self.calls.push((tag.phase, call));
+        let bytes = mine.map(bytes_of);
+        if let Some(call) = Call::of(tag.phase, bytes.as_deref()) {
+            self.calls.push((tag.phase, call));
+        }
     }
 }
 
@@ -163,7 +217,7 @@ impl<C: Collective> Collective for Recording<'_, C> {
         tag: CollectiveTag,
         mine: &T,
     ) -> Result<Vec<T>, CollectiveError> {
-        self.record(tag, Call::Allgather(bytes_of(mine)));
+        self.record(tag, Some(mine));
         self.inner.allgather(tag, mine)
     }
 
@@ -173,12 +227,12 @@ impl<C: Collective> Collective for Recording<'_, C> {
         root: usize,
         value: Option<&T>,
     ) -> Result<T, CollectiveError> {
-        self.record(tag, Call::Broadcast(value.map(bytes_of)));
+        self.record(tag, value);
         self.inner.broadcast(tag, root, value)
     }
 
     fn allreduce_max(&mut self, tag: CollectiveTag, mine: u64) -> Result<u64, CollectiveError> {
-        self.record(tag, Call::AllreduceMax(mine));
+        self.record(tag, Some(&mine));
         self.inner.allreduce_max(tag, mine)
     }
 
@@ -188,7 +242,7 @@ impl<C: Collective> Collective for Recording<'_, C> {
         root: usize,
         mine: &T,
     ) -> Result<Option<Vec<T>>, CollectiveError> {
-        self.record(tag, Call::Gather(bytes_of(mine)));
+        self.record(tag, Some(mine));
         self.inner.gather(tag, root, mine)
     }
 
@@ -230,6 +284,7 @@ fn control_run<C: Collective>(
     let progress = Progress::default();
     let mut recording = Recording {
         inner: member,
+        last: warmup + iterations - 1,
         calls: Vec::new(),
     };
     let run = run_rank(
@@ -258,7 +313,8 @@ fn control_run<C: Collective>(
     Ok((times, recording.calls))
 }
 
-/// The floor on one rank: the recorded calls, `warmup + iterations` times; the
+/// The floor on one rank: the recorded contributions, run through the same collectives
+/// as the rank host runs them (`exchange`), `warmup + iterations` times; the
 /// per-iteration times past the warmup.
 fn floor_run<C: Collective>(
     member: &mut C,
@@ -272,28 +328,16 @@ fn floor_run<C: Collective>(
         rank,
         source,
     };
+    let mut calls = calls.to_vec();
     let mut times = Vec::with_capacity(iterations as usize);
     for i in 0..warmup + iterations {
         let started = Instant::now();
-        for (phase, call) in calls {
+        for (phase, call) in &mut calls {
             let tag = CollectiveTag {
                 iteration: i,
                 phase: *phase,
             };
-            match call {
-                Call::Allgather(b) => {
-                    member.allgather(tag, b).map_err(err)?;
-                }
-                Call::Broadcast(b) => {
-                    member.broadcast(tag, 0, b.as_ref()).map_err(err)?;
-                }
-                Call::AllreduceMax(v) => {
-                    member.allreduce_max(tag, *v).map_err(err)?;
-                }
-                Call::Gather(b) => {
-                    member.gather(tag, 0, b).map_err(err)?;
-                }
-            }
+            exchange(member, call.exchange(tag)).map_err(err)?;
         }
         if i >= warmup {
             times.push(started.elapsed());

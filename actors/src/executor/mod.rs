@@ -187,8 +187,6 @@ struct Iteration {
     state: RankState,
     /// This rank's vote.
     vote: BatchVote,
-    /// Every rank's batch shape, from the votes (what the forward costs).
-    shapes: Vec<BatchShape>,
     /// Rank 0: what it read from the ingress, until the broadcast.
     read: Option<FetchBatch>,
     /// This rank's prefix matches for the popped requests (KV-aware routing).
@@ -462,11 +460,6 @@ impl RankExecutor {
     /// The batch this iteration launches (between the vote and the forward's output).
     pub fn launched(&self) -> Option<&ScheduledBatch> {
         self.iter.launched.as_ref()
-    }
-
-    /// Every rank's batch shape, from the last vote.
-    pub fn forward_shapes(&self) -> &[BatchShape] {
-        &self.iter.shapes
     }
 
     /// The report of the last iteration that ended.

@@ -123,10 +123,10 @@ pub enum Io<'a> {
     /// [`Input::Ingress`].
     ReadIngress(FetchMode),
     /// Launch `launch` (if any) on the device, then hand back the output of
-    /// `await_output` (if any) as [`Input::Output`].
+    /// `await_output` (if any) as [`Input::Output`]. What the iteration costs follows
+    /// from every rank's [`BatchVote::shape`], which the host has from the vote's result
+    /// (the same on every rank).
     Forward {
-        /// Every rank's batch shape (what the iteration costs, the same on every rank).
-        shapes: &'a [super::BatchShape],
         /// The batch to launch now.
         launch: Option<&'a ScheduledBatch>,
         /// The batch whose output the update needs: this one without overlap, the
@@ -273,7 +273,6 @@ impl RankExecutor {
                 mine: &self.iter.vote,
             }),
             Stage::Forward => Io::Forward {
-                shapes: &self.iter.shapes,
                 launch: self.iter.launched.as_ref(),
                 await_output: self.iter.awaited,
             },
@@ -498,8 +497,6 @@ impl RankExecutor {
             return Stage::Stopped;
         }
         let can_queue = votes.iter().all(|v| v.batch_size > 0);
-        self.iter.shapes.clear();
-        self.iter.shapes.extend(votes.iter().map(|v| v.shape));
         self.resolve_vote(can_queue);
         Stage::Forward
     }

@@ -122,6 +122,8 @@ pub fn run_rank<C: Collective + ?Sized>(
     // Modeled time: the iteration's start (its fetch), from which the host step counts.
     let mut fetched_at = 0u64;
     let mut stalled_since: Option<u64> = None;
+    // Every rank's batch shape, from the last vote: what the forward costs.
+    let mut shapes = Vec::new();
     let coll_err = |source| RuntimeError::Collective {
         server,
         rank,
@@ -146,24 +148,30 @@ pub fn run_rank<C: Collective + ?Sized>(
                 ports.progress.enter(phase, ports.clock.now_ns());
                 let result = exchange(coll, x).map_err(coll_err)?;
                 ports.progress.alive(ports.clock.now_ns());
-                if let Exchanged::Responses(Some(all)) = &result
-                    && all.iter().any(|r| !r.responses.is_empty())
-                {
-                    ports
-                        .net
-                        .send(
-                            Endpoint::Front,
-                            Envelope::Responses {
-                                server: server as u32,
-                                responses: all.clone(),
-                            },
-                        )
-                        .map_err(|source| RuntimeError::Net {
-                            server,
-                            rank,
-                            source,
-                        })?;
-                }
+                // Rank 0's gathered responses move to the front as they are (the
+                // executor only needs to know the gather happened).
+                let result = match result {
+                    Exchanged::Responses(Some(all)) => {
+                        if all.iter().any(|r| !r.responses.is_empty()) {
+                            ports
+                                .net
+                                .send(
+                                    Endpoint::Front,
+                                    Envelope::Responses {
+                                        server: server as u32,
+                                        responses: all,
+                                    },
+                                )
+                                .map_err(|source| RuntimeError::Net {
+                                    server,
+                                    rank,
+                                    source,
+                                })?;
+                        }
+                        Exchanged::Responses(None)
+                    }
+                    other => other,
+                };
                 if let Exchanged::States(all) = &result {
                     ports.progress.gathered(&all[rank], exec.waiting().len());
                 }
@@ -171,6 +179,10 @@ pub fn run_rank<C: Collective + ?Sized>(
                 exec.handle(result.input()).map_err(exe_err)?;
                 if is_fetch {
                     fetched_at = ports.clock.now_ns();
+                }
+                if let Exchanged::Votes(votes) = &result {
+                    shapes.clear();
+                    shapes.extend(votes.iter().map(|v| v.shape));
                 }
             }
             Io::ReadIngress(mode) => {
@@ -184,7 +196,6 @@ pub fn run_rank<C: Collective + ?Sized>(
                 exec.handle(Input::Ingress(read)).map_err(exe_err)?;
             }
             Io::Forward {
-                shapes,
                 launch,
                 await_output,
             } => {
@@ -192,7 +203,7 @@ pub fn run_rank<C: Collective + ?Sized>(
                 // every rank and in the simulator (the forward ends with the slowest
                 // rank's, whose collectives every rank waits for).
                 let time = opts.pacing.map(|p| {
-                    let t = p.backend.iteration_ns(shapes, launch.is_some(), true);
+                    let t = p.backend.iteration_ns(&shapes, launch.is_some(), true);
                     (p.scaled(t.host_ns), p.scaled(t.device_ns))
                 });
                 if let Some((host, _)) = time {
