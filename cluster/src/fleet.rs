@@ -228,6 +228,7 @@ impl<'s> Fleet<'s> {
                 self.profile.kv.bytes_per_token(),
                 self.tokens_per_block,
             ),
+            model_block_bytes: self.profile.kv.bytes_per_token() * u64::from(self.tokens_per_block),
             fill: kv_contents::fill_block,
             checksum: kv_contents::checksum,
         }

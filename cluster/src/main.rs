@@ -43,9 +43,9 @@ struct RealArgs {
     /// Policy preset (applied before --set).
     #[arg(long, value_parser = ["fixed", "legacy"])]
     policy: Option<String>,
-    /// Seed of the workload.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Seed of the workload (wins over a `seed` in the scenario; default 0).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Wall seconds per modeled second; 0 runs the zero-cost backend.
     #[arg(long, default_value_t = 0.0)]
     time_scale: f64,
@@ -80,9 +80,9 @@ enum Command {
         /// Policy preset (applied before --set).
         #[arg(long, value_parser = ["fixed", "legacy"])]
         policy: Option<String>,
-        /// Seed of the run (a `seed` in the scenario wins).
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
+        /// Seed of the run (wins over a `seed` in the scenario; default 0).
+        #[arg(long)]
+        seed: Option<u64>,
         /// Write the report as JSON.
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
@@ -147,6 +147,9 @@ enum Command {
         #[arg(long, default_value_t = 2000)]
         iterations: u64,
     },
+    /// List the model profiles `[model] profile` can name: their KV geometry, their
+    /// coefficients and the assumptions behind them.
+    Profiles,
     /// Run the scenario under two policies and print them side by side with deltas.
     Ab {
         #[command(flatten)]
@@ -157,9 +160,9 @@ enum Command {
         /// Treatment preset.
         #[arg(long, default_value = "fixed", value_parser = ["fixed", "legacy"])]
         treatment: String,
-        /// Seed of both runs.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
+        /// Seed of both runs (wins over a `seed` in the scenario; default 0).
+        #[arg(long)]
+        seed: Option<u64>,
         /// Write both reports as JSON: {"base": ..., "treatment": ...}.
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
@@ -173,6 +176,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal who did not ask for none.
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
     match run(Cli::parse()) {
         Ok(code) => code,
@@ -183,8 +188,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(args: &ScenarioArgs, preset: Option<&str>) -> anyhow::Result<Scenario> {
+/// The scenario with the preset, the `--set` overrides and the command line's seed (which
+/// wins over the file's) applied.
+fn load(args: &ScenarioArgs, preset: Option<&str>, seed: Option<u64>) -> anyhow::Result<Scenario> {
     let mut scenario = Scenario::load(&args.scenario)?;
+    if seed.is_some() {
+        scenario.seed = seed;
+    }
     if let Some(p) = preset {
         scenario.apply_set(&format!("policy.preset=\"{p}\""))?;
     }
@@ -265,7 +275,7 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Validate { args, policy } => {
-            let scenario = load(&args, policy.as_deref())?;
+            let scenario = load(&args, policy.as_deref(), None)?;
             let (table, warnings) = validate::render(&scenario)?;
             print!("{table}");
             for w in warnings {
@@ -282,10 +292,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             preload,
             stall_timeout_ms,
         } => {
-            let scenario = load(&args, policy.as_deref())?;
+            let scenario = load(&args, policy.as_deref(), seed)?;
             let report = simulate(
                 &scenario,
-                seed,
+                seed.unwrap_or(0),
                 iter_log.as_deref(),
                 preload,
                 stall_timeout_ms,
@@ -305,7 +315,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if driver == "mpi" {
                 return relaunch_under_mpirun(&args, &real);
             }
-            let scenario = load(&args, real.policy.as_deref())?;
+            let scenario = load(&args, real.policy.as_deref(), real.seed)?;
             let report = lockstep_cluster::backends::threads::run(
                 &scenario,
                 &RealOptions {
@@ -325,6 +335,31 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             watchdog_ms,
             inject_tag_mismatch,
         } => rank_command(&args, &real, watchdog_ms, inject_tag_mismatch.as_deref()),
+        Command::Profiles => {
+            for p in lockstep_gpu::profiles() {
+                println!("{}", p.name);
+                println!(
+                    "  kv: {} per token ({} layers, {} kv heads, head dim {}, {} bytes per element{})",
+                    lockstep_cluster::report::table::human_bytes(p.kv.bytes_per_token()),
+                    p.kv.layers,
+                    p.kv.kv_heads,
+                    p.kv.head_dim,
+                    p.kv.dtype_bytes,
+                    if p.kv.mla { ", MLA" } else { "" }
+                );
+                let c = serde_json::to_value(p.coefficients)?;
+                if let Some(map) = c.as_object() {
+                    let fields: Vec<String> =
+                        map.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                    println!("  coefficients (ns): {}", fields.join(", "));
+                }
+                for line in p.assumptions.lines().filter(|l| !l.trim().is_empty()) {
+                    println!("  {}", line.trim());
+                }
+                println!();
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Overhead {
             driver,
             dp,
@@ -396,8 +431,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             seed,
             json,
         } => {
-            let a = simulate(&load(&args, Some(&base))?, seed, None, false, 10_000)?;
-            let b = simulate(&load(&args, Some(&treatment))?, seed, None, false, 10_000)?;
+            let seed_or_0 = seed.unwrap_or(0);
+            let a = simulate(
+                &load(&args, Some(&base), seed)?,
+                seed_or_0,
+                None,
+                false,
+                10_000,
+            )?;
+            let b = simulate(
+                &load(&args, Some(&treatment), seed)?,
+                seed_or_0,
+                None,
+                false,
+                10_000,
+            )?;
             print!("{}", ab_table(&a, &b, &base, &treatment));
             if let Some(p) = json {
                 write_json(&p, &serde_json::json!({ "base": a, "treatment": b }))?;
@@ -423,7 +471,7 @@ fn require_mpi_build() -> anyhow::Result<()> {
 /// (the front process) + every server's ranks.
 fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result<ExitCode> {
     require_mpi_build()?;
-    let scenario = load(args, real.policy.as_deref())?;
+    let scenario = load(args, real.policy.as_deref(), real.seed)?;
     let mut processes = 1;
     for server in &scenario.servers {
         processes += server.derive(&scenario.policy)?.sizes.dp;
@@ -437,8 +485,6 @@ fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result
         .arg("rank")
         .arg(&args.scenario)
         .args([
-            "--seed",
-            &real.seed.to_string(),
             "--time-scale",
             &real.time_scale.to_string(),
             "--stall-timeout-ms",
@@ -446,6 +492,9 @@ fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result
         ]);
     if let Some(p) = &real.policy {
         cmd.args(["--policy", p]);
+    }
+    if let Some(seed) = real.seed {
+        cmd.args(["--seed", &seed.to_string()]);
     }
     // Every option `rank` shares with `run` is passed on.
     if real.preload {
@@ -460,17 +509,17 @@ fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result
     let status = cmd
         .status()
         .context("starting mpirun (is OpenMPI installed?)")?;
-    Ok(if status.success() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    // The front process's status is the run's (0, 1 or 2); mpirun passes it on.
+    Ok(match status.code() {
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::FAILURE,
     })
 }
 
 impl RealArgs {
     fn options(&self) -> RealOptions {
         RealOptions {
-            seed: self.seed,
+            seed: self.seed.unwrap_or(0),
             time_scale: self.time_scale,
             preload: self.preload,
             stall_bound: std::time::Duration::from_millis(self.stall_timeout_ms),
@@ -487,7 +536,7 @@ fn rank_command(
     inject: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
     use lockstep_cluster::backends::mpi::{MpiOptions, run_process};
-    let scenario = load(args, real.policy.as_deref())?;
+    let scenario = load(args, real.policy.as_deref(), real.seed)?;
     let text = std::fs::read(&args.scenario)?;
     let mut digest = lockstep_actors::kv::mix(text.len() as u64);
     for chunk in text.chunks(8).chain(args.set.iter().map(|s| s.as_bytes())) {

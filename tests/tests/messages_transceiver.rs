@@ -29,6 +29,7 @@ fn checksum(bytes: &[u8]) -> u64 {
 
 const CODEC: KvCodec = KvCodec::Real {
     block_bytes: BLOCK_BYTES,
+    model_block_bytes: BLOCK_BYTES as u64,
     fill,
     checksum,
 };

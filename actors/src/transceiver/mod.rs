@@ -79,6 +79,14 @@ impl KvPayload {
             KvPayload::Modeled { bytes, .. } => *bytes,
         }
     }
+
+    /// Blocks carried.
+    pub fn blocks(&self) -> u32 {
+        match self {
+            KvPayload::Blocks(blocks) => blocks.len() as u32,
+            KvPayload::Modeled { blocks, .. } => *blocks,
+        }
+    }
 }
 
 /// One block of KV cache in transit.
@@ -167,8 +175,11 @@ pub struct Outgoing {
 pub enum KvCodec {
     /// Real bytes, written by `fill` and checked on arrival.
     Real {
-        /// Bytes per block on the wire.
+        /// Bytes per block on the wire (the model's block, capped: see `kv_contents`).
         block_bytes: usize,
+        /// Bytes of the model's block: what the transfer stands for, and what the
+        /// counters report.
+        model_block_bytes: u64,
         /// Writes block `index` of request `request` into the slice (the ctx side's KV).
         fill: fn(request: u64, index: u32, out: &mut [u8]),
         /// Checksum of a block's bytes.
@@ -182,12 +193,27 @@ pub enum KvCodec {
     },
 }
 
+impl KvCodec {
+    /// The model's bytes for `blocks` blocks (what a transfer stands for, whatever the
+    /// wire carried).
+    pub fn model_bytes(&self, blocks: u32) -> u64 {
+        let per_block = match *self {
+            KvCodec::Real {
+                model_block_bytes, ..
+            } => model_block_bytes,
+            KvCodec::Modeled { block_bytes } => block_bytes,
+        };
+        u64::from(blocks) * per_block
+    }
+}
+
 /// Counters of one transceiver, for the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransferStats {
     /// Transfers completed on this side.
     pub completed: u64,
-    /// Bytes moved by completed transfers.
+    /// The model's KV bytes moved by completed transfers (the real drivers put capped
+    /// blocks on the wire; this counts what they stand for).
     pub bytes: u64,
     /// Transfers this side timed out.
     pub timed_out: u64,
@@ -551,6 +577,7 @@ impl Transceiver {
                 block_bytes,
                 fill,
                 checksum,
+                ..
             } => KvPayload::Blocks(
                 (0..wanted)
                     .map(|index| {
@@ -570,7 +597,7 @@ impl Transceiver {
             },
         };
         if let Some(s) = self.sending.get_mut(&id) {
-            s.sent_bytes = Some(payload.bytes());
+            s.sent_bytes = Some(self.codec.model_bytes(payload.blocks()));
         }
         self.outgoing.push_back(Outgoing {
             to: puller,
@@ -597,7 +624,7 @@ impl Transceiver {
             return;
         }
         self.stats.completed += 1;
-        self.stats.bytes += payload.bytes();
+        self.stats.bytes += self.codec.model_bytes(payload.blocks());
         self.stats
             .durations_ns
             .push(now_ns.saturating_sub(r.started_ns));

@@ -16,6 +16,7 @@ fn sum(bytes: &[u8]) -> u64 {
 
 const CODEC: KvCodec = KvCodec::Real {
     block_bytes: 64,
+    model_block_bytes: 64,
     fill,
     checksum: sum,
 };

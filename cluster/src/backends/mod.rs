@@ -11,7 +11,7 @@ pub mod threads;
 use std::time::{Duration, Instant};
 
 use crate::fleet::Fleet;
-use crate::report::{RankSummary, Report, assemble_report, run_outcome, server_report};
+use crate::report::{RankSummary, Report, TimeBase, assemble_report, run_outcome, server_report};
 use crate::runtime::client::ClientResult;
 
 /// Options of the real drivers.
@@ -56,13 +56,30 @@ impl Default for RealOptions {
 
 /// The report of a real run: the client's records and one section per server, from
 /// every rank's summary (in any order).
+///
+/// With modeled time (`time_scale > 0`) every time is converted to modeled time (wall ÷
+/// time scale), so the report compares with the simulator's; with the zero-cost backend
+/// the times stay wall times and the report says so.
 pub(crate) fn real_report(
     fleet: &Fleet<'_>,
     mut summaries: Vec<RankSummary>,
-    result: ClientResult,
+    mut result: ClientResult,
     started: Instant,
+    time_scale: f64,
 ) -> Report {
     summaries.sort_by_key(|s| (s.server, s.rank));
+    let time_base = if time_scale > 0.0 {
+        let modeled = |ns: u64| (ns as f64 / time_scale).round() as u64;
+        for r in &mut result.records {
+            r.arrival_ns = modeled(r.arrival_ns);
+            r.first_token_ns = r.first_token_ns.map(modeled);
+            r.end_ns = r.end_ns.map(modeled);
+        }
+        result.end_ns = modeled(result.end_ns);
+        TimeBase::Modeled { time_scale }
+    } else {
+        TimeBase::ZeroCost
+    };
     let end_s = result.end_ns as f64 / 1e9;
     let mut by_server: Vec<Vec<RankSummary>> = fleet.servers.iter().map(|_| Vec::new()).collect();
     for s in summaries {
@@ -91,7 +108,7 @@ pub(crate) fn real_report(
             )
         })
         .collect();
-    assemble_report(
+    let mut report = assemble_report(
         fleet.scenario,
         fleet.seed,
         result.records,
@@ -99,5 +116,7 @@ pub(crate) fn real_report(
         started.elapsed().as_secs_f64(),
         servers,
         outcome,
-    )
+    );
+    report.time_base = time_base;
+    report
 }

@@ -407,7 +407,13 @@ fn run_front(
     let result = client_thread.join().map_err(|_| RuntimeError::Panicked {
         what: "the client".into(),
     })??;
-    Ok(real_report(fleet, summaries, result, started))
+    Ok(real_report(
+        fleet,
+        summaries,
+        result,
+        started,
+        opts.common.time_scale,
+    ))
 }
 
 fn run_server_rank(

@@ -288,7 +288,13 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
         })??;
         Ok::<_, RuntimeError>((summaries, client_result))
     })?;
-    Ok(real_report(&fleet, summaries, client_result?, started))
+    Ok(real_report(
+        &fleet,
+        summaries,
+        client_result?,
+        started,
+        opts.time_scale,
+    ))
 }
 
 /// Everything one rank's thread owns.

@@ -53,9 +53,30 @@ pub struct Throughput {
     pub requests_per_s: f64,
 }
 
+/// Which clock a report's times are on.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum TimeBase {
+    /// The simulator's virtual time.
+    #[default]
+    Virtual,
+    /// A real driver pacing the cost model: wall time divided by the time scale, so the
+    /// figures compare with the simulator's.
+    Modeled {
+        /// Wall seconds per modeled second.
+        time_scale: f64,
+    },
+    /// A real driver with the zero-cost backend: wall time of the control plane alone;
+    /// latencies and throughput describe this machine, not a model.
+    ZeroCost,
+}
+
 /// Summary statistics of one latency, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Percentiles {
+    /// Samples (0: the metric does not apply, e.g. TPOT with one output token).
+    #[serde(default)]
+    pub samples: u64,
     /// Mean.
     pub mean: f64,
     /// Median.
@@ -220,7 +241,10 @@ pub struct Report {
     pub outcome_detail: Option<String>,
     /// Accounting.
     pub requests: RequestCounts,
-    /// Virtual time at the end.
+    /// The clock of every time in the report.
+    #[serde(default)]
+    pub time_base: TimeBase,
+    /// Time at the end, on the report's clock (`time_base`).
     pub virtual_time_s: f64,
     /// Wall-clock time of the run (the only field that varies between identical runs).
     pub wall_time_s: f64,

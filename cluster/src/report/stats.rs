@@ -23,6 +23,7 @@ impl Percentiles {
             values[lo] + (values[hi] - values[lo]) * (pos - lo as f64)
         };
         Percentiles {
+            samples: values.len() as u64,
             mean: values.iter().sum::<f64>() / values.len() as f64,
             p50: at(0.5),
             p90: at(0.9),
@@ -311,6 +312,7 @@ pub fn assemble_report(
         outcome,
         outcome_detail,
         requests: counts,
+        time_base: TimeBase::Virtual,
         virtual_time_s: secs,
         wall_time_s,
         throughput: Throughput {
