@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{PadPredicate, Policy, PolicyPreset};
+use crate::policy::{IdlePredicate, PadPredicate, Policy, PolicyPreset};
 use crate::seats::{self, SeatInputs, SeatSkew, SlotPools};
 
 /// A configuration error. Each names the field and the offending value.
@@ -562,12 +562,24 @@ pub fn set_policy_key(
                 }
             }
         }
+        "idle.predicate" => {
+            policy.idle.predicate = match value.as_str() {
+                Some("live") => IdlePredicate::Live,
+                Some("routable") => IdlePredicate::Routable,
+                _ => {
+                    return Err(ConfigError::PolicyKey {
+                        key: key.to_string(),
+                        message: format!("expected \"live\" or \"routable\", got {value}"),
+                    });
+                }
+            }
+        }
         _ => {
             return Err(ConfigError::PolicyKey {
                 key: key.to_string(),
                 message: "unknown policy switch (known: preset, admission.charge_retiring, \
                           seats.rederive, pad.predicate, pad.rollback, \
-                          gne.count_transfers_as_requests)"
+                          gne.count_transfers_as_requests, idle.predicate)"
                     .into(),
             });
         }

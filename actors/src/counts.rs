@@ -25,6 +25,9 @@ pub struct RankCounts {
     /// What the pad need reads: `schedulable` under the fixed predicate; under legacy
     /// `pad.predicate` also GENERATION_TO_COMPLETE and transfer states.
     pub pad_schedulable: u32,
+    /// gen side: requests whose KV receive is in flight (a transfer event will come).
+    #[serde(default)]
+    pub receiving: u32,
 }
 
 /// The one retiring predicate (§2).
@@ -88,6 +91,7 @@ impl RankCounts {
             retiring: self.retiring + other.retiring,
             schedulable: self.schedulable + other.schedulable,
             pad_schedulable: self.pad_schedulable + other.pad_schedulable,
+            receiving: self.receiving + other.receiving,
         }
     }
 
@@ -113,6 +117,9 @@ impl RankCounts {
             }
             if pad_schedulable_given(r, schedulable, policy) {
                 c.pad_schedulable += 1;
+            }
+            if r.state == RequestState::DisaggGenerationTransInProgress {
+                c.receiving += 1;
             }
         }
         c

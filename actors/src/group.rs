@@ -1,27 +1,34 @@
-//! Steps every rank of one server in lockstep in one thread, computing each collective
-//! directly from the ranks' contributions. This is the core the simulator drives and the
-//! stepper the tests use; the threads and MPI drivers run the same phases with real
-//! collectives instead.
+//! All ranks of one server stepped through the iteration protocol in one thread, each
+//! collective computed directly from the ranks' contributions. This is the host the
+//! simulator and the message-level tests run; the threads and MPI drivers run the same
+//! protocol with real collectives (one rank per thread or process). Neither spells out
+//! the phase order: [`crate::executor::protocol`] does.
 
 use crate::config::{ConfigError, Role, ServerConfig};
 use crate::executor::{
-    AwaitFetch, AwaitForward, AwaitPadIntent, AwaitPrefixMatches, AwaitTransferResult,
-    AwaitTransfers, AwaitVote, BatchVote, ExecutorError, FetchBatch, FetchMode, ForwardOutput,
+    BatchVote, Exchange, ExecutorError, FetchBatch, FetchMode, ForwardOutput, Input, Io,
     IterationReport, PadIntent, PrefixMatches, RankExecutor, RankState, Response, ScheduledBatch,
-    TransferStatus,
+    StopReason, TransferStatus,
 };
+use crate::executor::{CollectiveTag, Phase};
 use crate::ids::{BatchNumber, RankId};
 use crate::kv::mix;
 use crate::policy::Policy;
 
-/// A model backend as the stepper sees it: sampled tokens for a batch.
+/// A model backend as a host sees it: sampled tokens for a batch.
 pub trait TokenSource {
-    /// One sampled token per entry of `batch`.
-    fn sample(&mut self, batch: &ScheduledBatch) -> ForwardOutput;
+    /// One sampled token per entry of `batch`, into `out` (whose buffer a source may
+    /// reuse).
+    fn sample_into(&mut self, batch: &ScheduledBatch, out: &mut ForwardOutput);
 
-    /// [`TokenSource::sample`] into `out`, whose buffer a source may reuse.
-    fn sample_into(&mut self, batch: &ScheduledBatch, out: &mut ForwardOutput) {
-        *out = self.sample(batch);
+    /// [`TokenSource::sample_into`] into a new output.
+    fn sample(&mut self, batch: &ScheduledBatch) -> ForwardOutput {
+        let mut out = ForwardOutput {
+            batch: batch.number,
+            sampled: Vec::with_capacity(batch.entries.len()),
+        };
+        self.sample_into(batch, &mut out);
+        out
     }
 }
 
@@ -36,17 +43,6 @@ pub fn deterministic_token(id: u64, position: u32) -> u32 {
 }
 
 impl TokenSource for DeterministicTokens {
-    fn sample(&mut self, batch: &ScheduledBatch) -> ForwardOutput {
-        ForwardOutput {
-            batch: batch.number,
-            sampled: batch
-                .entries
-                .iter()
-                .map(|e| deterministic_token(e.id.0, e.position))
-                .collect(),
-        }
-    }
-
     fn sample_into(&mut self, batch: &ScheduledBatch, out: &mut ForwardOutput) {
         out.batch = batch.number;
         out.sampled.clear();
@@ -59,7 +55,48 @@ impl TokenSource for DeterministicTokens {
     }
 }
 
-/// One iteration of a whole server.
+/// A failure of the in-thread host.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GroupError {
+    /// A rank refused its input.
+    #[error(transparent)]
+    Executor(#[from] ExecutorError),
+    /// Two ranks asked for different steps: the protocol diverged (a bug, reported
+    /// rather than papered over).
+    #[error("rank {rank} is at {got} while rank 0 is at {want}")]
+    Diverged {
+        /// The rank that differs.
+        rank: RankId,
+        /// What rank 0 needs.
+        want: String,
+        /// What this rank needs.
+        got: String,
+    },
+}
+
+/// What the whole server needs from its host next (the steps that are not collectives,
+/// which the group computes itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupNeed {
+    /// Rank 0 reads the ingress queue: answer with [`ServerGroup::provide_ingress`].
+    ReadIngress(FetchMode),
+    /// The forward step: [`ServerGroup::launched`] holds the batches launched (one per
+    /// rank when the forward ran), [`ServerGroup::awaited`] the outputs each rank needs;
+    /// answer with [`ServerGroup::provide_outputs`].
+    Forward {
+        /// Whether the forward ran (`can_queue`).
+        forward_ran: bool,
+    },
+    /// The iteration ended: [`ServerGroup::reports`] and [`ServerGroup::responses`]
+    /// hold it.
+    IterationEnded,
+    /// The server is drained.
+    Finished,
+    /// A fatal violation stopped every rank at the vote.
+    Stopped(StopReason),
+}
+
+/// One iteration of a whole server (what [`ServerGroup::step`] returns).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupIteration {
     /// Iteration number.
@@ -74,13 +111,18 @@ pub struct GroupIteration {
     pub reports: Vec<IterationReport>,
 }
 
-/// The result of one step.
+/// The result of one [`ServerGroup::step`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GroupStep {
-    /// Rank 0 would block on the ingress queue and nothing was there: no iteration ran.
+    /// Rank 0 would wait on the ingress queue and nothing was there: no iteration ran
+    /// (the group stays at its ingress read).
     Idle,
     /// An iteration ran.
     Ran(GroupIteration),
+    /// The server is drained.
+    Finished,
+    /// A fatal violation stopped the server.
+    Stopped(StopReason),
 }
 
 /// All ranks of one server.
@@ -89,29 +131,142 @@ pub struct ServerGroup {
     name: String,
     role: Role,
     ranks: Vec<RankExecutor>,
-    /// Per rank: forward outputs not handed back yet (at most two, under overlap).
-    outputs: Vec<Vec<ForwardOutput>>,
-    /// Outputs handed back, reused for the next samples.
-    spare_outputs: Vec<ForwardOutput>,
-    awaiting_end: Vec<AwaitTransfers>,
     warning: Option<String>,
+    /// What each rank asked for at its last poll (its contribution is in `bufs`).
+    asks: Vec<Asked>,
     bufs: Collectives,
+    /// How many ranks launched a batch at the last forward step.
+    n_launched: usize,
+    /// Per rank: the output its forward step awaits.
+    awaited: Vec<Option<BatchNumber>>,
+    /// Responses gathered this iteration, rank order.
+    responses: Vec<Response>,
+    /// Which rank's responses each range of `responses` holds.
+    response_ranks: Vec<(RankId, std::ops::Range<usize>)>,
+    /// Per rank: sampled outputs not handed back yet (at most two, under overlap).
+    outputs: Vec<Vec<ForwardOutput>>,
+    spare_outputs: Vec<ForwardOutput>,
+    /// Every rank's batch shape, from the last votes.
+    shapes: Vec<crate::executor::BatchShape>,
 }
 
-/// The per-iteration collective results and phase tokens, kept across iterations so that
-/// an iteration allocates nothing. Every phase clears what it fills.
+/// The ranks' contributions to the collective they ask for, copied out as each rank is
+/// polled; kept across iterations so that an iteration allocates nothing.
 #[derive(Debug, Default)]
 struct Collectives {
     states: Vec<RankState>,
-    fetch: Vec<AwaitFetch>,
+    fetched: Option<FetchBatch>,
     matches: Vec<PrefixMatches>,
-    prefix: Vec<AwaitPrefixMatches>,
-    pad: Vec<AwaitPadIntent>,
-    vote: Vec<AwaitVote>,
+    intent: PadIntent,
     votes: Vec<BatchVote>,
-    forward: Vec<(AwaitForward, Option<BatchNumber>)>,
-    transfers: Vec<AwaitTransferResult>,
     statuses: Vec<TransferStatus>,
+}
+
+/// What one rank's poll asked for, copied out of the borrow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    /// Nothing polled yet, or an `IterationEnded` already consumed.
+    Nothing,
+    Exchange(CollectiveTag),
+    ReadIngress(FetchMode),
+    Forward,
+    Ended,
+    Finished,
+    Stopped,
+}
+
+impl Asked {
+    fn describe(&self) -> String {
+        match self {
+            Asked::Nothing => "nothing".into(),
+            Asked::Exchange(tag) => format!("{} of iteration {}", tag.phase.name(), tag.iteration),
+            Asked::ReadIngress(_) => "the ingress read".into(),
+            Asked::Forward => "the forward".into(),
+            Asked::Ended => "the iteration's end".into(),
+            Asked::Finished => "finished".into(),
+            Asked::Stopped => "stopped".into(),
+        }
+    }
+}
+
+/// The parts of the group one rank's poll writes into.
+struct Sink<'a> {
+    bufs: &'a mut Collectives,
+    n_launched: &'a mut usize,
+    awaited: &'a mut [Option<BatchNumber>],
+    responses: &'a mut Vec<Response>,
+    response_ranks: &'a mut Vec<(RankId, std::ops::Range<usize>)>,
+}
+
+/// Polls rank `i` and copies what it contributes into the sink (one pass per phase:
+/// each rank is polled right after it handled the previous result, while its state is
+/// in cache).
+#[inline]
+fn collect(rank: &mut RankExecutor, i: usize, sink: &mut Sink<'_>) -> Asked {
+    match rank.poll() {
+        Io::Exchange(x) => {
+            let tag = x.tag();
+            let b = &mut *sink.bufs;
+            match x {
+                Exchange::States { mine, .. } => b.states[i] = *mine,
+                Exchange::Fetch { mine, .. } => {
+                    if let Some(f) = mine {
+                        b.fetched = Some(f.clone());
+                    }
+                }
+                Exchange::PrefixMatches { mine, .. } => {
+                    b.matches[i].tokens.clone_from(&mine.tokens)
+                }
+                Exchange::PadIntent { mine, .. } => {
+                    if i == 0 {
+                        b.intent = PadIntent::None;
+                    }
+                    b.intent = b.intent.max(mine);
+                }
+                Exchange::Votes { mine, .. } => b.votes[i] = *mine,
+                Exchange::Responses { mine, .. } => {
+                    if i == 0 {
+                        sink.responses.clear();
+                        sink.response_ranks.clear();
+                    }
+                    let start = sink.responses.len();
+                    if sink.responses.is_empty() {
+                        // Swap rather than copy: the vectors trade buffers.
+                        std::mem::swap(sink.responses, &mut mine.responses);
+                    } else {
+                        sink.responses.append(&mut mine.responses);
+                    }
+                    if sink.responses.len() > start {
+                        sink.response_ranks
+                            .push((RankId(i as u32), start..sink.responses.len()));
+                    }
+                }
+                Exchange::TransferStatus { mine, .. } => {
+                    b.statuses[i].events.clone_from(&mine.events)
+                }
+            }
+            Asked::Exchange(tag)
+        }
+        Io::ReadIngress(mode) => Asked::ReadIngress(mode),
+        Io::Forward {
+            launch,
+            await_output,
+            ..
+        } => {
+            if i == 0 {
+                *sink.n_launched = 0;
+            }
+            sink.awaited[i] = await_output;
+            if launch.is_some() {
+                *sink.n_launched += 1;
+            }
+            Asked::Forward
+        }
+        // Read in place afterwards (`RankExecutor::last_report`).
+        Io::IterationEnded(_) => Asked::Ended,
+        Io::Finished => Asked::Finished,
+        Io::Stopped(_) => Asked::Stopped,
+    }
 }
 
 impl ServerGroup {
@@ -122,15 +277,28 @@ impl ServerGroup {
         let ranks: Vec<RankExecutor> = (0..derived.sizes.dp)
             .map(|r| RankExecutor::new(RankId(r), server, &derived.sizes, policy))
             .collect();
+        let dp = ranks.len();
         Ok(ServerGroup {
             name: server.name.clone(),
             role: server.role,
-            outputs: (0..ranks.len()).map(|_| Vec::new()).collect(),
-            spare_outputs: Vec::new(),
             ranks,
-            awaiting_end: Vec::new(),
             warning: derived.warning,
-            bufs: Collectives::default(),
+            asks: vec![Asked::Nothing; dp],
+            bufs: Collectives {
+                states: vec![RankState::default(); dp],
+                fetched: None,
+                matches: vec![PrefixMatches::default(); dp],
+                intent: PadIntent::None,
+                votes: vec![BatchVote::default(); dp],
+                statuses: vec![TransferStatus::default(); dp],
+            },
+            n_launched: 0,
+            awaited: vec![None; dp],
+            responses: Vec::new(),
+            response_ranks: Vec::new(),
+            outputs: (0..dp).map(|_| Vec::new()).collect(),
+            spare_outputs: Vec::new(),
+            shapes: Vec::new(),
         })
     }
 
@@ -159,196 +327,258 @@ impl ServerGroup {
         &mut self.ranks
     }
 
+    /// The batches launched at the forward step the group is at.
+    pub fn launched(&self) -> impl Iterator<Item = &ScheduledBatch> {
+        self.ranks.iter().filter_map(RankExecutor::launched)
+    }
+
+    /// Every rank's batch shape at the forward step the group is at (from the votes).
+    pub fn shapes(&self) -> &[crate::executor::BatchShape] {
+        &self.shapes
+    }
+
+    /// Per rank, the output the last forward step awaits.
+    pub fn awaited(&self) -> &[Option<BatchNumber>] {
+        &self.awaited
+    }
+
+    /// Responses gathered to rank 0 in the iteration that ended last, rank order.
+    pub fn responses(&self) -> &[Response] {
+        &self.responses
+    }
+
+    /// The gathered responses with the rank each range came from, mutably (a front
+    /// rewrites them in place).
+    pub fn responses_by_rank(&mut self) -> (&mut [Response], &[(RankId, std::ops::Range<usize>)]) {
+        (&mut self.responses, &self.response_ranks)
+    }
+
+    /// Takes the gathered responses (the group keeps an empty vector).
+    pub fn take_responses(&mut self) -> Vec<Response> {
+        std::mem::take(&mut self.responses)
+    }
+
+    /// Per-rank reports of the iteration that ended last, rank order.
+    pub fn reports(&self) -> impl Iterator<Item = &IterationReport> {
+        self.ranks.iter().map(RankExecutor::last_report)
+    }
+
     /// Whether every rank holds nothing and the replicated waiting queue is empty.
     pub fn is_empty(&self) -> bool {
         self.ranks
             .iter()
             .all(|r| r.active().is_empty() && r.sending().is_empty() && r.dummy().is_none())
             && self.ranks[0].waiting().is_empty()
-            && self.outputs.iter().all(Vec::is_empty)
     }
 
-    /// Whether an iteration was begun and not ended.
-    pub fn in_iteration(&self) -> bool {
-        !self.awaiting_end.is_empty()
+    /// Polls rank `i` into the buffers.
+    #[inline]
+    fn collect(&mut self, i: usize) {
+        let mut sink = Sink {
+            bufs: &mut self.bufs,
+            n_launched: &mut self.n_launched,
+            awaited: &mut self.awaited,
+            responses: &mut self.responses,
+            response_ranks: &mut self.response_ranks,
+        };
+        self.asks[i] = collect(&mut self.ranks[i], i, &mut sink);
     }
 
-    /// Runs one iteration on every rank: [`ServerGroup::begin`] then
-    /// [`ServerGroup::end`]. `fetch` is rank 0's ingress read: given the mode it returns
-    /// what it read, or `None` when blocking found nothing (then no iteration runs: the
-    /// server is idle).
+    /// Hands every rank the input `make` builds from the collected contributions, and
+    /// collects what each asks next.
+    fn handle_all(&mut self, make: impl Fn(&Collectives) -> InputKind) -> Result<(), GroupError> {
+        let kind = make(&self.bufs);
+        let fetched = self.bufs.fetched.take();
+        for i in 0..self.ranks.len() {
+            let b = &self.bufs;
+            let input = match &kind {
+                InputKind::States => Input::States(&b.states),
+                InputKind::Fetch => Input::Fetch(fetched.as_ref().expect("rank 0 broadcast")),
+                InputKind::PrefixMatches => Input::PrefixMatches(&b.matches),
+                InputKind::PadIntent(g) => Input::PadIntent(*g),
+                InputKind::Votes => Input::Votes(&b.votes),
+                InputKind::Responses => Input::ResponsesGathered,
+                InputKind::TransferStatus => Input::TransferStatus(&b.statuses),
+            };
+            self.ranks[i].handle(input)?;
+            // No step is followed by itself, so this rank's next contribution goes to
+            // other buffers than the ones this input reads: collect it now, while the
+            // rank is in cache.
+            self.collect(i);
+        }
+        Ok(())
+    }
+
+    /// Steps every rank until the server needs something other than a collective.
+    pub fn advance(&mut self) -> Result<GroupNeed, GroupError> {
+        loop {
+            if self.asks[0] == Asked::Nothing {
+                for i in 0..self.ranks.len() {
+                    self.collect(i);
+                }
+            }
+            let first = self.asks[0];
+            match &first {
+                Asked::Exchange(tag) => {
+                    self.expect_all(&first)?;
+                    let kind = match tag.phase {
+                        Phase::Gather => InputKind::States,
+                        Phase::Fetch => InputKind::Fetch,
+                        Phase::PrefixMatch => InputKind::PrefixMatches,
+                        Phase::PadIntent => InputKind::PadIntent(self.bufs.intent),
+                        Phase::Vote => {
+                            self.shapes.clear();
+                            self.shapes.extend(self.bufs.votes.iter().map(|v| v.shape));
+                            InputKind::Votes
+                        }
+                        Phase::Responses => InputKind::Responses,
+                        Phase::Transfers => InputKind::TransferStatus,
+                    };
+                    self.handle_all(|_| kind)?;
+                }
+                // The other ranks already wait in the fetch broadcast.
+                Asked::ReadIngress(mode) => return Ok(GroupNeed::ReadIngress(*mode)),
+                Asked::Forward => {
+                    self.expect_all(&first)?;
+                    let n = self.n_launched;
+                    return Ok(GroupNeed::Forward {
+                        forward_ran: n == self.ranks.len() && n > 0,
+                    });
+                }
+                Asked::Ended => {
+                    self.expect_all(&first)?;
+                    // Consumed: the next advance opens the next iteration.
+                    self.asks.iter_mut().for_each(|a| *a = Asked::Nothing);
+                    return Ok(GroupNeed::IterationEnded);
+                }
+                Asked::Finished => {
+                    self.expect_all(&first)?;
+                    return Ok(GroupNeed::Finished);
+                }
+                Asked::Stopped => {
+                    // Report the crashed rank's violation, whichever rank it was.
+                    let mut reason = None;
+                    for r in &mut self.ranks {
+                        if let Io::Stopped(why) = r.poll() {
+                            let crashed = matches!(why, StopReason::Crashed(_));
+                            if crashed || reason.is_none() {
+                                reason = Some(why.clone());
+                            }
+                            if crashed {
+                                break;
+                            }
+                        }
+                    }
+                    return Ok(GroupNeed::Stopped(reason.expect("rank 0 stopped")));
+                }
+                Asked::Nothing => unreachable!("collected above"),
+            }
+        }
+    }
+
+    /// Every rank must ask what rank 0 asks.
+    fn expect_all(&self, want: &Asked) -> Result<(), GroupError> {
+        for (i, got) in self.asks.iter().enumerate().skip(1) {
+            let same = match (want, got) {
+                (Asked::Exchange(a), Asked::Exchange(b)) => a == b,
+                (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
+            };
+            if !same {
+                return Err(GroupError::Diverged {
+                    rank: RankId(i as u32),
+                    want: want.describe(),
+                    got: got.describe(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Rank 0's ingress read.
+    pub fn provide_ingress(&mut self, read: FetchBatch) -> Result<(), GroupError> {
+        self.ranks[0].handle(Input::Ingress(read))?;
+        self.collect(0);
+        Ok(())
+    }
+
+    /// Samples every launched batch with `tokens` and keeps the outputs until a rank
+    /// awaits them (the stand-in device of an in-thread host).
+    pub fn sample_launched(&mut self, tokens: &mut dyn TokenSource) {
+        for batch in self.ranks.iter().filter_map(RankExecutor::launched) {
+            let mut out = self.spare_outputs.pop().unwrap_or(ForwardOutput {
+                batch: batch.number,
+                sampled: Vec::new(),
+            });
+            tokens.sample_into(batch, &mut out);
+            self.outputs[batch.rank.index()].push(out);
+        }
+    }
+
+    /// Hands every rank the output it awaits (sampled earlier by
+    /// [`ServerGroup::sample_launched`]).
+    pub fn provide_outputs(&mut self) -> Result<(), GroupError> {
+        for i in 0..self.ranks.len() {
+            let pending = &mut self.outputs[i];
+            let output = self.awaited[i].and_then(|n| {
+                let at = pending.iter().position(|o| o.batch == n)?;
+                Some(pending.remove(at))
+            });
+            self.ranks[i].handle(Input::Output(output.as_ref()))?;
+            self.spare_outputs.extend(output);
+            self.collect(i);
+        }
+        Ok(())
+    }
+
+    /// Runs one whole iteration: `fetch` is rank 0's ingress read (given the mode, what
+    /// it read, or `None` when a wait found nothing: then no iteration runs and the
+    /// group stays at its read), `tokens` samples every launched batch.
     pub fn step(
         &mut self,
         fetch: &mut dyn FnMut(FetchMode) -> Option<FetchBatch>,
         tokens: &mut dyn TokenSource,
-    ) -> Result<GroupStep, ExecutorError> {
-        let Some(begun) = self.begin(fetch, tokens)? else {
-            return Ok(GroupStep::Idle);
-        };
-        let reports = self.end()?;
-        Ok(GroupStep::Ran(GroupIteration {
-            iteration: reports[0].stats.iteration,
-            forward_ran: begun.forward_ran,
-            launched: begun.launched,
-            responses: begun.responses,
-            reports,
-        }))
-    }
-
-    /// Phases 1 to 8 of an iteration on every rank (up to the responses). The transfer
-    /// phase runs in [`ServerGroup::end`], so a driver that models the iteration's
-    /// duration applies the transfer events that arrived meanwhile at its end.
-    pub fn begin(
-        &mut self,
-        fetch: &mut dyn FnMut(FetchMode) -> Option<FetchBatch>,
-        tokens: &mut dyn TokenSource,
-    ) -> Result<Option<BegunIteration>, ExecutorError> {
-        let mut out = BegunIteration {
-            forward_ran: false,
-            launched: Vec::new(),
-            responses: Vec::new(),
-        };
-        Ok(self.begin_into(fetch, tokens, &mut out)?.then_some(out))
-    }
-
-    /// [`ServerGroup::begin`] into `out`, whose vectors (and launched batches) are reused:
-    /// `Ok(true)` when an iteration ran and `out` holds it, `Ok(false)` when idle.
-    pub fn begin_into(
-        &mut self,
-        fetch: &mut dyn FnMut(FetchMode) -> Option<FetchBatch>,
-        tokens: &mut dyn TokenSource,
-        out: &mut BegunIteration,
-    ) -> Result<bool, ExecutorError> {
-        assert!(
-            self.awaiting_end.is_empty(),
-            "ServerGroup::begin called twice without end"
-        );
-        let b = &mut self.bufs;
-        // 1. Gather.
-        b.fetch.clear();
-        b.states.clear();
-        for r in &mut self.ranks {
-            let (t, state) = r.begin_iteration();
-            b.fetch.push(t);
-            b.states.push(state);
-        }
-        // 2. Fetch (rank 0 decides, broadcast).
-        let mode = self.ranks[0].fetch_mode(&b.states);
-        let Some(fetched) = fetch(mode) else {
-            return Ok(false);
-        };
-        b.prefix.clear();
-        b.matches.clear();
-        for (r, t) in self.ranks.iter_mut().zip(b.fetch.drain(..)) {
-            let (t, m) = r.on_fetch(t, &b.states, &fetched)?;
-            b.prefix.push(t);
-            b.matches.push(m);
-        }
-        // 3. Prefix matches (allgather) → route → pad intent (allreduce MAX).
-        b.pad.clear();
-        let mut intent = PadIntent::None;
-        for (r, t) in self.ranks.iter_mut().zip(b.prefix.drain(..)) {
-            let (t, i) = r.on_prefix_matches(t, &b.matches)?;
-            intent = intent.max(i);
-            b.pad.push(t);
-        }
-        // 4-5. Pad and schedule → vote (allgather).
-        b.vote.clear();
-        b.votes.clear();
-        for (r, t) in self.ranks.iter_mut().zip(b.pad.drain(..)) {
-            let (t, v) = r.on_pad_intent(t, intent);
-            b.vote.push(t);
-            b.votes.push(v);
-        }
-        // 6-7. Commit or roll back; launch; hand back the awaited output. The batch is
-        // read in place on its rank; `out.launched` gets a copy into reused vectors.
-        let mut launched = 0;
-        out.forward_ran = false;
-        b.forward.clear();
-        for (r, t) in self.ranks.iter_mut().zip(b.vote.drain(..)) {
-            let (t, can_queue, awaited) = r.vote(t, &b.votes)?;
-            out.forward_ran = can_queue;
-            if let Some(batch) = r.launched() {
-                let mut sampled = self.spare_outputs.pop().unwrap_or(ForwardOutput {
-                    batch: batch.number,
-                    sampled: Vec::new(),
-                });
-                tokens.sample_into(batch, &mut sampled);
-                self.outputs[r.rank().index()].push(sampled);
-                match out.launched.get_mut(launched) {
-                    Some(copy) => {
-                        copy.number = batch.number;
-                        copy.rank = batch.rank;
-                        copy.entries.clear();
-                        copy.entries.extend_from_slice(&batch.entries);
-                    }
-                    None => out.launched.push(batch.clone()),
+    ) -> Result<GroupStep, GroupError> {
+        let mut forward_ran = false;
+        let mut launched = Vec::new();
+        loop {
+            match self.advance()? {
+                GroupNeed::ReadIngress(mode) => {
+                    let Some(read) = fetch(mode) else {
+                        return Ok(GroupStep::Idle);
+                    };
+                    self.provide_ingress(read)?;
                 }
-                launched += 1;
+                GroupNeed::Forward { forward_ran: ran } => {
+                    forward_ran = ran;
+                    launched = self.launched().cloned().collect();
+                    self.sample_launched(tokens);
+                    self.provide_outputs()?;
+                }
+                GroupNeed::IterationEnded => {
+                    let reports: Vec<IterationReport> = self.reports().cloned().collect();
+                    return Ok(GroupStep::Ran(GroupIteration {
+                        iteration: reports[0].stats.iteration,
+                        forward_ran,
+                        launched: std::mem::take(&mut launched),
+                        responses: self.take_responses(),
+                        reports,
+                    }));
+                }
+                GroupNeed::Finished => return Ok(GroupStep::Finished),
+                GroupNeed::Stopped(why) => return Ok(GroupStep::Stopped(why)),
             }
-            b.forward.push((t, awaited));
         }
-        out.launched.truncate(launched);
-        // 8. Update → responses (gather to rank 0).
-        out.responses.clear();
-        for (r, (t, awaited)) in self.ranks.iter_mut().zip(b.forward.drain(..)) {
-            let pending = &mut self.outputs[r.rank().index()];
-            let output = awaited.and_then(|n| {
-                let at = pending.iter().position(|o| o.batch == n)?;
-                Some(pending.remove(at))
-            });
-            let t = r.forward_output_into(t, output.as_ref(), &mut out.responses)?;
-            self.spare_outputs.extend(output);
-            self.awaiting_end.push(t);
-        }
-        Ok(true)
-    }
-
-    /// Phase 9 (the transfer consensus) and the §10 checks on every rank; closes the
-    /// iteration [`ServerGroup::begin`] opened.
-    pub fn end(&mut self) -> Result<Vec<IterationReport>, ExecutorError> {
-        let mut reports = Vec::with_capacity(self.ranks.len());
-        self.end_into(&mut reports)?;
-        Ok(reports)
-    }
-
-    /// [`ServerGroup::end`] into `reports` (one per rank, overwritten), a vector the
-    /// caller reuses.
-    pub fn end_into(&mut self, reports: &mut Vec<IterationReport>) -> Result<(), ExecutorError> {
-        assert_eq!(
-            self.awaiting_end.len(),
-            self.ranks.len(),
-            "ServerGroup::end without begin"
-        );
-        let b = &mut self.bufs;
-        b.transfers.clear();
-        b.statuses.clear();
-        for (r, t) in self.ranks.iter_mut().zip(self.awaiting_end.drain(..)) {
-            let (t, status) = r.transfer_status(t);
-            b.transfers.push(t);
-            b.statuses.push(status);
-        }
-        // Reports are overwritten in place (their vectors reused), one per rank.
-        reports.resize_with(self.ranks.len(), IterationReport::default);
-        for ((r, t), report) in self
-            .ranks
-            .iter_mut()
-            .zip(b.transfers.drain(..))
-            .zip(reports.iter_mut())
-        {
-            r.transfer_result_into(t, &b.statuses, report)?;
-        }
-        Ok(())
     }
 }
 
-/// Phases 1 to 8 of an iteration, done.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BegunIteration {
-    /// Whether the forward ran.
-    pub forward_ran: bool,
-    /// Batches launched (one per rank when the forward ran).
-    pub launched: Vec<ScheduledBatch>,
-    /// Responses gathered to rank 0, in rank order.
-    pub responses: Vec<Response>,
+/// Which input the collected contributions make.
+#[derive(Debug, Clone, Copy)]
+enum InputKind {
+    States,
+    Fetch,
+    PrefixMatches,
+    PadIntent(PadIntent),
+    Votes,
+    Responses,
+    TransferStatus,
 }

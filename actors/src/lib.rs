@@ -11,7 +11,9 @@
 
 pub mod config;
 pub mod counts;
+pub mod device;
 pub mod executor;
+pub mod front;
 pub mod group;
 pub mod ids;
 pub mod invariants;

@@ -18,6 +18,8 @@ pub struct Policy {
     pub pad: PadPolicy,
     /// §4 GUARANTEED_NO_EVICT.
     pub gne: GnePolicy,
+    /// §3.2 the idle decision.
+    pub idle: IdlePolicy,
 }
 
 /// §2 switch.
@@ -69,6 +71,34 @@ pub struct GnePolicy {
     pub count_transfers_as_requests: bool,
 }
 
+/// Which count the idle decision reads (§3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum IdlePredicate {
+    /// Σ live: retiring requests keep the server busy.
+    #[default]
+    Live,
+    /// Σ routable: retiring requests ignored, so rank 0 waits for new input while a
+    /// retiring request needs one more iteration.
+    Routable,
+}
+
+/// §3.2 switch. Not part of the `legacy` preset: under a closed-loop client it is a
+/// deadlock, not a cost to measure (the stall bound turns it into failed requests). It
+/// exists so that the deadlock can be shown on the shipped code (the loom model's
+/// negative control and the drivers' deadlock tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdlePolicy {
+    /// The count that must be zero for rank 0 to wait for input.
+    pub predicate: IdlePredicate,
+}
+
+impl Default for IdlePolicy {
+    fn default() -> Self {
+        Policy::FIXED.idle
+    }
+}
 impl Default for AdmissionPolicy {
     fn default() -> Self {
         Policy::FIXED.admission
@@ -120,6 +150,9 @@ impl Policy {
         gne: GnePolicy {
             count_transfers_as_requests: false,
         },
+        idle: IdlePolicy {
+            predicate: IdlePredicate::Live,
+        },
     };
 
     /// All five historical behaviours on.
@@ -134,6 +167,10 @@ impl Policy {
         },
         gne: GnePolicy {
             count_transfers_as_requests: true,
+        },
+        // A deadlock, not a cost: see [`IdlePolicy`].
+        idle: IdlePolicy {
+            predicate: IdlePredicate::Live,
         },
     };
 
@@ -163,6 +200,9 @@ impl Policy {
         if self.gne.count_transfers_as_requests {
             on.push("gne.count_transfers_as_requests");
         }
+        if self.idle.predicate == IdlePredicate::Routable {
+            on.push("idle.predicate");
+        }
         on
     }
 }
@@ -174,6 +214,7 @@ mod tests {
     #[test]
     fn legacy_preset_turns_on_all_five_switches() {
         assert_eq!(Policy::LEGACY.legacy_switches().len(), 5);
+        assert!(!Policy::LEGACY.legacy_switches().contains(&"idle.predicate"));
         assert!(Policy::FIXED.legacy_switches().is_empty());
         assert_eq!(Policy::default(), Policy::FIXED);
     }

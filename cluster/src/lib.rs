@@ -1,11 +1,20 @@
 //! lockstep's drivers, scenario loading and reports.
+//!
+//! - [`fleet`]: what every driver checks and derives from a scenario before it runs.
+//! - [`runtime`]: the hosts of the real drivers, written once over small traits.
+//! - [`backends`]: `sim` (one thread, virtual time), `threads`, `mpi`.
+//! - [`report`], [`workload`], [`scenario`], [`model`], [`validate`].
 
 #![forbid(unsafe_code)]
 
-pub mod drivers;
+pub mod backends;
+pub mod fleet;
 pub mod model;
+pub mod overhead;
 pub mod report;
+pub mod runtime;
 pub mod scenario;
-pub mod sim;
 pub mod validate;
 pub mod workload;
+
+pub use backends::sim;

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use lockstep_actors::config::Role;
+use lockstep_cluster::backends::RealOptions;
 use lockstep_cluster::report::{Report, ab_table};
 use lockstep_cluster::scenario::Scenario;
 use lockstep_cluster::sim::{self, SimOptions};
@@ -19,7 +19,8 @@ use lockstep_cluster::validate;
 #[command(
     name = "lockstep",
     version,
-    about = "Attention-data-parallel LLM serving control plane"
+    about = "Attention-data-parallel LLM serving control plane",
+    after_help = "Exit status of a run: 0 completed, 1 the run failed (a collective error, a lost rank), 2 the fleet crashed or deadlocked (the report says how)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -42,9 +43,9 @@ struct RealArgs {
     /// Policy preset (applied before --set).
     #[arg(long, value_parser = ["fixed", "legacy"])]
     policy: Option<String>,
-    /// Seed of the workload.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Seed of the workload (wins over a `seed` in the scenario; default 0).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Wall seconds per modeled second; 0 runs the zero-cost backend.
     #[arg(long, default_value_t = 0.0)]
     time_scale: f64,
@@ -52,9 +53,14 @@ struct RealArgs {
     /// for cross-driver comparisons).
     #[arg(long)]
     preload: bool,
-    /// Write the report as JSON (rank 0 under mpirun).
+    /// Write the report as JSON (the front process under mpirun).
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// A server whose iterations change nothing for this long, while requests remain
+    /// and no KV transfer is in flight, is deadlocked: its requests fail and the run
+    /// reports `deadlocked`.
+    #[arg(long, default_value_t = 10_000)]
+    stall_timeout_ms: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -74,19 +80,28 @@ enum Command {
         /// Policy preset (applied before --set).
         #[arg(long, value_parser = ["fixed", "legacy"])]
         policy: Option<String>,
-        /// Seed of the run (a `seed` in the scenario wins).
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
+        /// Seed of the run (wins over a `seed` in the scenario; default 0).
+        #[arg(long)]
+        seed: Option<u64>,
         /// Write the report as JSON.
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
         /// Write one JSON line per server iteration and rank.
         #[arg(long, value_name = "PATH")]
         iter_log: Option<PathBuf>,
+        /// Deliver every request, and the client's shutdown, before the first iteration
+        /// (as `run --preload` does, for comparing drivers).
+        #[arg(long)]
+        preload: bool,
+        /// A server whose iterations change nothing for this long (virtual), while
+        /// requests remain and no KV transfer is in flight, is deadlocked.
+        #[arg(long, default_value_t = 10_000)]
+        stall_timeout_ms: u64,
     },
-    /// Run the scenario's servers for real: one thread per rank (`threads`; aggregated,
-    /// or ctx and gen servers with real KV transfers) or one process per rank under
-    /// mpirun (`mpi`, one aggregated server; see `lockstep rank`).
+    /// Run the scenario's servers for real: one thread per rank (`threads`) or one
+    /// process per rank plus a front process under mpirun (`mpi`, see `lockstep rank`);
+    /// aggregated or disaggregated alike, with real KV transfers between ctx and gen
+    /// servers.
     Run {
         #[command(flatten)]
         args: ScenarioArgs,
@@ -100,8 +115,9 @@ enum Command {
         #[arg(long, default_value_t = 30_000)]
         timeout_ms: u64,
     },
-    /// One rank of an MPI run: `mpirun -n DP lockstep rank SCENARIO.toml ...` (built with
-    /// `--features mpi`). Rank 0 plays the workload and writes the report.
+    /// One process of an MPI run: `mpirun -n N lockstep rank SCENARIO.toml ...` with N =
+    /// 1 + the ranks of every server (built with `--features mpi`). World rank 0 is the
+    /// front process: it plays the workload and writes the report.
     Rank {
         #[command(flatten)]
         args: ScenarioArgs,
@@ -131,6 +147,9 @@ enum Command {
         #[arg(long, default_value_t = 2000)]
         iterations: u64,
     },
+    /// List the model profiles `[model] profile` can name: their KV geometry, their
+    /// coefficients and the assumptions behind them.
+    Profiles,
     /// Run the scenario under two policies and print them side by side with deltas.
     Ab {
         #[command(flatten)]
@@ -141,9 +160,9 @@ enum Command {
         /// Treatment preset.
         #[arg(long, default_value = "fixed", value_parser = ["fixed", "legacy"])]
         treatment: String,
-        /// Seed of both runs.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
+        /// Seed of both runs (wins over a `seed` in the scenario; default 0).
+        #[arg(long)]
+        seed: Option<u64>,
         /// Write both reports as JSON: {"base": ..., "treatment": ...}.
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
@@ -157,6 +176,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal who did not ask for none.
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
     match run(Cli::parse()) {
         Ok(code) => code,
@@ -167,8 +188,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(args: &ScenarioArgs, preset: Option<&str>) -> anyhow::Result<Scenario> {
+/// The scenario with the preset, the `--set` overrides and the command line's seed (which
+/// wins over the file's) applied.
+fn load(args: &ScenarioArgs, preset: Option<&str>, seed: Option<u64>) -> anyhow::Result<Scenario> {
     let mut scenario = Scenario::load(&args.scenario)?;
+    if seed.is_some() {
+        scenario.seed = seed;
+    }
     if let Some(p) = preset {
         scenario.apply_set(&format!("policy.preset=\"{p}\""))?;
     }
@@ -178,7 +204,13 @@ fn load(args: &ScenarioArgs, preset: Option<&str>) -> anyhow::Result<Scenario> {
     Ok(scenario)
 }
 
-fn simulate(scenario: &Scenario, seed: u64, iter_log: Option<&Path>) -> anyhow::Result<Report> {
+fn simulate(
+    scenario: &Scenario,
+    seed: u64,
+    iter_log: Option<&Path>,
+    preload: bool,
+    stall_timeout_ms: u64,
+) -> anyhow::Result<Report> {
     let mut log_file = match iter_log {
         Some(p) => Some(BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
@@ -209,6 +241,8 @@ fn simulate(scenario: &Scenario, seed: u64, iter_log: Option<&Path>) -> anyhow::
             seed,
             iter_log: log_file.as_mut().map(|f| f as &mut dyn Write),
             progress: Some(&mut progress),
+            preload,
+            stall_bound_ns: stall_timeout_ms.saturating_mul(1_000_000),
         },
     )?;
     if let Some(b) = bar {
@@ -220,6 +254,19 @@ fn simulate(scenario: &Scenario, seed: u64, iter_log: Option<&Path>) -> anyhow::
     Ok(report)
 }
 
+/// The exit status says how the run ended, so scripts need not parse the report:
+/// 0 every request completed (or failed with a reason the report gives), 1 the run
+/// itself failed (a collective error, a lost device or rank), 2 the fleet crashed (a
+/// fatal violation) or deadlocked: a result the report describes.
+fn exit_code(report: &Report) -> ExitCode {
+    use lockstep_cluster::report::Outcome;
+    match report.outcome {
+        Outcome::Completed => ExitCode::SUCCESS,
+        Outcome::Failed => ExitCode::FAILURE,
+        Outcome::Crashed | Outcome::Deadlocked => ExitCode::from(2),
+    }
+}
+
 fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
@@ -228,7 +275,7 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Validate { args, policy } => {
-            let scenario = load(&args, policy.as_deref())?;
+            let scenario = load(&args, policy.as_deref(), None)?;
             let (table, warnings) = validate::render(&scenario)?;
             print!("{table}");
             for w in warnings {
@@ -242,14 +289,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             seed,
             json,
             iter_log,
+            preload,
+            stall_timeout_ms,
         } => {
-            let scenario = load(&args, policy.as_deref())?;
-            let report = simulate(&scenario, seed, iter_log.as_deref())?;
+            let scenario = load(&args, policy.as_deref(), seed)?;
+            let report = simulate(
+                &scenario,
+                seed.unwrap_or(0),
+                iter_log.as_deref(),
+                preload,
+                stall_timeout_ms,
+            )?;
             print!("{}", report.table());
             if let Some(p) = json {
                 write_json(&p, &report)?;
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(exit_code(&report))
         }
         Command::Run {
             args,
@@ -260,22 +315,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if driver == "mpi" {
                 return relaunch_under_mpirun(&args, &real);
             }
-            let scenario = load(&args, real.policy.as_deref())?;
-            let report = lockstep_cluster::drivers::threads::run(
+            let scenario = load(&args, real.policy.as_deref(), real.seed)?;
+            let report = lockstep_cluster::backends::threads::run(
                 &scenario,
-                &lockstep_cluster::drivers::threads::ThreadsOptions {
-                    seed: real.seed,
-                    time_scale: real.time_scale,
+                &RealOptions {
                     collective_timeout: std::time::Duration::from_millis(timeout_ms),
-                    preload: real.preload,
-                    ..Default::default()
+                    ..real.options()
                 },
             )?;
             print!("{}", report.table());
             if let Some(p) = &real.json {
                 write_json(p, &report)?;
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(exit_code(&report))
         }
         Command::Rank {
             args,
@@ -283,6 +335,31 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             watchdog_ms,
             inject_tag_mismatch,
         } => rank_command(&args, &real, watchdog_ms, inject_tag_mismatch.as_deref()),
+        Command::Profiles => {
+            for p in lockstep_gpu::profiles() {
+                println!("{}", p.name);
+                println!(
+                    "  kv: {} per token ({} layers, {} kv heads, head dim {}, {} bytes per element{})",
+                    lockstep_cluster::report::table::human_bytes(p.kv.bytes_per_token()),
+                    p.kv.layers,
+                    p.kv.kv_heads,
+                    p.kv.head_dim,
+                    p.kv.dtype_bytes,
+                    if p.kv.mla { ", MLA" } else { "" }
+                );
+                let c = serde_json::to_value(p.coefficients)?;
+                if let Some(map) = c.as_object() {
+                    let fields: Vec<String> =
+                        map.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                    println!("  coefficients (ns): {}", fields.join(", "));
+                }
+                for line in p.assumptions.lines().filter(|l| !l.trim().is_empty()) {
+                    println!("  {}", line.trim());
+                }
+                println!();
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Overhead {
             driver,
             dp,
@@ -290,13 +367,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             iterations,
         } => {
             let o = match driver.as_str() {
-                "threads" => lockstep_cluster::drivers::overhead::threads(
+                "threads" => lockstep_cluster::overhead::threads(
                     dp,
                     active,
                     iterations,
-                    lockstep_cluster::drivers::overhead::WARMUP,
+                    lockstep_cluster::overhead::WARMUP,
                 )?,
                 "mpi" => {
+                    require_mpi_build()?;
                     let exe = std::env::current_exe()?;
                     let status = std::process::Command::new("mpirun")
                         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -328,7 +406,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 driver.as_str()
             };
-            println!("driver={driver} dp={dp} active_per_rank={active} iterations={iterations}");
+            println!(
+                "driver={driver} dp={dp} active_per_rank={active} iterations={iterations} collectives_per_iteration={}",
+                o.collectives
+            );
             println!(
                 "means: overhead_mean_us={:.2} floor_mean_us={:.2} ratio_of_means={:.2}",
                 o.overhead_mean_us,
@@ -350,8 +431,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             seed,
             json,
         } => {
-            let a = simulate(&load(&args, Some(&base))?, seed, None)?;
-            let b = simulate(&load(&args, Some(&treatment))?, seed, None)?;
+            let seed_or_0 = seed.unwrap_or(0);
+            let a = simulate(
+                &load(&args, Some(&base), seed)?,
+                seed_or_0,
+                None,
+                false,
+                10_000,
+            )?;
+            let b = simulate(
+                &load(&args, Some(&treatment), seed)?,
+                seed_or_0,
+                None,
+                false,
+                10_000,
+            )?;
             print!("{}", ab_table(&a, &b, &base, &treatment));
             if let Some(p) = json {
                 write_json(&p, &serde_json::json!({ "base": a, "treatment": b }))?;
@@ -361,40 +455,46 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `run --driver mpi`: re-launch this binary as `mpirun -n DP lockstep rank ...`.
+/// `run --driver mpi` and `overhead --driver mpi` need a build with MPI; say so once,
+/// before launching anything.
+fn require_mpi_build() -> anyhow::Result<()> {
+    if cfg!(feature = "mpi") {
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "this lockstep was built without MPI: rebuild with `cargo build --release -p lockstep-cluster --features mpi` (needs OpenMPI and libclang)"
+        )
+    }
+}
+
+/// `run --driver mpi`: re-launch this binary as `mpirun -n N lockstep rank ...`, N = 1
+/// (the front process) + every server's ranks.
 fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result<ExitCode> {
-    let scenario = load(args, real.policy.as_deref())?;
-    // One process per rank; a disaggregated scenario adds the front process.
-    let mut processes = 0;
+    require_mpi_build()?;
+    let scenario = load(args, real.policy.as_deref(), real.seed)?;
+    let mut processes = 1;
     for server in &scenario.servers {
         processes += server.derive(&scenario.policy)?.sizes.dp;
     }
-    let disaggregated = scenario.servers.iter().any(|s| s.role != Role::Agg);
-    if disaggregated {
-        processes += 1;
-    } else if scenario.servers.len() != 1 {
-        anyhow::bail!(
-            "the mpi driver runs one aggregated server or a disaggregated fleet; the scenario has {} aggregated servers",
-            scenario.servers.len()
-        );
-    }
-    let dp = processes;
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new("mpirun");
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args(["--oversubscribe", "-n", &dp.to_string()])
+        .args(["--oversubscribe", "-n", &processes.to_string()])
         .arg(exe)
         .arg("rank")
         .arg(&args.scenario)
         .args([
-            "--seed",
-            &real.seed.to_string(),
             "--time-scale",
             &real.time_scale.to_string(),
+            "--stall-timeout-ms",
+            &real.stall_timeout_ms.to_string(),
         ]);
     if let Some(p) = &real.policy {
         cmd.args(["--policy", p]);
+    }
+    if let Some(seed) = real.seed {
+        cmd.args(["--seed", &seed.to_string()]);
     }
     // Every option `rank` shares with `run` is passed on.
     if real.preload {
@@ -409,11 +509,23 @@ fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result
     let status = cmd
         .status()
         .context("starting mpirun (is OpenMPI installed?)")?;
-    Ok(if status.success() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    // The front process's status is the run's (0, 1 or 2); mpirun passes it on.
+    Ok(match status.code() {
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::FAILURE,
     })
+}
+
+impl RealArgs {
+    fn options(&self) -> RealOptions {
+        RealOptions {
+            seed: self.seed.unwrap_or(0),
+            time_scale: self.time_scale,
+            preload: self.preload,
+            stall_bound: std::time::Duration::from_millis(self.stall_timeout_ms),
+            ..RealOptions::default()
+        }
+    }
 }
 
 #[cfg(feature = "mpi")]
@@ -423,9 +535,8 @@ fn rank_command(
     watchdog_ms: u64,
     inject: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
-    use lockstep_cluster::drivers::mpi::{MpiOptions, run_rank_process};
-    use lockstep_cluster::drivers::threads::ThreadsOptions;
-    let scenario = load(args, real.policy.as_deref())?;
+    use lockstep_cluster::backends::mpi::{MpiOptions, run_process};
+    let scenario = load(args, real.policy.as_deref(), real.seed)?;
     let text = std::fs::read(&args.scenario)?;
     let mut digest = lockstep_actors::kv::mix(text.len() as u64);
     for chunk in text.chunks(8).chain(args.set.iter().map(|s| s.as_bytes())) {
@@ -443,28 +554,20 @@ fn rank_command(
         }
     };
     let opts = MpiOptions {
-        common: ThreadsOptions {
-            seed: real.seed,
-            time_scale: real.time_scale,
-            preload: real.preload,
-            ..ThreadsOptions::default()
+        common: RealOptions {
+            mismatch_tag_at: mismatch,
+            ..real.options()
         },
         watchdog: std::time::Duration::from_millis(watchdog_ms),
-        mismatch_tag_at: mismatch,
     };
-    let disaggregated = scenario.servers.iter().any(|s| s.role != Role::Agg);
-    let outcome = if disaggregated {
-        lockstep_cluster::drivers::mpi_disagg::run_process(&scenario, digest, &opts)
-    } else {
-        run_rank_process(&scenario, digest, &opts)
-    };
+    let outcome = run_process(&scenario, digest, &opts);
     match outcome {
         Ok(Some(report)) => {
             print!("{}", report.table());
             if let Some(p) = &real.json {
                 write_json(p, &report)?;
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(exit_code(&report))
         }
         Ok(None) => Ok(ExitCode::SUCCESS),
         Err(e) => {
@@ -492,12 +595,12 @@ fn mpi_overhead(
     dp: u32,
     active: u32,
     iterations: u64,
-) -> anyhow::Result<Option<lockstep_cluster::drivers::overhead::Overhead>> {
-    Ok(lockstep_cluster::drivers::overhead::mpi_rank(
+) -> anyhow::Result<Option<lockstep_cluster::overhead::Overhead>> {
+    Ok(lockstep_cluster::overhead::mpi_rank(
         dp,
         active,
         iterations,
-        lockstep_cluster::drivers::overhead::WARMUP,
+        lockstep_cluster::overhead::WARMUP,
     )?)
 }
 
@@ -506,7 +609,7 @@ fn mpi_overhead(
     _dp: u32,
     _active: u32,
     _iterations: u64,
-) -> anyhow::Result<Option<lockstep_cluster::drivers::overhead::Overhead>> {
+) -> anyhow::Result<Option<lockstep_cluster::overhead::Overhead>> {
     anyhow::bail!(
         "this lockstep was built without MPI: rebuild with `cargo build --release -p lockstep-cluster --features mpi`"
     )

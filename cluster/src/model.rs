@@ -3,7 +3,25 @@
 
 use serde::{Deserialize, Serialize};
 
-use lockstep_gpu::{Coefficients, KvGeometry, ModelProfile};
+use lockstep_gpu::{Coefficients, KvGeometry, ModelProfile, UnknownProfile};
+
+/// A bad `[model]` section: the key and the value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ModelError {
+    /// No such profile.
+    #[error("model.profile: {0}")]
+    Profile(#[from] UnknownProfile),
+    /// A coefficient or link value out of range.
+    #[error("model.{key} must be {want}, got {value}")]
+    OutOfRange {
+        /// The key under `[model]`.
+        key: String,
+        /// What it must be.
+        want: &'static str,
+        /// What it was.
+        value: f64,
+    },
+}
 
 /// Coefficient overrides: each given field replaces the profile's value.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -30,7 +48,7 @@ pub struct CoefficientOverrides {
 }
 
 impl CoefficientOverrides {
-    fn apply(&self, c: &mut Coefficients) -> Result<(), String> {
+    fn apply(&self, c: &mut Coefficients) -> Result<(), ModelError> {
         let fields = [
             (
                 "forward_base_ns",
@@ -57,9 +75,11 @@ impl CoefficientOverrides {
         for (name, value, slot) in fields {
             if let Some(v) = value {
                 if !v.is_finite() || v < 0.0 {
-                    return Err(format!(
-                        "model.coefficients.{name} must be a finite number >= 0, got {v}"
-                    ));
+                    return Err(ModelError::OutOfRange {
+                        key: format!("coefficients.{name}"),
+                        want: "a finite number >= 0",
+                        value: v,
+                    });
                 }
                 *slot = v;
             }
@@ -68,14 +88,17 @@ impl CoefficientOverrides {
     }
 }
 
-/// The link between ctx and gen servers.
+/// The simulated network: the links between ranks of different servers (KV
+/// transfers, generation-first notices) and between the front and the servers.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LinkConfig {
-    /// Bandwidth in GB/s (10^9 bytes per second).
+    /// Bandwidth between ranks in GB/s (10^9 bytes per second).
     pub bandwidth_gb_per_s: f64,
-    /// Fixed latency per transfer.
+    /// Latency of one message between ranks of different servers.
     pub latency_us: f64,
+    /// Latency of one message between the front and a server (requests, responses).
+    pub control_latency_us: f64,
 }
 
 impl Default for LinkConfig {
@@ -84,6 +107,7 @@ impl Default for LinkConfig {
         LinkConfig {
             bandwidth_gb_per_s: 50.0,
             latency_us: 20.0,
+            control_latency_us: 0.0,
         }
     }
 }
@@ -115,33 +139,46 @@ impl Default for ModelConfig {
 
 impl ModelConfig {
     /// The profile with overrides applied; errors name the key and value.
-    pub fn resolve(&self) -> Result<ModelProfile, String> {
-        let mut p =
-            lockstep_gpu::profile(&self.profile).map_err(|e| format!("model.profile: {e}"))?;
+    pub fn resolve(&self) -> Result<ModelProfile, ModelError> {
+        let mut p = lockstep_gpu::profile(&self.profile)?;
         self.coefficients.apply(&mut p.coefficients)?;
         if let Some(kv) = self.kv {
             p.kv = kv;
         }
         let l = &self.link;
         if !(l.bandwidth_gb_per_s.is_finite() && l.bandwidth_gb_per_s > 0.0) {
-            return Err(format!(
-                "model.link.bandwidth_gb_per_s must be > 0, got {}",
-                l.bandwidth_gb_per_s
-            ));
+            return Err(ModelError::OutOfRange {
+                key: "link.bandwidth_gb_per_s".into(),
+                want: "> 0",
+                value: l.bandwidth_gb_per_s,
+            });
         }
         if !(l.latency_us.is_finite() && l.latency_us >= 0.0) {
-            return Err(format!(
-                "model.link.latency_us must be >= 0, got {}",
-                l.latency_us
-            ));
+            return Err(ModelError::OutOfRange {
+                key: "link.latency_us".into(),
+                want: ">= 0",
+                value: l.latency_us,
+            });
+        }
+        if !(l.control_latency_us.is_finite() && l.control_latency_us >= 0.0) {
+            return Err(ModelError::OutOfRange {
+                key: "link.control_latency_us".into(),
+                want: ">= 0",
+                value: l.control_latency_us,
+            });
         }
         Ok(p)
     }
 
-    /// Modeled time to move the KV of `tokens` tokens: bytes / bandwidth + latency.
-    pub fn transfer_ns(&self, profile: &ModelProfile, tokens: u32) -> u64 {
-        let bytes = profile.kv.bytes_per_token() as f64 * f64::from(tokens);
-        let ns = bytes / self.link.bandwidth_gb_per_s + self.link.latency_us * 1_000.0;
+    /// Modeled time of one message of `bytes` between ranks: bytes / bandwidth +
+    /// latency.
+    pub fn wire_ns(&self, bytes: u64) -> u64 {
+        let ns = bytes as f64 / self.link.bandwidth_gb_per_s + self.link.latency_us * 1_000.0;
         ns.round().max(1.0) as u64
+    }
+
+    /// Modeled latency of a message between the front and a server.
+    pub fn control_ns(&self) -> u64 {
+        (self.link.control_latency_us * 1_000.0).round() as u64
     }
 }

@@ -33,9 +33,12 @@ pub enum ScenarioError {
         /// What is wrong.
         message: String,
     },
-    /// Structural problems (no server, duplicate names).
-    #[error("scenario: {0}")]
-    Invalid(String),
+    /// No `[[server]]` table.
+    #[error("scenario: no [[server]] table: a scenario needs at least one server")]
+    NoServer,
+    /// Two servers share a name.
+    #[error("scenario: two servers are named `{0}`; names must be unique")]
+    DuplicateServer(String),
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -61,19 +64,7 @@ struct RawScenario {
     front: FrontConfig,
 }
 
-/// How the front door picks a server among those of a role (the names production
-/// disaggregated routers use).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FrontPolicy {
-    /// In turn.
-    #[default]
-    RoundRobin,
-    /// The fewest live requests.
-    LoadBalancing,
-    /// The longest cached prefix match, then the fewest live requests.
-    KvAware,
-}
+pub use lockstep_actors::front::FrontPolicy;
 
 /// `[front]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -84,16 +75,17 @@ pub struct FrontConfig {
     pub policy: FrontPolicy,
 }
 
-/// `[faults]`: deterministic fault injection for the simulator.
+/// `[faults]`: deterministic fault injection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Faults {
-    /// Every n-th KV transfer is lost: only its timeout
-    /// (`cache_transceiver_config.kv_transfer_timeout_ms`) ends it.
+    /// The KV of every request whose id is a multiple of n is lost on the wire: only
+    /// its timeout (`cache_transceiver_config.kv_transfer_timeout_ms`) ends the
+    /// transfer. Keyed by the request, so every driver loses the same ones.
     #[serde(default)]
     pub lost_transfer_every: Option<u64>,
-    /// The lost transfers' timeouts are lost too (a transceiver that never reports):
-    /// the run can then only end `deadlocked`, which this exercises.
+    /// Simulator only: the lost transfers' timeouts are lost too (a transceiver that
+    /// never reports): the run can then only end `deadlocked`, which this exercises.
     #[serde(default)]
     pub timeouts_lost: bool,
 }
@@ -133,17 +125,12 @@ impl Scenario {
             None => Policy::FIXED,
         };
         if raw.server.is_empty() {
-            return Err(ScenarioError::Invalid(
-                "no [[server]] table: a scenario needs at least one server".into(),
-            ));
+            return Err(ScenarioError::NoServer);
         }
         let mut names: Vec<&str> = raw.server.iter().map(|s| s.name.as_str()).collect();
         names.sort_unstable();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-            return Err(ScenarioError::Invalid(format!(
-                "two servers are named `{}`; names must be unique",
-                w[0]
-            )));
+            return Err(ScenarioError::DuplicateServer(w[0].to_string()));
         }
         Ok(Scenario {
             name: raw.name.unwrap_or_else(|| name.to_string()),

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::shape::BatchShape;
+use lockstep_actors::executor::BatchShape;
 
 /// Coefficients of the analytic model, all in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -11,8 +11,7 @@
 mod cost;
 pub mod kv_contents;
 mod profiles;
-mod shape;
 
 pub use cost::{AnalyticBackend, Backend, Coefficients, IterationTime, ZeroCostBackend};
+pub use lockstep_actors::executor::BatchShape;
 pub use profiles::{KvGeometry, ModelProfile, UnknownProfile, profile, profiles};
-pub use shape::BatchShape;

@@ -226,7 +226,7 @@ FLOPs alone need 0.31 s at 100% of FP8 peak, and public large-EP deployments rep
 mod tests {
     use super::*;
     use crate::cost::{AnalyticBackend, Backend};
-    use crate::shape::BatchShape;
+    use lockstep_actors::executor::BatchShape;
 
     const MS: u64 = 1_000_000;
 

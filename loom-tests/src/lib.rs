@@ -1,32 +1,36 @@
-//! loom models of lockstep's synchronisation protocols. The models drive the shipped
-//! code: `lockstep-transport`'s in-process collective and ingress queue (built on its
-//! `sync` shim, which re-exports loom's primitives under `--cfg lockstep_loom`) and
-//! `lockstep-actors`' decisions (`idle_decision`, `pad_need`, `KvManager`).
+//! loom models of lockstep's synchronisation protocols, on the shipped code: the models
+//! run `lockstep-cluster`'s rank host (`runtime::rank_host::run_rank`, what the `threads`
+//! and `mpi` drivers run) with the real executor protocol, over `lockstep-transport`'s
+//! in-process collective group and ingress queue. Those are built on the transport's
+//! `sync` shim, which re-exports loom's primitives under `--cfg lockstep_loom`, so loom
+//! explores every interleaving of the ranks' collectives and the client's queue
+//! operations. Nothing of the iteration is copied into the models.
 //!
 //! # Running
 //!
 //! ```text
-//! RUSTFLAGS="--cfg lockstep_loom" CARGO_TARGET_DIR=/work/target-transport-loom \
+//! RUSTFLAGS="--cfg lockstep_loom" CARGO_TARGET_DIR=target/loom \
 //!     cargo test --release -p loom-tests
 //! ```
 //!
-//! A separate target directory keeps the loom build from invalidating the normal one.
-//! Without the cfg every test file is compiled out and `cargo test -p loom-tests` runs
-//! zero tests. Each model bounds preemptions at 2 unless `LOOM_MAX_PREEMPTIONS` says
-//! otherwise (1 is a quicker local run); `LOOM_LOG=1` and `LOOM_LOCATION=1` help read a
-//! failure, `LOOM_CHECKPOINT_FILE` replays one.
+//! (`scripts/test.sh` runs exactly this.) A separate target directory keeps the loom
+//! build from invalidating the normal one. Without the cfg every model is compiled out
+//! and `cargo test -p loom-tests` runs zero tests. Each model bounds preemptions at 2
+//! unless `LOOM_MAX_PREEMPTIONS` says otherwise; `LOOM_LOG=1` and `LOOM_LOCATION=1` help
+//! read a failure, `LOOM_CHECKPOINT_FILE` replays one.
+//!
+//! Under loom a deadline never passes (the shim's timed waits are plain waits), so a
+//! protocol that needs a timeout to make progress shows up as a loom deadlock.
 //!
 //! # Models
 //!
-//! - `tests/loom_idle.rs` (mechanisms.md §3.2): two ranks and a closed-loop client.
-//!   `live_predicate_never_deadlocks_a_closed_loop_client` proves the fixed idle
-//!   decision over every interleaving. `routable_predicate_deadlocks_a_closed_loop_client`
-//!   is the negative control (deciding idleness from the routable count, which ignores
-//!   retiring requests); it is `#[ignore]`d because a loom deadlock aborts the process,
-//!   and `legacy_predicate_deadlock_is_found_by_loom` runs it in a child process and
-//!   asserts that loom reports the deadlock.
-//! - `tests/loom_dummy.rs` (§6, §10): two ranks with real KV managers vote through the
-//!   real allgather; `no_dummy_outlives_its_iteration` checks the dummy transaction on
-//!   both a rejected and an accepted vote.
+//! `tests/loom_rank_host.rs`: two ranks of an aggregated server and a closed-loop client.
+//! - the fixed policy serves the client in every interleaving: the request is answered,
+//!   both ranks drain, no invariant is violated, nothing stays allocated (§3.2, §10);
+//! - with votes vetoed while rank 1 holds a tentative dummy, the rollback keeps every
+//!   iteration dummy-free (§6);
+//! - negative controls: `idle.predicate = "routable"` deadlocks the closed loop (loom
+//!   reports it; run in a child process because the report aborts), and
+//!   `pad.rollback = false` lets a vetoed dummy survive.
 
 #![forbid(unsafe_code)]

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use lockstep_actors::config::{KvCacheConfig, ServerConfig};
-use lockstep_actors::executor::{FetchBatch, FetchMode, Finish};
+use lockstep_actors::executor::{FetchBatch, FetchMode, Finish, StopReason};
 use lockstep_actors::group::{DeterministicTokens, GroupIteration, GroupStep, ServerGroup};
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::invariants::Violation;
@@ -78,6 +78,8 @@ pub struct Harness {
     pub streamed: BTreeMap<ReqId, Vec<u32>>,
     /// Requests submitted.
     pub submitted: u64,
+    /// Why the server stopped, if a fatal violation stopped it.
+    pub stopped: Option<StopReason>,
     client: Option<ClosedLoop>,
     tokens: DeterministicTokens,
 }
@@ -93,6 +95,7 @@ impl Harness {
             finished: BTreeMap::new(),
             streamed: BTreeMap::new(),
             submitted: 0,
+            stopped: None,
             client: None,
             tokens: DeterministicTokens,
         }
@@ -140,23 +143,29 @@ impl Harness {
         // The harness's clock: one millisecond per iteration.
         let now_ns = self.iterations.len() as u64 * 1_000_000;
         let mut fetch = |mode: FetchMode| {
-            if mode == FetchMode::Block && ingress.is_empty() && cancellations.is_empty() {
+            // A waiting rank 0 (idle, or stalled: nothing changed last iteration) with
+            // nothing to read: the server sleeps.
+            if mode != FetchMode::Poll && ingress.is_empty() && cancellations.is_empty() {
                 return None;
             }
             Some(FetchBatch {
                 requests: ingress.drain(..).collect(),
                 cancellations: std::mem::take(cancellations),
-                shutdown: false,
-                peers_ready: Vec::new(),
                 now_ns,
+                ..FetchBatch::default()
             })
         };
         let step = self
             .group
             .step(&mut fetch, &mut self.tokens)
             .expect("well-formed collectives");
-        let GroupStep::Ran(it) = step else {
-            return None;
+        let it = match step {
+            GroupStep::Ran(it) => it,
+            GroupStep::Stopped(why) => {
+                self.stopped = Some(why);
+                return None;
+            }
+            GroupStep::Idle | GroupStep::Finished => return None,
         };
         let mut ended = 0;
         for r in &it.responses {
@@ -180,7 +189,8 @@ impl Harness {
         self.iterations.last()
     }
 
-    /// Steps until idle or `max` iterations; returns the iterations run.
+    /// Steps until idle, stalled or stopped, or `max` iterations; returns the
+    /// iterations run.
     pub fn run(&mut self, max: usize) -> usize {
         let mut n = 0;
         while n < max && self.step().is_some() {
@@ -189,11 +199,16 @@ impl Harness {
         n
     }
 
-    /// Every violation reported so far.
+    /// Every violation reported so far (the fatal one that stopped the server last).
     pub fn violations(&self) -> Vec<&Violation> {
+        let fatal = match &self.stopped {
+            Some(StopReason::Crashed(v)) => Some(v),
+            _ => None,
+        };
         self.iterations
             .iter()
             .flat_map(|it| it.reports.iter().flat_map(|r| r.violations.iter()))
+            .chain(fatal)
             .collect()
     }
 
@@ -240,6 +255,10 @@ pub struct SoloRank {
     tokens: DeterministicTokens,
     /// Rank 0's contribution to the last transfer-status allgather.
     pub last_status: lockstep_actors::executor::TransferStatus,
+    /// Rank 0's last vote.
+    pub last_vote: lockstep_actors::executor::BatchVote,
+    /// Why the server stopped, if a fatal violation stopped it at a vote.
+    pub stopped: Option<StopReason>,
 }
 
 /// A peer holding `routable` schedulable requests of 16 prompt tokens.
@@ -251,6 +270,7 @@ pub fn peer_with(routable: u32) -> lockstep_actors::counts::RankCounts {
         schedulable: routable,
         pad_schedulable: routable,
         retiring: 0,
+        receiving: 0,
     }
 }
 
@@ -269,50 +289,96 @@ impl SoloRank {
             outputs: BTreeMap::new(),
             tokens: DeterministicTokens,
             last_status: Default::default(),
+            last_vote: Default::default(),
+            stopped: None,
         }
     }
 
-    /// One iteration: the peer reports `peer` counts and votes `peer_vote`. Returns
-    /// whether the forward ran and rank 0's report.
+    /// One iteration through the real protocol: the peer reports `peer` counts (and
+    /// made progress), votes `peer_vote`, and contributes nothing else. Returns whether
+    /// the forward ran and rank 0's report.
     pub fn iterate(
         &mut self,
         peer: lockstep_actors::counts::RankCounts,
         fetched: FetchBatch,
         peer_vote: u32,
     ) -> (bool, lockstep_actors::executor::IterationReport) {
-        use lockstep_actors::executor::{BatchVote, PrefixMatches, RankState, TransferStatus};
+        use lockstep_actors::executor::{
+            BatchVote, Exchange, Input, Io, PrefixMatches, RankState, TransferStatus,
+        };
         use lockstep_actors::group::TokenSource;
-        let e = &mut self.exec;
-        let (t, mine) = e.begin_iteration();
-        let gathered = [
-            mine,
-            RankState {
-                rank: lockstep_actors::ids::RankId(1),
-                counts: peer,
-                responses_due: false,
-            },
-        ];
-        let (t, m) = e.on_fetch(t, &gathered, &fetched).expect("gather");
-        let matches = [m, PrefixMatches::default()];
-        let (t, intent) = e.on_prefix_matches(t, &matches).expect("matches");
-        let (t, vote) = e.on_pad_intent(t, intent);
-        let votes = [
-            vote,
-            BatchVote {
-                batch_size: peer_vote,
-            },
-        ];
-        let (t, plan) = e.on_vote(t, &votes).expect("vote");
-        if let Some(batch) = &plan.launch {
-            self.outputs.insert(batch.number, self.tokens.sample(batch));
+        use lockstep_actors::ids::RankId;
+        let peer_state = RankState {
+            rank: RankId(1),
+            counts: peer,
+            responses_due: false,
+            progressed: true,
+            awaiting_transfer: false,
+        };
+        let mut fetched = Some(fetched);
+        let mut forward_ran = false;
+        loop {
+            let e = &mut self.exec;
+            match e.poll() {
+                Io::Exchange(Exchange::States { mine, .. }) => {
+                    let all = [*mine, peer_state];
+                    e.handle(Input::States(&all))
+                }
+                Io::ReadIngress(_) => e.handle(Input::Ingress(fetched.take().expect("one fetch"))),
+                Io::Exchange(Exchange::Fetch { mine, .. }) => {
+                    let f = mine.expect("rank 0 broadcasts").clone();
+                    e.handle(Input::Fetch(&f))
+                }
+                Io::Exchange(Exchange::PrefixMatches { mine, .. }) => {
+                    let peer = PrefixMatches {
+                        tokens: vec![0; mine.tokens.len()],
+                    };
+                    let all = [mine.clone(), peer];
+                    e.handle(Input::PrefixMatches(&all))
+                }
+                Io::Exchange(Exchange::PadIntent { mine, .. }) => e.handle(Input::PadIntent(mine)),
+                Io::Exchange(Exchange::Votes { mine, .. }) => {
+                    let all = [
+                        *mine,
+                        BatchVote {
+                            batch_size: peer_vote,
+                            ..BatchVote::default()
+                        },
+                    ];
+                    self.last_vote = *mine;
+                    forward_ran = all.iter().all(|v| v.batch_size > 0);
+                    e.handle(Input::Votes(&all))
+                }
+                Io::Forward {
+                    launch,
+                    await_output,
+                    ..
+                } => {
+                    if let Some(batch) = launch {
+                        self.outputs.insert(batch.number, self.tokens.sample(batch));
+                    }
+                    let output = await_output.and_then(|b| self.outputs.remove(&b));
+                    e.handle(Input::Output(output.as_ref()))
+                }
+                Io::Exchange(Exchange::Responses { .. }) => e.handle(Input::ResponsesGathered),
+                Io::Exchange(Exchange::TransferStatus { mine, .. }) => {
+                    self.last_status = mine.clone();
+                    let all = [mine.clone(), TransferStatus::default()];
+                    e.handle(Input::TransferStatus(&all))
+                }
+                Io::IterationEnded(report) => return (forward_ran, report.clone()),
+                Io::Finished => panic!("SoloRank: the server finished"),
+                Io::Stopped(why) => {
+                    // The iteration ends at the vote: its report is the crash.
+                    let mut report = lockstep_actors::executor::IterationReport::default();
+                    if let StopReason::Crashed(v) = why {
+                        report.violations.push(v.clone());
+                    }
+                    self.stopped = Some(why.clone());
+                    return (false, report);
+                }
+            }
+            .expect("a well-formed scripted input");
         }
-        let output = plan.await_output.and_then(|b| self.outputs.remove(&b));
-        let (t, _) = e.on_forward_output(t, output).expect("output");
-        let (t, st) = e.transfer_status(t);
-        self.last_status = st.clone();
-        let report = e
-            .on_transfer_status(t, &[st, TransferStatus::default()])
-            .expect("transfers");
-        (plan.can_queue, report)
     }
 }

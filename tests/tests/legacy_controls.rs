@@ -6,7 +6,7 @@ use lockstep_actors::config::{CapacitySchedulerPolicy, Role};
 use lockstep_actors::executor::FetchBatch;
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::invariants::InvariantKind;
-use lockstep_actors::kv::{KvConfig, KvManager};
+use lockstep_actors::kv::{KvCommand, KvConfig, KvManager, KvReply};
 use lockstep_actors::policy::{PadPredicate, Policy};
 use lockstep_actors::request::{Request, RequestSpec, RequestState, SchedulableWindow};
 use lockstep_actors::scheduler::{CapacityConfig, CapacityScheduler};
@@ -144,10 +144,10 @@ fn rollback_case(policy: Policy) -> Vec<Vec<InvariantKind>> {
         if policy.pad.rollback { 2 } else { 3 }
     );
     let (_, second) = solo.iterate(peer_with(2), FetchBatch::default(), 1);
-    // The crash is announced in the transfer-status allgather, so every rank stops at
-    // the same iteration.
+    // The crash is announced in the vote, so every rank stops at the same point.
     let crashed = second.violations.iter().any(|v| v.kind.is_fatal());
-    assert_eq!(solo.last_status.fatal, crashed);
+    assert_eq!(solo.last_vote.fatal, crashed);
+    assert_eq!(solo.stopped.is_some(), crashed);
     [first, second]
         .iter()
         .map(|r| r.violations.iter().map(|v| v.kind).collect())
@@ -187,8 +187,17 @@ fn transfer_mix() -> (Vec<Request>, KvManager) {
         index_pool_size: 8,
     });
     for r in &active {
-        kv.add_sequence(r.id(), &[], 16).unwrap();
-        kv.ensure_tokens(r.id(), 16).unwrap();
+        let added = kv.handle(KvCommand::AddSequence {
+            id: r.id(),
+            block_hashes: &[],
+            prompt_len: 16,
+        });
+        assert_eq!(added, Ok(KvReply::Added { reused_tokens: 0 }));
+        let grown = kv.handle(KvCommand::EnsureTokens {
+            id: r.id(),
+            tokens: 16,
+        });
+        assert_eq!(grown, Ok(KvReply::Done));
     }
     (active, kv)
 }

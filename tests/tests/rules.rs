@@ -3,8 +3,8 @@
 
 use lockstep_actors::config::{KvCacheConfig, Role};
 use lockstep_actors::executor::{
-    FetchBatch, FetchMode, Finish, Phase, RankExecutor, TransferCommand, TransferEvent,
-    TransferOutcome, idle_decision,
+    CollectiveTag, FetchBatch, FetchMode, Finish, Phase, RankExecutor, TransferCommand,
+    TransferEvent, TransferOutcome, idle_decision,
 };
 use lockstep_actors::ids::{RankId, ReqId};
 use lockstep_actors::policy::Policy;
@@ -149,52 +149,136 @@ fn s3_3_request_pinned_to_a_full_rank_is_set_aside_in_order() {
     assert!(h.all_finished());
 }
 
-#[test]
-fn s3_every_rank_runs_the_collectives_in_the_fixed_order() {
-    let server = adp_server(1, 2, false);
+/// Drives a dp = 1 rank through one iteration of the real protocol with nothing to do,
+/// and returns the tags of the collectives it asked for, in order.
+fn one_empty_iteration(server: &lockstep_actors::config::ServerConfig) -> Vec<CollectiveTag> {
+    use lockstep_actors::executor::{Exchange, Input, Io};
     let sizes = server.derive(&Policy::FIXED).unwrap().sizes;
-    let mut e = RankExecutor::new(RankId(0), &server, &sizes, Policy::FIXED);
+    let mut e = RankExecutor::new(RankId(0), server, &sizes, Policy::FIXED);
     let mut tags = Vec::new();
-    let (t, s) = e.begin_iteration();
-    tags.push(t.tag());
-    let (t, m) = e.on_fetch(t, &[s], &FetchBatch::default()).unwrap();
-    tags.push(t.tag());
-    let (t, i) = e.on_prefix_matches(t, &[m]).unwrap();
-    tags.push(t.tag());
-    let (t, v) = e.on_pad_intent(t, i);
-    tags.push(t.tag());
-    let (t, plan) = e.on_vote(t, &[v]).unwrap();
-    assert!(!plan.can_queue, "nothing to run: the rank scheduled zero");
-    tags.push(t.tag());
-    let (t, _) = e.on_forward_output(t, None).unwrap();
-    tags.push(t.tag());
-    let (t, st) = e.transfer_status(t);
-    let report = e.on_transfer_status(t, &[st]).unwrap();
-    assert!(report.violations.is_empty());
-    let phases: Vec<Phase> = tags.iter().map(|t| t.phase).collect();
+    loop {
+        let result = match e.poll() {
+            Io::Exchange(x) => {
+                tags.push(x.tag());
+                match x {
+                    Exchange::States { mine, .. } => {
+                        let all = [*mine];
+                        e.handle(Input::States(&all))
+                    }
+                    Exchange::Fetch { mine, .. } => {
+                        let f = mine.cloned().unwrap();
+                        e.handle(Input::Fetch(&f))
+                    }
+                    Exchange::PrefixMatches { mine, .. } => {
+                        let all = [mine.clone()];
+                        e.handle(Input::PrefixMatches(&all))
+                    }
+                    Exchange::PadIntent { mine, .. } => e.handle(Input::PadIntent(mine)),
+                    Exchange::Votes { mine, .. } => {
+                        assert_eq!(mine.batch_size, 0, "nothing to run");
+                        let all = [*mine];
+                        e.handle(Input::Votes(&all))
+                    }
+                    Exchange::Responses { .. } => e.handle(Input::ResponsesGathered),
+                    Exchange::TransferStatus { mine, .. } => {
+                        let all = [mine.clone()];
+                        e.handle(Input::TransferStatus(&all))
+                    }
+                }
+            }
+            Io::ReadIngress(mode) => {
+                assert_eq!(mode, FetchMode::Block, "an empty server blocks (§3.2)");
+                e.handle(Input::Ingress(FetchBatch::default()))
+            }
+            Io::Forward {
+                launch,
+                await_output,
+                ..
+            } => {
+                assert!(launch.is_none() && await_output.is_none());
+                e.handle(Input::Output(None))
+            }
+            Io::IterationEnded(report) => {
+                assert!(report.violations.is_empty());
+                break;
+            }
+            Io::Finished | Io::Stopped(_) => panic!("an empty server runs on"),
+        };
+        result.unwrap();
+    }
+    assert!(tags.iter().all(|t| t.iteration == 0));
+    assert_eq!(e.iteration(), 1);
+    tags
+}
+
+#[test]
+fn s3_every_rank_runs_the_collectives_of_its_schedule_in_the_fixed_order() {
+    let phases = |server| -> Vec<Phase> {
+        one_empty_iteration(&server)
+            .iter()
+            .map(|t| t.phase)
+            .collect()
+    };
+    // Aggregated, balanced router: no prefix matches, no pad intent, no transfers.
+    let agg = adp_server(1, 2, false);
     assert_eq!(
-        phases,
+        phases(agg.clone()),
+        vec![Phase::Gather, Phase::Fetch, Phase::Vote, Phase::Responses]
+    );
+    // The KV-aware router reads every rank's prefix matches.
+    let mut kv_aware = agg.clone();
+    kv_aware.attention_dp_config.router = lockstep_actors::config::RouterKind::KvAware;
+    assert_eq!(
+        phases(kv_aware),
         vec![
+            Phase::Gather,
             Phase::Fetch,
             Phase::PrefixMatch,
+            Phase::Vote,
+            Phase::Responses
+        ]
+    );
+    // A gen server without overlap pads by intent and polls its transfers.
+    let mut gen_server = agg.clone();
+    gen_server.role = Role::Gen;
+    assert_eq!(
+        phases(gen_server.clone()),
+        vec![
+            Phase::Gather,
+            Phase::Fetch,
             Phase::PadIntent,
             Phase::Vote,
             Phase::Responses,
             Phase::Transfers
         ]
     );
-    assert!(tags.iter().all(|t| t.iteration == 0));
-    assert_eq!(e.iteration(), 1);
+    // With overlap it pads on the `expected` path: no intent allreduce.
+    let mut overlapped = gen_server;
+    overlapped.disable_overlap_scheduler = false;
+    assert!(!phases(overlapped).contains(&Phase::PadIntent));
 }
 
 #[test]
-fn s3_a_malformed_collective_result_is_an_error_not_a_panic() {
+fn s3_a_malformed_collective_result_is_an_error_that_changes_nothing() {
+    use lockstep_actors::executor::{Input, Io};
     let server = adp_server(2, 2, false);
     let sizes = server.derive(&Policy::FIXED).unwrap().sizes;
     let mut e = RankExecutor::new(RankId(0), &server, &sizes, Policy::FIXED);
-    let (t, s) = e.begin_iteration();
-    let err = e.on_fetch(t, &[s], &FetchBatch::default()).unwrap_err();
+    let Io::Exchange(lockstep_actors::executor::Exchange::States { mine, .. }) = e.poll() else {
+        panic!("an iteration opens with the gather");
+    };
+    let one = [*mine];
+    let err = e.handle(Input::States(&one)).unwrap_err();
     assert!(err.to_string().contains("1 entries, expected 2"), "{err}");
+    // Still awaiting the gather: a second, well-formed answer is taken.
+    let Io::Exchange(lockstep_actors::executor::Exchange::States { mine, .. }) = e.poll() else {
+        panic!("still at the gather");
+    };
+    let two = [*mine, *mine];
+    e.handle(Input::States(&two)).unwrap();
+    // An answer to a question not asked is refused too.
+    let err = e.handle(Input::ResponsesGathered).unwrap_err();
+    assert!(err.to_string().contains("while awaiting"), "{err}");
 }
 
 #[test]

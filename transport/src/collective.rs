@@ -46,6 +46,11 @@ pub trait Collective {
         root: usize,
         mine: &T,
     ) -> Result<Option<Vec<T>>, CollectiveError>;
+
+    /// Tells the other members this one is alive though it is not in a collective (rank
+    /// 0 waiting for an input while its peers wait in the fetch broadcast), so a peer's
+    /// timeout or watchdog measures a stuck rank, not an idle server. Not collective.
+    fn keep_alive(&mut self) {}
 }
 
 /// Why a collective failed. Every variant except `Encode`/`Decode` leaves the group

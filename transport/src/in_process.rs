@@ -46,6 +46,7 @@ impl InProcessGroup {
                 read: vec![false; size],
                 failure: None,
                 broken: None,
+                alive: 0,
             }),
             changed: Condvar::new(),
         });
@@ -89,6 +90,9 @@ struct State {
     /// A failure of the whole round (tag or operation mismatch), returned on every rank.
     failure: Option<CollectiveError>,
     broken: Option<Broken>,
+    /// Bumped by [`Collective::keep_alive`]: a waiter whose deadline passed while a
+    /// member kept the group alive waits on.
+    alive: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,9 +177,10 @@ impl InProcessMember {
         want: Want,
     ) -> Result<Vec<(usize, Payload)>, CollectiveError> {
         let shared = &*self.shared;
-        let deadline = Deadline::after(shared.timeout);
+        let mut deadline = Deadline::after(shared.timeout);
         let mut st = shared.state.lock();
         let mut timed_out = false;
+        let mut alive = st.alive;
 
         // Wait for the previous round to drain: its slots are still being read.
         loop {
@@ -185,7 +190,13 @@ impl InProcessMember {
             if st.stage == Stage::Filling {
                 break;
             }
-            if timed_out {
+            if timed_out && st.alive != alive {
+                // A member said it is alive meanwhile: wait a full timeout more.
+                alive = st.alive;
+                deadline = Deadline::after(shared.timeout);
+                timed_out = false;
+                continue;
+            } else if timed_out {
                 let missing = (0..shared.size).filter(|&r| !st.read[r]).collect();
                 return Err(self.time_out(&mut st, tag, &deadline, missing));
             }
@@ -227,7 +238,12 @@ impl InProcessMember {
                     other => CollectiveError::GroupBroken(other.describe()),
                 });
             }
-            if timed_out {
+            if timed_out && st.alive != alive {
+                alive = st.alive;
+                deadline = Deadline::after(shared.timeout);
+                timed_out = false;
+                continue;
+            } else if timed_out {
                 let missing = (0..shared.size)
                     .filter(|&r| st.slots[r].is_none())
                     .collect();
@@ -365,6 +381,13 @@ impl Drop for InProcessMember {
 impl Collective for InProcessMember {
     fn rank(&self) -> usize {
         self.rank
+    }
+
+    fn keep_alive(&mut self) {
+        let mut st = self.shared.state.lock();
+        st.alive = st.alive.wrapping_add(1);
+        drop(st);
+        self.shared.changed.notify_all();
     }
 
     fn size(&self) -> usize {

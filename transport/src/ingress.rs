@@ -8,7 +8,18 @@
 
 use std::collections::VecDeque;
 
-use crate::sync::{Arc, Condvar, Mutex};
+use crate::sync::{Arc, Condvar, Deadline, Mutex};
+
+/// What a timed read found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Popped<T> {
+    /// The oldest item.
+    Item(T),
+    /// Nothing came before the deadline.
+    TimedOut,
+    /// The queue is closed and empty: nothing will ever come.
+    Closed,
+}
 
 /// A refused push. Nothing was enqueued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -89,6 +100,62 @@ impl<T> IngressQueue<T> {
         Ok(())
     }
 
+    /// Appends every item of `items` at once (a reader sees all or none of them), or
+    /// refuses them all (the queue has no room for all, or is closed) and changes
+    /// nothing.
+    pub fn push_all(&self, items: impl IntoIterator<Item = T>) -> Result<(), IngressError> {
+        let items: Vec<T> = items.into_iter().collect();
+        let mut st = self.inner.state.lock();
+        if st.closed {
+            return Err(IngressError::Closed);
+        }
+        if st.items.len() + items.len() > self.inner.capacity {
+            return Err(IngressError::Full {
+                capacity: self.inner.capacity,
+            });
+        }
+        st.items.extend(items);
+        drop(st);
+        self.inner.readable.notify_one();
+        Ok(())
+    }
+
+    /// Appends every item of `items` at once whatever the bound (control items, which
+    /// must never be refused while the reader runs), or refuses them if the queue is
+    /// closed.
+    pub fn push_all_unbounded(
+        &self,
+        items: impl IntoIterator<Item = T>,
+    ) -> Result<(), IngressError> {
+        let mut st = self.inner.state.lock();
+        if st.closed {
+            return Err(IngressError::Closed);
+        }
+        st.items.extend(items);
+        drop(st);
+        self.inner.readable.notify_one();
+        Ok(())
+    }
+
+    /// The oldest item, waiting until `deadline` at most (under loom a deadline never
+    /// passes: the read waits for an item or the close).
+    pub fn pop_until(&self, deadline: &Deadline) -> Popped<T> {
+        let mut st = self.inner.state.lock();
+        loop {
+            if let Some(item) = st.items.pop_front() {
+                return Popped::Item(item);
+            }
+            if st.closed {
+                return Popped::Closed;
+            }
+            let timed_out;
+            (st, timed_out) = self.inner.readable.wait_until(st, deadline);
+            if timed_out && st.items.is_empty() && !st.closed {
+                return Popped::TimedOut;
+            }
+        }
+    }
+
     /// The oldest item, blocking until there is one; `None` once closed and empty.
     pub fn pop_blocking(&self) -> Option<T> {
         let mut st = self.inner.state.lock();
@@ -101,6 +168,11 @@ impl<T> IngressQueue<T> {
             }
             st = self.inner.readable.wait(st);
         }
+    }
+
+    /// The oldest item if one is queued now, without waiting.
+    pub fn try_pop(&self) -> Option<T> {
+        self.inner.state.lock().items.pop_front()
     }
 
     /// Everything queued now, oldest first, without waiting.

@@ -18,25 +18,41 @@ use lockstep_actors::executor::CollectiveTag;
 
 use crate::collective::{Collective, CollectiveError};
 
+/// The channel (MPI tag) of [`Collective::keep_alive`]'s heartbeats, which a rank's
+/// watchdog thread drains.
+pub const HEARTBEAT_CHANNEL: i32 = 199;
+
 /// This process's membership of the MPI world.
 pub struct MpiMember {
     /// The group the collectives run over: the world, or this process's server.
     comm: SimpleCommunicator,
     /// Point-to-point messages between servers.
     world: SimpleCommunicator,
+    /// The world ranks of the group's members, in group order.
+    group_world_ranks: Vec<usize>,
     // Dropped last: finalises MPI.
     _universe: mpi::environment::Universe,
 }
 
 impl MpiMember {
-    /// Initialises MPI (once per process). A binary started without `mpirun` is a world
-    /// of size 1.
+    /// Initialises MPI (once per process) with full thread support: a rank's
+    /// transceiver and watchdog threads exchange point-to-point messages while its main
+    /// thread is in a collective. A binary started without `mpirun` is a world of
+    /// size 1.
     pub fn init() -> Result<MpiMember, CollectiveError> {
-        let universe = mpi::initialize()
+        let (universe, provided) = mpi::initialize_with_threading(mpi::Threading::Multiple)
             .ok_or_else(|| CollectiveError::GroupBroken("MPI was already initialised".into()))?;
+        if provided < mpi::Threading::Multiple {
+            return Err(CollectiveError::GroupBroken(format!(
+                "this MPI provides thread level {provided:?}; lockstep needs Multiple"
+            )));
+        }
+        let world = universe.world();
+        let size = world.size() as usize;
         Ok(MpiMember {
             comm: universe.world(),
-            world: universe.world(),
+            world,
+            group_world_ranks: (0..size).collect(),
             _universe: universe,
         })
     }
@@ -51,7 +67,19 @@ impl MpiMember {
             .ok_or_else(|| {
                 CollectiveError::GroupBroken(format!("splitting the MPI world by group {group}"))
             })?;
-        Ok(MpiMember { comm, ..self })
+        let me = self.world.rank();
+        let mut ranks = vec![0i32; comm.size() as usize];
+        comm.all_gather_into(&me, &mut ranks[..]);
+        Ok(MpiMember {
+            comm,
+            group_world_ranks: ranks.into_iter().map(|r| r as usize).collect(),
+            ..self
+        })
+    }
+
+    /// The world ranks of this group's members, in group order.
+    pub fn group_world_ranks(&self) -> &[usize] {
+        &self.group_world_ranks
     }
 
     /// This process's rank in the world.
@@ -86,6 +114,14 @@ pub struct MpiPeers {
 }
 
 impl MpiPeers {
+    /// A handle for the calling thread (MPI is initialised with full thread support, so
+    /// any thread may send and receive over the world). Not `Send`: make one per thread.
+    pub fn for_this_thread() -> MpiPeers {
+        MpiPeers {
+            world: SimpleCommunicator::world(),
+        }
+    }
+
     /// This process's rank in the world.
     pub fn world_rank(&self) -> usize {
         self.world.rank() as usize
@@ -189,6 +225,17 @@ impl MpiMember {
 impl Collective for MpiMember {
     fn rank(&self) -> usize {
         self.comm.rank() as usize
+    }
+
+    fn keep_alive(&mut self) {
+        let me = self.world.rank() as usize;
+        for &peer in &self.group_world_ranks {
+            if peer != me {
+                self.world
+                    .process_at_rank(peer as i32)
+                    .send_with_tag(&[0u8][..], HEARTBEAT_CHANNEL);
+            }
+        }
     }
 
     fn size(&self) -> usize {

@@ -8,24 +8,106 @@ use crate::counts::RankCounts;
 use crate::ids::{BatchNumber, RankId, ReqId};
 use crate::request::RequestSpec;
 
-/// The phases separated by collectives, in order (§3). A collective is tagged with
-/// `(iteration, phase)`; drivers compare tags across ranks.
+/// The collectives of one iteration, in their fixed order (§3). A collective is tagged
+/// with `(iteration, phase)`; transports compare tags across ranks. A server's
+/// [`CollectiveSchedule`] says which of them its configuration runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Phase {
     /// 1. allgather of [`RankState`].
     Gather,
     /// 2. broadcast of [`FetchBatch`] from rank 0.
     Fetch,
-    /// 3. allgather of [`PrefixMatches`] (empty unless the router is KV-aware).
+    /// 3. allgather of [`PrefixMatches`] (KV-aware router only).
     PrefixMatch,
-    /// 4. allreduce MAX of [`PadIntent`].
+    /// 4. allreduce MAX of [`PadIntent`] (non-overlap disaggregated path only).
     PadIntent,
     /// 6. allgather of [`BatchVote`].
     Vote,
     /// 8. gather of [`RankResponses`] to rank 0.
     Responses,
-    /// 9. allgather of [`TransferStatus`].
+    /// 9. allgather of [`TransferStatus`] (ctx and gen servers only).
     Transfers,
+}
+
+impl Phase {
+    /// Every phase, in iteration order.
+    pub const ALL: [Phase; 7] = [
+        Phase::Gather,
+        Phase::Fetch,
+        Phase::PrefixMatch,
+        Phase::PadIntent,
+        Phase::Vote,
+        Phase::Responses,
+        Phase::Transfers,
+    ];
+
+    /// The collective operation this phase runs.
+    pub fn op(self) -> CollectiveOp {
+        match self {
+            Phase::Gather | Phase::PrefixMatch | Phase::Vote | Phase::Transfers => {
+                CollectiveOp::Allgather
+            }
+            Phase::Fetch => CollectiveOp::Broadcast,
+            Phase::PadIntent => CollectiveOp::AllreduceMax,
+            Phase::Responses => CollectiveOp::Gather,
+        }
+    }
+
+    /// Name used in logs and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Gather => "gather",
+            Phase::Fetch => "fetch",
+            Phase::PrefixMatch => "prefix_match",
+            Phase::PadIntent => "pad_intent",
+            Phase::Vote => "vote",
+            Phase::Responses => "responses",
+            Phase::Transfers => "transfers",
+        }
+    }
+}
+
+/// The kind of a collective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CollectiveOp {
+    /// Everyone gets everyone's contribution.
+    Allgather,
+    /// Everyone gets rank 0's value.
+    Broadcast,
+    /// Everyone gets the maximum.
+    AllreduceMax,
+    /// Rank 0 gets everyone's contribution.
+    Gather,
+}
+
+/// Which collectives one server's iteration runs. Fixed by the server's configuration,
+/// never by data (§3): a collective the configuration can never need is left out of the
+/// sequence, the rest run every iteration even when empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectiveSchedule {
+    /// The prefix-match allgather: only a KV-aware router reads it.
+    pub prefix_matches: bool,
+    /// The pad-intent allreduce: only the non-overlap disaggregated path pads by intent.
+    pub pad_intent: bool,
+    /// The transfer-status allgather: only ctx and gen servers transfer KV.
+    pub transfers: bool,
+}
+
+impl CollectiveSchedule {
+    /// Whether `phase` runs in this schedule.
+    pub fn runs(&self, phase: Phase) -> bool {
+        match phase {
+            Phase::Gather | Phase::Fetch | Phase::Vote | Phase::Responses => true,
+            Phase::PrefixMatch => self.prefix_matches,
+            Phase::PadIntent => self.pad_intent,
+            Phase::Transfers => self.transfers,
+        }
+    }
+
+    /// The phases one iteration runs, in order.
+    pub fn phases(&self) -> Vec<Phase> {
+        Phase::ALL.into_iter().filter(|p| self.runs(*p)).collect()
+    }
 }
 
 /// The tag every collective carries.
@@ -49,6 +131,15 @@ pub struct RankState {
     /// iteration must run even if nothing is live.
     #[serde(default)]
     pub responses_due: bool,
+    /// The rank's previous iteration changed something (a real forward, a response, an
+    /// admission, a transfer event, ...). When no rank's did, the next iteration would
+    /// be the same: rank 0 waits for an input instead of spinning.
+    #[serde(default)]
+    pub progressed: bool,
+    /// A KV transfer of this rank is in flight: its end (done, failed or timed out) is an
+    /// input still to come, so a wait for it is not a deadlock.
+    #[serde(default)]
+    pub awaiting_transfer: bool,
 }
 
 /// What rank 0 read from the ingress queue, broadcast to every rank (§3.2).
@@ -67,15 +158,30 @@ pub struct FetchBatch {
     /// Rank 0's clock when it fetched (virtual in the simulator): broadcast, so every
     /// rank applies time-based rules (the transport budget's stale receives) alike.
     pub now_ns: u64,
+    /// Rank 0 waited in [`FetchMode::Stalled`] `{ bounded: true }` for longer than the
+    /// host's stall bound and nothing came: the server is deadlocked. Every rank fails
+    /// what it holds with the reason, and the server winds down.
+    #[serde(default)]
+    pub stalled_out: Option<String>,
 }
 
-/// Rank 0's idle decision (§3.2): block on the ingress queue, or drain it without waiting.
+/// Rank 0's decision of how to read the ingress queue (§3.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FetchMode {
-    /// Σ live == 0, waiting queue empty, no shutdown: block until something arrives.
+    /// Σ live == 0, waiting queue empty, no shutdown: block until something arrives, as
+    /// long as it takes.
     Block,
     /// Drain what is there and go on.
     Poll,
+    /// Work remains but no rank's last iteration changed anything: the next would be the
+    /// same, so wait for the next input (a request, a cancellation, a transfer event's
+    /// wake-up) instead of spinning. `bounded`: no transfer is in flight either, so
+    /// nothing pending will bring an input; a wait past the host's stall bound is a
+    /// deadlock, answered with [`FetchBatch::stalled_out`].
+    Stalled {
+        /// Whether the wait is bounded by the stall bound.
+        bounded: bool,
+    },
 }
 
 /// Phase 3 contribution: this rank's cached-prefix match (tokens) for each request popped
@@ -100,11 +206,38 @@ pub enum PadIntent {
     Context = 2,
 }
 
-/// Phase 6 contribution: how many entries (dummies included) this rank scheduled.
+impl PadIntent {
+    /// The value the allreduce MAX combines.
+    pub fn as_u64(self) -> u64 {
+        self as u64
+    }
+
+    /// The intent a combined value stands for (anything above `Context` is `Context`).
+    pub fn from_u64(v: u64) -> PadIntent {
+        match v {
+            0 => PadIntent::None,
+            1 => PadIntent::Generation,
+            _ => PadIntent::Context,
+        }
+    }
+}
+
+/// Phase 6 contribution: how many entries (dummies included) this rank scheduled, and
+/// whether it hit a violation that crashes the real executor (every rank reads every
+/// flag in the same collective, so all stop at the same point instead of one leaving
+/// its peers waiting in the next collective).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct BatchVote {
     /// Batch size.
     pub batch_size: u32,
+    /// A fatal violation on this rank this iteration (cap check, unseatable request).
+    #[serde(default)]
+    pub fatal: bool,
+    /// What this rank's batch would cost the device: with every rank's shape, every host
+    /// computes the same iteration time (the forward ends when the slowest rank's
+    /// does: its collectives wait for all).
+    #[serde(default)]
+    pub shape: super::shape::BatchShape,
 }
 
 /// What one forward entry does, as the backend sees it.
@@ -179,18 +312,6 @@ pub struct ForwardOutput {
     pub sampled: Vec<u32>,
 }
 
-/// Phase 6 result handed to the driver: what to launch and which output to hand back.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LaunchPlan {
-    /// `can_queue`: every rank scheduled at least one entry.
-    pub can_queue: bool,
-    /// The batch to launch now (when `can_queue`).
-    pub launch: Option<ScheduledBatch>,
-    /// The batch whose output `on_forward_output` needs: this one without overlap, the
-    /// previous one with overlap.
-    pub await_output: Option<BatchNumber>,
-}
-
 /// Why a request ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Finish {
@@ -247,6 +368,14 @@ pub enum TransferCommand {
         /// Where the KV lives, if the request said (`RequestSpec::kv_source`).
         from: Option<crate::transceiver::KvAddress>,
     },
+    /// Either side: the executor dropped `id` while its transfer was in flight
+    /// (cancelled, or failed with its server); end it and tell the counterpart.
+    Abort {
+        /// Request.
+        id: ReqId,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// How a transfer ended, as reported by the transceiver.
@@ -267,13 +396,10 @@ pub struct TransferEvent {
     pub outcome: TransferOutcome,
 }
 
-/// Phase 9 contribution: the transfer events this rank will apply this iteration.
+/// Phase 9 contribution: the transfer events this rank applies this iteration (§3.9: a
+/// consensus collective, so every rank agrees on the iteration an event took effect).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct TransferStatus {
     /// Events, in delivery order.
     pub events: Vec<TransferEvent>,
-    /// This rank hit a violation that crashes the real executor this iteration. Every
-    /// rank sees every flag in the same collective, so all of them stop at the same
-    /// iteration instead of one leaving its peers waiting in the next collective.
-    pub fatal: bool,
 }

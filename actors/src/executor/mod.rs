@@ -1,29 +1,42 @@
-//! The per-rank executor (mechanisms.md §3): one iteration as a fixed sequence of phases
-//! separated by collectives.
+//! The per-rank executor (mechanisms.md §3): one rank's control plane, stepped through
+//! the iteration protocol by its host.
 //!
-//! Each phase is a method that consumes the token of the previous phase, takes the
-//! previous collective's result, and returns this rank's contribution to the next
-//! collective together with the next token. A driver therefore cannot skip or reorder a
-//! collective: the sequence is fixed by the types, and data-dependent choices live
-//! between collectives, never in whether one happens.
+//! The executor never performs I/O. Its host (the simulator's server stepper, the
+//! threads and MPI rank host, the overhead benchmark, the loom model) asks it what it
+//! needs next with [`RankExecutor::poll`] and hands the answer back with
+//! [`RankExecutor::handle`], in the style of raft-rs's `RawNode`:
 //!
-//! Call order per iteration (every rank, every iteration):
-//! 1. [`RankExecutor::begin_iteration`] → allgather [`RankState`];
-//! 2. rank 0: [`RankExecutor::fetch_mode`] (block or poll the ingress queue) → broadcast
-//!    [`FetchBatch`] → [`RankExecutor::on_fetch`] → allgather [`PrefixMatches`];
-//! 3. [`RankExecutor::on_prefix_matches`] (route, cap check) → allreduce MAX [`PadIntent`];
-//! 4. [`RankExecutor::on_pad_intent`] (pad, schedule) → allgather [`BatchVote`];
-//! 5. [`RankExecutor::on_vote`] (commit or roll back the dummy) → the driver launches
-//!    [`LaunchPlan::launch`] and hands back the output named by `await_output`;
-//! 6. [`RankExecutor::on_forward_output`] (update, responses) → gather [`RankResponses`];
-//! 7. [`RankExecutor::transfer_status`] → allgather [`TransferStatus`] →
-//!    [`RankExecutor::on_transfer_status`] → [`IterationReport`] with the §10 checks.
+//! ```text
+//! loop {
+//!     match exec.poll() {
+//!         Io::Exchange(x)        => run the collective x names (its kind, tag and this
+//!                                   rank's contribution), then exec.handle(result);
+//!         Io::ReadIngress(mode)  => rank 0: read the ingress queue as `mode` says, then
+//!                                   exec.handle(Input::Ingress(batch));
+//!         Io::Forward { .. }     => launch the batch on the device, await the named
+//!                                   output, then exec.handle(Input::Output(output));
+//!         Io::IterationEnded(r)  => hand out r's transfer commands, record its stats;
+//!         Io::Finished           => the server is drained: leave;
+//!         Io::Stopped(why)       => a fatal violation: every rank stops here.
+//!     }
+//! }
+//! ```
 //!
-//! Guardrails: phases never call a collective; counts come from [`RankCounts::of`];
-//! seats come from [`DerivedSizes`]; the window comes from the capacity scheduler.
+//! The order of the collectives lives in one place, [`protocol`]; which of them a server
+//! runs is its [`CollectiveSchedule`], fixed by configuration. Each collective's tag
+//! comes from the executor, so a transport can compare tags across ranks and fail
+//! loudly, naming both, when they disagree.
+//!
+//! Guardrails: counts come from [`RankCounts::of`]; seats come from [`DerivedSizes`];
+//! the window comes from the capacity scheduler; the phase order comes from
+//! [`protocol`] alone.
 
+mod admission;
+mod checks;
 pub mod messages;
-mod phases;
+pub mod protocol;
+mod schedule;
+pub mod shape;
 pub mod stats;
 mod update;
 
@@ -43,19 +56,22 @@ use crate::scheduler::{
 };
 use crate::seats::SlotPool;
 
+pub use admission::idle_decision;
 pub use messages::*;
-pub use phases::idle_decision;
+pub use protocol::{Exchange, Input, Io, StopReason};
+pub use shape::BatchShape;
 pub use stats::{IterationReport, IterationStats, RankTotals};
 
 use crate::invariants::Violation;
 
-/// A caller error at a phase boundary (a malformed collective result). The executor is
-/// left unchanged; the driver should abort the group with this message.
+/// A caller error at the protocol boundary (an input the executor did not ask for, or a
+/// malformed collective result). The executor is left unchanged; the host should abort
+/// the group with this message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExecutorError {
     /// A collective result has the wrong number of entries.
     #[error(
-        "rank {rank}, iteration {iteration}: {phase:?} result has {got} entries, expected {want}"
+        "rank {rank}, iteration {iteration}: {} result has {got} entries, expected {want}", phase.name()
     )]
     WrongArity {
         /// Rank.
@@ -79,6 +95,18 @@ pub enum ExecutorError {
         /// Batch awaited.
         want: Option<BatchNumber>,
     },
+    /// The host handed an input the executor did not ask for.
+    #[error("rank {rank}, iteration {iteration}: got {got} while awaiting {awaiting}")]
+    UnexpectedInput {
+        /// Rank.
+        rank: RankId,
+        /// Iteration.
+        iteration: u64,
+        /// What the executor awaited.
+        awaiting: &'static str,
+        /// What it got.
+        got: &'static str,
+    },
     /// A transfer event for a request this rank does not hold in a transfer state.
     #[error("rank {rank}: transfer event for {id}, which is not in transfer here")]
     UnknownTransfer {
@@ -96,80 +124,105 @@ pub fn default_kv_full_check_every(kv_blocks: u32) -> u64 {
     if kv_blocks <= 4096 { 1 } else { 16_384 }
 }
 
-macro_rules! phase_token {
-    ($(#[$doc:meta])* $name:ident, $phase:expr) => {
-        $(#[$doc])*
-        #[must_use = "the next phase of the iteration must run"]
-        #[derive(Debug, PartialEq, Eq)]
-        pub struct $name {
-            iteration: u64,
-        }
-        impl $name {
-            /// The tag of the collective this token waits for.
-            pub fn tag(&self) -> CollectiveTag {
-                CollectiveTag { iteration: self.iteration, phase: $phase }
-            }
-        }
-    };
+/// What a rank is configured with; set once at construction.
+#[derive(Debug)]
+struct Setup {
+    role: Role,
+    sizes: DerivedSizes,
+    policy: Policy,
+    pad_path: PadPath,
+    schedule: CollectiveSchedule,
+    /// ctx server in generation-first mode (§8): arrivals wait for their gen peer.
+    generation_first: bool,
+    chunked_prefill: bool,
+    window: SchedulableWindow,
+    kv_full_check_every: u64,
 }
 
-phase_token!(
-    /// Waiting for the gather result and rank 0's fetch broadcast.
-    AwaitFetch,
-    Phase::Fetch
-);
-phase_token!(
-    /// Waiting for the prefix-match allgather.
-    AwaitPrefixMatches,
-    Phase::PrefixMatch
-);
-phase_token!(
-    /// Waiting for the pad-intent allreduce.
-    AwaitPadIntent,
-    Phase::PadIntent
-);
-phase_token!(
-    /// Waiting for the batch-size vote.
-    AwaitVote,
-    Phase::Vote
-);
-phase_token!(
-    /// Waiting for the forward output the launch plan named.
-    AwaitForward,
-    Phase::Responses
-);
-phase_token!(
-    /// Ready to contribute this rank's transfer status.
-    AwaitTransfers,
-    Phase::Transfers
-);
-phase_token!(
-    /// Waiting for the transfer-status allgather.
-    AwaitTransferResult,
-    Phase::Transfers
-);
-
-/// Per-iteration scratch, reset by `begin_iteration`.
+/// What every rank holds identically (§3.2: every rank applies the same broadcast).
 #[derive(Debug, Default)]
-struct Scratch {
+struct Replicated {
+    /// The waiting queue.
+    waiting: VecDeque<RequestSpec>,
+    /// Every request id ever accepted, to refuse duplicates.
+    known_ids: BTreeSet<ReqId>,
+    /// Generation-first: waiting requests whose gen peer is already named; they arrive
+    /// ready to prefill.
+    peer_known: BTreeSet<ReqId>,
+    /// A shutdown was read.
+    shutdown: bool,
+    /// The server stalled out (deadlocked): why, and every rank's requests were failed.
+    stalled_out: Option<String>,
+    /// Requests routed to all ranks so far.
+    routed_total: u64,
+}
+
+/// This rank's requests.
+#[derive(Debug, Default)]
+struct Resident {
+    /// Resident requests in admission order (`seq` increasing; the dummy is apart).
+    active: Vec<Request>,
+    /// The dummy, while alive.
+    dummy: Option<Request>,
+    /// ctx side: requests whose KV send is in flight (out of `active`, KV kept).
+    sending: Vec<Request>,
+    /// Overlap: the batch launched last iteration whose output is not processed yet.
+    in_flight: Option<ScheduledBatch>,
+    /// The next batch number.
+    next_batch: u64,
+    /// The next admission number.
+    next_seq: u64,
+    /// Requests routed here so far.
+    routed_here: u64,
+}
+
+/// The working data of the iteration in progress, reset when one opens. What moves
+/// between two collectives travels in the protocol's stage ([`protocol`]); this holds
+/// what the iteration accumulates across all of them.
+#[derive(Debug, Default)]
+struct Iteration {
     /// Rank 0's clock for this iteration (from the fetch broadcast).
     now_ns: u64,
+    /// This rank's contribution to the gather.
+    state: RankState,
+    /// This rank's vote.
+    vote: BatchVote,
+    /// Rank 0: what it read from the ingress, until the broadcast.
+    read: Option<FetchBatch>,
+    /// This rank's prefix matches for the popped requests (KV-aware routing).
+    matches: PrefixMatches,
+    /// This rank's transfer events for the transfer phase.
+    status: TransferStatus,
+    /// Every rank's load at the gather.
     loads: Vec<RankLoad>,
+    /// Requests popped from the waiting queue, to route.
     popped: Vec<RequestSpec>,
+    /// `expected` of this iteration's routing.
     expected: u32,
+    /// This rank's counts after routing.
     counts: RankCounts,
     /// The counts taken at the gather and how many active requests they covered, while
     /// nothing but appends has changed `active` since (a cancellation clears it): the
     /// routed requests are then counted alone and added.
     gathered: Option<(RankCounts, usize)>,
-    batch: Option<ScheduledBatch>,
+    /// The tentative dummy, between padding and the vote.
     tentative: Option<TentativeDummy>,
+    /// The batch scheduled, until the vote.
+    batch: Option<ScheduledBatch>,
+    /// The batch launched (after a positive vote), until its effects are applied.
     launched: Option<ScheduledBatch>,
+    /// The output the forward step awaits.
     awaited: Option<BatchNumber>,
+    /// Something changed this iteration (see [`RankState::progressed`]).
+    progressed: bool,
+    /// The §9 record.
     stats: IterationStats,
+    /// §10 violations found so far.
     violations: Vec<Violation>,
-    commands: Vec<crate::executor::messages::TransferCommand>,
-    responses: Vec<Response>,
+    /// Transfers for the host to start.
+    commands: Vec<TransferCommand>,
+    /// This rank's responses, gathered to rank 0.
+    responses: RankResponses,
 }
 
 /// Working buffers kept across iterations so that a steady-state iteration allocates
@@ -206,47 +259,32 @@ impl Buffers {
 #[derive(Debug)]
 pub struct RankExecutor {
     rank: RankId,
-    role: Role,
-    sizes: DerivedSizes,
-    policy: Policy,
-    pad_path: PadPath,
-    /// ctx server in generation-first mode (§8): arrivals wait for their gen peer.
-    generation_first: bool,
-    /// Generation-first: waiting requests whose gen peer is already named (replicated:
-    /// every rank reads the same fetches); they arrive ready to prefill.
-    peer_known: BTreeSet<ReqId>,
-    chunked_prefill: bool,
-    window: SchedulableWindow,
-    iteration: u64,
-    /// Resident requests in admission order (the dummy is kept apart).
-    active: Vec<Request>,
-    /// The dummy, while alive.
-    dummy: Option<Request>,
-    /// ctx side: requests whose KV send is in flight (out of `active`, KV kept).
-    sending: Vec<Request>,
-    /// Replicated on every rank (§3.2).
-    waiting: VecDeque<RequestSpec>,
-    /// Every request id ever accepted (replicated), to refuse duplicates.
-    known_ids: BTreeSet<ReqId>,
+    setup: Setup,
+    replicated: Replicated,
+    resident: Resident,
     kv: KvManager,
     seats: SlotPool,
     router: Router,
     capacity: CapacityScheduler,
     micro: MicroBatchScheduler,
-    /// Overlap: the batch launched last iteration whose output is not processed yet.
-    in_flight: Option<ScheduledBatch>,
-    next_batch: u64,
-    next_seq: u64,
-    shutdown: bool,
-    routed_to_rank: u64,
-    routed_total: u64,
+    /// Transfer events from the transceiver, applied at the next transfer phase.
     pending_transfer_events: Vec<TransferEvent>,
     /// Responses produced after the response gather (transfer failures), sent next time.
     carried_responses: Vec<Response>,
+    /// Whether the last iteration changed anything (reported at the next gather).
+    progressed_last: bool,
+    /// The iteration this rank is in, by protocol step.
+    stage: protocol::Stage,
+    iter: Iteration,
+    /// The report of the last iteration that ended.
+    report: IterationReport,
     totals: RankTotals,
-    scratch: Scratch,
+    iteration: u64,
     bufs: Buffers,
-    kv_full_check_every: u64,
+    /// The rank's state when the server stalled out (the deadlock's evidence).
+    stalled_state: Option<String>,
+    /// Why the rank stopped (a fatal violation here or on a peer).
+    stop: Option<StopReason>,
 }
 
 impl RankExecutor {
@@ -283,40 +321,44 @@ impl RankExecutor {
         } else {
             PadPath::Expected
         };
+        let router = Router::new(server.attention_dp_config.router, sizes.dp);
+        let schedule = CollectiveSchedule {
+            prefix_matches: router.needs_prefix_matches(),
+            pad_intent: pad_path == PadPath::Intent,
+            transfers: server.role != Role::Agg,
+        };
         RankExecutor {
             rank,
-            role: server.role,
-            sizes: sizes.clone(),
-            policy,
-            pad_path,
-            generation_first: server.role == Role::Ctx
-                && server.cache_transceiver_config.generation_first,
-            peer_known: BTreeSet::new(),
-            chunked_prefill: server.enable_chunked_prefill,
-            window,
-            iteration: 0,
-            active: Vec::new(),
-            dummy: None,
-            sending: Vec::new(),
-            waiting: VecDeque::new(),
-            known_ids: BTreeSet::new(),
+            setup: Setup {
+                role: server.role,
+                sizes: sizes.clone(),
+                policy,
+                pad_path,
+                schedule,
+                generation_first: server.role == Role::Ctx
+                    && server.cache_transceiver_config.generation_first,
+                chunked_prefill: server.enable_chunked_prefill,
+                window,
+                kv_full_check_every: default_kv_full_check_every(sizes.kv_blocks_per_rank),
+            },
+            replicated: Replicated::default(),
+            resident: Resident::default(),
             kv,
             seats: SlotPool::new(sizes.pools.seat_pool),
-            router: Router::new(server.attention_dp_config.router, sizes.dp),
+            router,
             capacity,
             micro,
-            in_flight: None,
-            next_batch: 0,
-            next_seq: 0,
-            shutdown: false,
-            routed_to_rank: 0,
-            routed_total: 0,
             pending_transfer_events: Vec::new(),
             carried_responses: Vec::new(),
+            progressed_last: true,
+            stage: protocol::Stage::Open,
+            iter: Iteration::default(),
+            report: IterationReport::default(),
             totals: RankTotals::default(),
-            scratch: Scratch::default(),
+            iteration: 0,
             bufs: Buffers::default(),
-            kv_full_check_every: default_kv_full_check_every(sizes.kv_blocks_per_rank),
+            stalled_state: None,
+            stop: None,
         }
     }
 
@@ -324,7 +366,7 @@ impl RankExecutor {
     /// never). Conservation (used + free = total) is checked every iteration regardless.
     /// Default: [`default_kv_full_check_every`].
     pub fn set_kv_full_check_every(&mut self, n: u64) {
-        self.kv_full_check_every = n;
+        self.setup.kv_full_check_every = n;
     }
 
     /// This rank.
@@ -332,40 +374,51 @@ impl RankExecutor {
         self.rank
     }
 
-    /// The next iteration's number.
+    /// The server's role.
+    pub fn role(&self) -> Role {
+        self.setup.role
+    }
+
+    /// The iteration in progress, or the next one between iterations.
     pub fn iteration(&self) -> u64 {
         self.iteration
     }
 
+    /// Which collectives this server's iteration runs.
+    pub fn schedule(&self) -> CollectiveSchedule {
+        self.setup.schedule
+    }
+
     /// The counts of this rank now (§2).
     pub fn counts(&self) -> RankCounts {
+        let r = &self.resident;
         RankCounts::of_rank(
-            self.active.iter().chain(self.dummy.iter()),
-            self.sending.len(),
-            &self.window,
-            &self.policy,
+            r.active.iter().chain(r.dummy.iter()),
+            r.sending.len(),
+            &self.setup.window,
+            &self.setup.policy,
         )
     }
 
     /// Resident requests (admission order; the dummy excluded).
     pub fn active(&self) -> &[Request] {
-        &self.active
+        &self.resident.active
     }
 
     /// The dummy, if one is alive (between padding and the end of the iteration, or
     /// across iterations under legacy `pad.rollback`).
     pub fn dummy(&self) -> Option<&Request> {
-        self.dummy.as_ref()
+        self.resident.dummy.as_ref()
     }
 
     /// ctx side: requests whose KV send is in flight.
     pub fn sending(&self) -> &[Request] {
-        &self.sending
+        &self.resident.sending
     }
 
     /// The replicated waiting queue.
     pub fn waiting(&self) -> &VecDeque<RequestSpec> {
-        &self.waiting
+        &self.replicated.waiting
     }
 
     /// The KV manager (read-only).
@@ -380,12 +433,12 @@ impl RankExecutor {
 
     /// The derived sizes this rank runs with.
     pub fn sizes(&self) -> &DerivedSizes {
-        &self.sizes
+        &self.setup.sizes
     }
 
     /// The policy.
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        &self.setup.policy
     }
 
     /// Cumulative counters.
@@ -393,33 +446,73 @@ impl RankExecutor {
         &self.totals
     }
 
-    /// Whether a shutdown was received and everything drained on this rank (the driver
-    /// checks all ranks and the replicated waiting queue).
-    pub fn is_drained(&self) -> bool {
-        self.shutdown
-            && self.active.is_empty()
-            && self.sending.is_empty()
-            && self.waiting.is_empty()
-            && self.in_flight.is_none()
-    }
-
     /// Whether a shutdown was read (replicated: every rank knows it in the same
-    /// iteration). Drivers stop when it is set, the gathered live count is zero and the
-    /// waiting queue is empty.
+    /// iteration).
     pub fn shutdown_received(&self) -> bool {
-        self.shutdown
+        self.replicated.shutdown
     }
 
-    /// Whether the router is KV-aware (its prefix-match allgather carries data).
+    /// Whether the router is KV-aware.
     pub fn routes_by_prefix(&self) -> bool {
         self.router.needs_prefix_matches()
+    }
+
+    /// The batch this iteration launches (between the vote and the forward's output).
+    pub fn launched(&self) -> Option<&ScheduledBatch> {
+        self.iter.launched.as_ref()
+    }
+
+    /// The report of the last iteration that ended.
+    pub fn last_report(&self) -> &IterationReport {
+        &self.report
+    }
+
+    /// Why the server stalled out, and this rank's state at that moment (the evidence
+    /// of a deadlock), if it did.
+    pub fn stalled_out(&self) -> Option<(&str, &str)> {
+        Some((
+            self.replicated.stalled_out.as_deref()?,
+            self.stalled_state.as_deref()?,
+        ))
+    }
+
+    /// Whether a KV transfer of this rank is in flight (a send, or a receive).
+    pub fn awaiting_transfer(&self) -> bool {
+        !self.resident.sending.is_empty()
+            || self
+                .resident
+                .active
+                .iter()
+                .any(|r| r.state == crate::request::RequestState::DisaggGenerationTransInProgress)
+    }
+
+    /// One line describing this rank's requests (for deadlock and watchdog reports).
+    pub fn describe(&self) -> String {
+        let c = self.counts();
+        let mut by_state: std::collections::BTreeMap<i32, u32> = Default::default();
+        for q in &self.resident.active {
+            *by_state.entry(q.state.as_int()).or_default() += 1;
+        }
+        format!(
+            "rank {}: live {} routable {} retiring {} schedulable {} sending {} waiting {} kv used {}/{} states {:?}",
+            self.rank,
+            c.live,
+            c.routable,
+            c.retiring,
+            c.schedulable,
+            self.resident.sending.len(),
+            self.replicated.waiting.len(),
+            self.kv.used_blocks(),
+            self.kv.total_blocks(),
+            by_state
+        )
     }
 
     /// Delivers a transfer event from the transceiver; applied in the next transfer
     /// phase (a consensus collective, §3.9).
     pub fn handle_transfer_event(&mut self, event: TransferEvent) -> Result<(), ExecutorError> {
-        let in_transfer = self.sending.iter().any(|r| r.id() == event.id)
-            || self.active.iter().any(|r| {
+        let in_transfer = self.resident.sending.iter().any(|r| r.id() == event.id)
+            || self.resident.active.iter().any(|r| {
                 r.id() == event.id
                     && r.state == crate::request::RequestState::DisaggGenerationTransInProgress
             });
@@ -435,12 +528,15 @@ impl RankExecutor {
 
     /// Linear lookup by id, for rare inputs (cancellations, transfer events).
     fn find_active(&self, id: ReqId) -> Option<usize> {
-        self.active.iter().position(|r| r.id() == id)
+        self.resident.active.iter().position(|r| r.id() == id)
     }
 
     /// Lookup of a batch entry's request: `active` is sorted by `seq`.
     fn find_seq(&self, seq: u64) -> Option<usize> {
-        self.active.binary_search_by_key(&seq, |r| r.seq).ok()
+        self.resident
+            .active
+            .binary_search_by_key(&seq, |r| r.seq)
+            .ok()
     }
 
     /// [`RankExecutor::find_seq`] for a batch walked in order: entries come in increasing
@@ -449,7 +545,7 @@ impl RankExecutor {
     /// `cursor` has a smaller `seq` than the last one looked up; a lookup out of order
     /// falls back to the binary search.
     fn find_seq_from(&self, cursor: &mut usize, seq: u64) -> Option<usize> {
-        let a = &self.active;
+        let a = &self.resident.active;
         // The common cases first: the request at the cursor (the one found last was
         // removed) or the one after it.
         for i in [*cursor, *cursor + 1] {
@@ -471,13 +567,13 @@ impl RankExecutor {
 
     /// Appends a newly routed request, keeping `active` sorted by `seq`.
     fn push_active(&mut self, mut r: Request) {
-        r.seq = self.next_seq;
-        self.next_seq += 1;
-        self.active.push(r);
+        r.seq = self.resident.next_seq;
+        self.resident.next_seq += 1;
+        self.resident.active.push(r);
     }
 
     fn effective_max_new(&self, r: &Request) -> u32 {
-        match self.role {
+        match self.setup.role {
             // A ctx server produces the first token only (§8).
             Role::Ctx => r.spec.max_new_tokens.min(1),
             Role::Agg | Role::Gen => r.spec.max_new_tokens,

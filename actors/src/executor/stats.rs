@@ -65,6 +65,9 @@ pub struct IterationStats {
     pub generation_first_promoted: u32,
     /// Waiting queue length after admission (replicated).
     pub waiting: u32,
+    /// Something changed this iteration (a real forward, a response, an admission, a
+    /// transfer started or ended, a promotion, a pause).
+    pub progressed: bool,
 }
 
 /// One rank's output at the end of an iteration.

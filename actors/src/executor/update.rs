@@ -1,34 +1,118 @@
-//! Phase 8 and 9 effects: launch effects (prefill progress, state transitions), token
-//! effects (append, finish), and transfer completions (§3, §8).
+//! The forward's effects and the transfer phase (§3, §8): launch effects (prefill
+//! progress, state transitions), token effects (append, respond, finish), and transfer
+//! completions.
 
 use crate::config::Role;
+use crate::kv::KvCommand;
 use crate::request::RequestState;
 
 use super::RankExecutor;
 use super::messages::*;
 
 impl RankExecutor {
+    /// The awaited output arrived: process it and update states in the order of §3 —
+    /// without overlap, this batch's launch effects then its tokens; with overlap, the
+    /// previous batch's tokens (batch N) then this batch's launch effects (N+1). Then
+    /// tear down the dummy, which never outlives the iteration of its forward (§6).
+    pub(super) fn process_output(&mut self, output: Option<&ForwardOutput>) {
+        let launched = self.iter.launched.take();
+        if self.setup.sizes.overlap {
+            let prev = self.resident.in_flight.take();
+            if let (Some(prev), Some(out)) = (&prev, output) {
+                self.apply_tokens(prev, out);
+            }
+            if let Some(prev) = prev {
+                self.bufs.recycle(prev);
+            }
+            if let Some(batch) = &launched {
+                self.apply_launch(batch);
+            }
+        } else if let Some(batch) = &launched {
+            self.apply_launch(batch);
+            if let Some(out) = output {
+                self.apply_tokens(batch, out);
+            }
+        }
+        if let Some(batch) = &launched {
+            self.record_batch(batch);
+            if self.resident.dummy.is_some() {
+                self.free_dummy();
+            }
+        }
+        // Under overlap the batch stays in flight until next iteration's output (moved,
+        // not copied).
+        if self.setup.sizes.overlap {
+            self.resident.in_flight = launched;
+        } else if let Some(batch) = launched {
+            self.bufs.recycle(batch);
+        }
+    }
+
+    fn record_batch(&mut self, batch: &ScheduledBatch) {
+        let s = &mut self.iter.stats;
+        for e in &batch.entries {
+            if e.is_dummy {
+                s.num_dummies += 1;
+                continue;
+            }
+            s.num_scheduled_requests += 1;
+            match e.kind {
+                ForwardKind::Context { chunk, .. } => {
+                    s.num_ctx_requests += 1;
+                    s.num_ctx_tokens += chunk;
+                }
+                ForwardKind::Generation { .. } => s.num_gen_requests += 1,
+            }
+        }
+        // A forward of dummies only changes nothing but counters.
+        if s.num_scheduled_requests > 0 {
+            self.iter.progressed = true;
+        }
+        self.totals.forward_iterations += 1;
+        self.totals.scheduled_requests += u64::from(s.num_scheduled_requests);
+        self.totals.context_tokens += u64::from(s.num_ctx_tokens);
+        if s.num_dummies > 0 {
+            self.totals.dummy_iterations += 1;
+        }
+    }
+
+    /// The transfer phase (§3.9): apply this rank's events, agreed in the allgather.
+    pub(super) fn apply_transfers(&mut self) {
+        let mut events = std::mem::take(&mut self.iter.status.events);
+        self.iter.stats.transfer_events_applied = events.len() as u32;
+        if !events.is_empty() {
+            self.iter.progressed = true;
+        }
+        for event in events.drain(..) {
+            self.apply_transfer(event);
+        }
+        // Back, empty, with its capacity.
+        self.iter.status.events = events;
+    }
+
     /// Effects of launching `batch`: prefill progress, KV growth, and the state updates
     /// of §3 (context finished → GENERATION_IN_PROGRESS; under overlap, a request whose
     /// next token is its last → GENERATION_TO_COMPLETE, i.e. retiring).
     pub(super) fn apply_launch(&mut self, batch: &ScheduledBatch) {
-        let overlap = self.sizes.overlap;
+        let overlap = self.setup.sizes.overlap;
         let mut cursor = 0;
         for e in batch.real_entries() {
             let Some(i) = self.find_seq_from(&mut cursor, e.seq) else {
                 continue;
             };
-            let max_new = self.effective_max_new(&self.active[i]);
-            let r = &mut self.active[i];
+            let max_new = self.effective_max_new(&self.resident.active[i]);
+            let r = &mut self.resident.active[i];
             match e.kind {
                 ForwardKind::Context { chunk, samples } => {
                     r.context_pos += chunk;
                     r.kv_tokens += chunk;
                     let computed = r.context_pos.min(r.spec.prompt_len);
                     if !r.spec.block_hashes.is_empty() {
-                        let _ = self
-                            .kv
-                            .register_prefix(e.id, &r.spec.block_hashes, computed);
+                        let _ = self.kv.handle(KvCommand::RegisterPrefix {
+                            id: e.id,
+                            block_hashes: &r.spec.block_hashes,
+                            computed_tokens: computed,
+                        });
                     }
                     if samples {
                         r.next_position += 1;
@@ -55,11 +139,11 @@ impl RankExecutor {
     /// Effects of `batch`'s sampled tokens: append, emit a response, finish requests that
     /// reached their length (freeing seat and KV; on a ctx server, start the KV send).
     pub(super) fn apply_tokens(&mut self, batch: &ScheduledBatch, output: &ForwardOutput) {
-        let finished = match self.role {
+        let finished = match self.setup.role {
             Role::Ctx => Finish::ContextDone,
             Role::Agg | Role::Gen => Finish::Completed,
         };
-        self.scratch.responses.reserve(batch.entries.len());
+        self.iter.responses.responses.reserve(batch.entries.len());
         // A finished request leaves `active` at the cursor: what precedes it is unchanged.
         let mut cursor = 0;
         for (e, &token) in batch.entries.iter().zip(&output.sampled) {
@@ -76,14 +160,15 @@ impl RankExecutor {
             let Some(i) = self.find_seq_from(&mut cursor, e.seq) else {
                 continue;
             };
-            let max_new = self.effective_max_new(&self.active[i]);
-            let r = &mut self.active[i];
+            let max_new = self.effective_max_new(&self.resident.active[i]);
+            let r = &mut self.resident.active[i];
             let added = sampled.min(max_new.saturating_sub(r.generated));
             r.generated += added;
             let generated = r.generated;
             self.totals.output_tokens += u64::from(added);
             let done = generated >= max_new;
-            self.scratch.responses.push(Response {
+            self.iter.progressed = true;
+            self.iter.responses.responses.push(Response {
                 id: e.id,
                 new_tokens: added,
                 last_token: token,
@@ -99,24 +184,24 @@ impl RankExecutor {
     /// Tears down a finished request. ctx server: the request leaves the active list but
     /// keeps its KV until the send completes (§8).
     fn finish(&mut self, index: usize) {
-        let mut r = self.active.remove(index);
+        let mut r = self.resident.active.remove(index);
         if let Some(seat) = r.seat.take() {
             self.seats.release(seat);
         }
-        match self.role {
+        match self.setup.role {
             Role::Ctx => {
                 r.state = RequestState::DisaggContextTransInProgress;
                 let blocks = self.kv.blocks_of(r.id());
-                self.scratch
+                self.iter
                     .commands
                     .push(TransferCommand::Send { id: r.id(), blocks });
-                self.sending.push(r);
+                self.resident.sending.push(r);
             }
             Role::Agg | Role::Gen => {
                 r.state = RequestState::GenerationComplete;
                 r.holds_kv = false;
                 r.kv_room = 0;
-                let _ = self.kv.free_sequence(r.id());
+                let _ = self.kv.handle(KvCommand::FreeSequence { id: r.id() });
                 self.totals.completed += 1;
             }
         }
@@ -130,9 +215,14 @@ impl RankExecutor {
             TransferOutcome::Done => None,
             TransferOutcome::Failed(reason) => Some(reason),
         };
-        if let Some(pos) = self.sending.iter().position(|r| r.id() == event.id) {
-            let r = self.sending.remove(pos);
-            let _ = self.kv.free_sequence(r.id());
+        if let Some(pos) = self
+            .resident
+            .sending
+            .iter()
+            .position(|r| r.id() == event.id)
+        {
+            let r = self.resident.sending.remove(pos);
+            let _ = self.kv.handle(KvCommand::FreeSequence { id: r.id() });
             match failure {
                 None => self.totals.completed += 1,
                 Some(reason) => {
@@ -146,13 +236,13 @@ impl RankExecutor {
         };
         match failure {
             None => {
-                let r = &mut self.active[i];
+                let r = &mut self.resident.active[i];
                 r.state = RequestState::DisaggGenerationTransComplete;
                 r.context_pos = r.context_len;
                 r.kv_tokens = r.spec.prompt_len;
             }
             Some(reason) => {
-                let r = self.active.remove(i);
+                let r = self.resident.active.remove(i);
                 self.release(&r);
                 self.fail_after_transfer(&r, format!("kv receive failed: {reason}"));
             }

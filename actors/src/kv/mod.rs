@@ -18,6 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{BlockId, ReqId, Seat};
 use crate::seats::SlotPool;
 
+mod messages;
+pub use messages::{KvCommand, KvReply};
+
 #[cfg(test)]
 mod tests;
 
@@ -81,7 +84,7 @@ pub enum KvError {
 }
 
 /// A dummy's tentative KV allocation (§6). Must be consumed by
-/// [`KvManager::commit_dummy`] or [`KvManager::rollback_dummy`].
+/// [`KvCommand::CommitDummy`] or [`KvCommand::RollbackDummy`].
 #[must_use = "a tentative dummy must be committed or rolled back"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct TentativeDummyKv {
@@ -473,7 +476,7 @@ impl KvManager {
     /// `block_hashes` (at most `(prompt_len - 1) / tokens_per_block` of them, so at least
     /// one prompt token is computed). Returns the reused prompt tokens. On
     /// `NoFreeIndexSlot` counts a deferral and changes nothing else.
-    pub fn add_sequence(
+    fn add_sequence(
         &mut self,
         id: ReqId,
         block_hashes: &[u64],
@@ -511,7 +514,7 @@ impl KvManager {
 
     /// Grows `id` to hold `tokens` tokens, allocating blocks (free list first, lowest id
     /// first; then evicting the least recently used cached block). Never shrinks.
-    pub fn ensure_tokens(&mut self, id: ReqId, tokens: u32) -> Result<(), KvError> {
+    fn ensure_tokens(&mut self, id: ReqId, tokens: u32) -> Result<(), KvError> {
         let want = self.blocks_for_tokens(tokens);
         let free = self.free_blocks();
         let Some(seq) = self.pool.seqs.get_mut(&id) else {
@@ -536,7 +539,7 @@ impl KvManager {
 
     /// Makes the full prompt blocks of `id` covered by `computed_tokens` reusable under
     /// their chained keys (idempotent; a key already cached keeps its block).
-    pub fn register_prefix(
+    fn register_prefix(
         &mut self,
         id: ReqId,
         block_hashes: &[u64],
@@ -582,7 +585,7 @@ impl KvManager {
 
     /// Frees everything `id` holds: its index slot and block references. Blocks with a key
     /// and no other reference go to the LRU (most recent end); others to the free list.
-    pub fn free_sequence(&mut self, id: ReqId) -> Result<(), KvError> {
+    fn free_sequence(&mut self, id: ReqId) -> Result<(), KvError> {
         let Some(seq) = self.pool.seqs.remove(&id) else {
             return Err(KvError::UnknownSequence(id));
         };
@@ -597,7 +600,7 @@ impl KvManager {
 
     /// Dummy transaction, step 1: capacity pre-check (an index slot and the blocks for
     /// `tokens`), then a tentative allocation under [`ReqId::DUMMY`].
-    pub fn allocate_dummy(&mut self, tokens: u32) -> Result<TentativeDummyKv, KvError> {
+    fn allocate_dummy(&mut self, tokens: u32) -> Result<TentativeDummyKv, KvError> {
         if self.has_sequence(ReqId::DUMMY) {
             return Err(KvError::DuplicateSequence(ReqId::DUMMY));
         }
@@ -625,13 +628,13 @@ impl KvManager {
     }
 
     /// Dummy transaction, commit: the dummy stays until `free_sequence(ReqId::DUMMY)`.
-    pub fn commit_dummy(&mut self, dummy: TentativeDummyKv) {
+    fn commit_dummy(&mut self, dummy: TentativeDummyKv) {
         dummy.consume();
         self.counters.dummy_commits += 1;
     }
 
     /// Dummy transaction, rollback: frees exactly the dummy's slot and blocks.
-    pub fn rollback_dummy(&mut self, dummy: TentativeDummyKv) {
+    fn rollback_dummy(&mut self, dummy: TentativeDummyKv) {
         dummy.consume();
         // Absent only if the caller already freed it; then there is nothing to undo.
         let _ = self.free_sequence(ReqId::DUMMY);

@@ -220,7 +220,7 @@ fn admit_new_to_completion(
     }
 }
 
-/// MAX_UTILIZATION: new contexts FCFS while the cap allows and their prompt fits; the
+/// MAX_UTILIZATION: new contexts FCFS while the cap allows and their context fits; the
 /// first that does not fit stops the walk.
 fn admit_new_prompt(
     active: &[Request],
@@ -235,7 +235,9 @@ fn admit_new_prompt(
             break;
         }
         let r = &active[i];
-        let need = i64::from(kv.blocks_needed(r.id(), r.spec.prompt_len));
+        // The context to compute: the prompt, or after a pause the prompt plus what was
+        // generated (it is recomputed).
+        let need = i64::from(kv.blocks_needed(r.id(), r.context_len));
         if need > *avail {
             break;
         }
@@ -273,14 +275,15 @@ fn completion_tokens(r: &Request) -> u32 {
 
 /// Blocks an in-progress request needs for its next step under MAX_UTILIZATION. A
 /// generation step writes `1 + draft` more tokens; a started prefill may be given the
-/// rest of its prompt by the micro-batch scheduler, so it needs the whole prompt.
+/// rest of its context by the micro-batch scheduler, so it needs the whole context (the
+/// prompt, plus the generated tokens of a paused request).
 fn one_step_blocks(r: &Request, kv: &impl KvView) -> u32 {
     let step = r
         .tokens_in_cache()
         .saturating_add(r.spec.draft_len)
         .saturating_add(1);
     let tokens = if r.is_context() {
-        r.spec.prompt_len.max(step)
+        r.context_len.max(step)
     } else {
         step
     };

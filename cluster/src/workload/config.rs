@@ -94,7 +94,7 @@ pub struct ConversationConfig {
     pub new_tokens_per_round: LenSpec,
 }
 
-/// The format of a trace file; see `shared/traces/README.md`.
+/// The format of a trace file; see `data/traces/README.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TraceFormat {

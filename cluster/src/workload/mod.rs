@@ -303,6 +303,24 @@ impl Workload {
         }
     }
 
+    /// Why not every request of this workload can be delivered up front (`--preload`):
+    /// later arrivals that wait on earlier requests finishing. `None`: they can.
+    pub fn preload_blocker(&self) -> Option<String> {
+        let cfg = &self.cfg;
+        if cfg.conversation.is_some() {
+            return Some(
+                "a conversation's later rounds arrive only after the earlier ones finish; run without --preload"
+                    .into(),
+            );
+        }
+        match (cfg.kind, cfg.concurrency, cfg.num_requests) {
+            (WorkloadKind::ClosedLoop, Some(c), Some(n)) if c < n => Some(format!(
+                "a closed loop releases more requests only as earlier ones finish: workload.concurrency {c} < workload.num_requests {n}; set workload.concurrency >= workload.num_requests or run without --preload"
+            )),
+            _ => None,
+        }
+    }
+
     /// Whether every request has been issued: nothing is pending and nothing more will
     /// be generated.
     pub fn exhausted(&self) -> bool {

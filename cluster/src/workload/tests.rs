@@ -614,19 +614,18 @@ fn config_lengths_parse_as_a_number_or_a_range_with_defaults() {
     assert_eq!(c.input_len, LenSpec::Fixed(1024));
 }
 
-/// The published traces, found relative to this crate (`shared/` sits beside the
-/// worktree in this layout).
+/// The published traces, kept in the repository under `data/traces/` (see its README).
 const MOONCAKE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/traces/mooncake_conversation.jsonl"
+    "/../data/traces/mooncake_conversation.jsonl"
 );
 const AZURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/traces/azure_conv_2023.csv"
+    "/../data/traces/azure_conv_2023.csv"
 );
 
 #[test]
-fn the_shared_traces_parse_with_the_documented_counts_and_spans() {
+fn the_bundled_traces_parse_with_the_documented_counts_and_spans() {
     let load = |path: &str, format: &str| {
         let c = cfg(&trace_cfg(Path::new(path), format, ""));
         let mut w = Workload::new(&c, 16, 0, Path::new(".")).expect("trace parses");

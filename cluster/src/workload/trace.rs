@@ -1,5 +1,5 @@
 //! Trace readers: Mooncake JSON Lines and the Azure LLM inference CSV, as documented in
-//! `shared/traces/README.md`. Both are parsed whole at load so a bad line fails the run
+//! `data/traces/README.md`. Both are parsed whole at load so a bad line fails the run
 //! before it starts; errors carry the 1-based line number and name the field and value.
 
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! The one switch point between `std` and loom (style.md §3, point 13).
+//! The one switch point between `std` and loom: protocol code never names either.
 //!
 //! Protocol code imports only `crate::sync`, never `std::sync` or `loom::sync`, so the
 //! code loom checks is the code that ships. Both sides have identical signatures:

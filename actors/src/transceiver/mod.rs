@@ -1,0 +1,688 @@
+//! The per-rank KV transceiver of a disaggregated deployment (mechanisms.md §8): it owns
+//! this rank's transfers in flight, turns its executor's [`TransferCommand`]s and its
+//! peers' messages into [`TransferEvent`]s for the executor and messages for the peers,
+//! and times transfers out. Pure: no I/O, no clock (times come in as `now_ns`), no
+//! threads; a driver moves the messages.
+//!
+//! Protocol (pull, as production disaggregated servers do):
+//!
+//! 1. ctx rank: the prefill is done, its executor emits `Send { id }` and keeps the KV.
+//! 2. The front tells the gen side where the KV lives (`KvAddress` of the ctx rank).
+//! 3. gen rank: its transport budget admits the request, its executor emits
+//!    `Receive { id, blocks }`; the transceiver sends [`PeerMessage::Pull`] to the ctx rank.
+//! 4. ctx rank: once it has both the `Send` command and the pull (either order), it sends
+//!    [`PeerMessage::KvBlocks`].
+//! 5. gen rank: checks every block's checksum, emits `Done` (or `Failed`) for its executor
+//!    and answers [`PeerMessage::Ack`] (or [`PeerMessage::Abort`]).
+//! 6. ctx rank: on the ack, emits `Done` (its executor frees the KV).
+//!
+//! Each side has a deadline of `timeout_ms` from the start of its part (the `Send`
+//! command on the ctx side, the `Receive` command on the gen side, as production's
+//! `kv_transfer_timeout_ms` counts). A transfer not finished by then fails on that side
+//! with `"kv transfer timed out after N ms"`, and the counterpart, when known, is sent an
+//! abort so it fails too: KV is freed on both sides. Messages for a transfer that already
+//! ended here are ignored (a late pull for a failed send is answered with an abort).
+//!
+//! Inputs go through one funnel, [`Transceiver::handle`] (commands and messages, with
+//! `now`), plus [`Transceiver::handle_timeout`]; outputs are drained with
+//! [`Transceiver::poll_event`] (for the executor) and [`Transceiver::poll_transmit`] (for
+//! the network); [`Transceiver::poll_timeout`] says when the next deadline falls, so a
+//! host sleeps until then or until a message arrives, whichever comes first.
+//!
+//! What a block carries depends on the [`KvCodec`]: real bytes with a checksum (the real
+//! drivers, where the bytes stand for the model's KV), or only its size (the simulator,
+//! which models the wire time from it).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::executor::{TransferCommand, TransferEvent, TransferOutcome};
+use crate::ids::{RankId, ReqId};
+
+/// Where a rank is: the server's index in the scenario and the rank inside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct KvAddress {
+    /// Server index (scenario order).
+    pub server: u32,
+    /// DP rank inside that server.
+    pub rank: RankId,
+}
+
+/// Fault injection (`[faults] lost_transfer_every = n`): the KV blocks of request `id`
+/// are lost on the wire when `id` is a multiple of `n`. Keyed by the request, not by the
+/// order messages happen to be sent in, so every driver loses the same requests.
+pub fn lost_on_the_wire(id: ReqId, every: Option<u64>) -> bool {
+    every.is_some_and(|n| n > 0 && id.0.is_multiple_of(n))
+}
+
+/// A request's KV in transit: real blocks, or (in the simulator) only how much of it
+/// there is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvPayload {
+    /// Blocks with their bytes and checksums, in order.
+    Blocks(Vec<KvBlock>),
+    /// `blocks` blocks of `bytes` bytes in all, modeled, not materialised.
+    Modeled {
+        /// Blocks.
+        blocks: u32,
+        /// Bytes in all.
+        bytes: u64,
+    },
+}
+
+impl KvPayload {
+    /// Bytes on the wire.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            KvPayload::Blocks(blocks) => blocks.iter().map(|b| b.bytes.len() as u64).sum(),
+            KvPayload::Modeled { bytes, .. } => *bytes,
+        }
+    }
+
+    /// Blocks carried.
+    pub fn blocks(&self) -> u32 {
+        match self {
+            KvPayload::Blocks(blocks) => blocks.len() as u32,
+            KvPayload::Modeled { blocks, .. } => *blocks,
+        }
+    }
+}
+
+/// One block of KV cache in transit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvBlock {
+    /// Block index inside the request's sequence, from 0.
+    pub index: u32,
+    /// Contents.
+    pub bytes: Vec<u8>,
+    /// Checksum of `bytes` computed by the sender.
+    pub checksum: u64,
+}
+
+/// What transceivers (and the front) tell each other.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PeerMessage {
+    /// gen → ctx: send me the KV of `id` (`blocks` blocks are reserved here).
+    Pull {
+        /// Request.
+        id: ReqId,
+        /// Who pulls.
+        puller: KvAddress,
+        /// Blocks reserved on the gen rank.
+        blocks: u32,
+    },
+    /// ctx → gen: the KV of `id`.
+    KvBlocks {
+        /// Request.
+        id: ReqId,
+        /// The blocks.
+        payload: KvPayload,
+    },
+    /// gen → ctx: the KV of `id` arrived intact; free yours.
+    Ack {
+        /// Request.
+        id: ReqId,
+    },
+    /// Either side (or the front): the transfer of `id` failed; fail and free yours.
+    Abort {
+        /// Request.
+        id: ReqId,
+        /// Why.
+        reason: String,
+    },
+    /// front → ctx: nobody will pull `id` (its only output token is out); free the KV.
+    Release {
+        /// Request.
+        id: ReqId,
+    },
+}
+
+impl PeerMessage {
+    /// Bytes this message puts on the wire (a fixed header, plus the KV it carries).
+    pub fn wire_bytes(&self) -> u64 {
+        const HEADER: u64 = 64;
+        match self {
+            PeerMessage::KvBlocks { payload, .. } => HEADER + payload.bytes(),
+            _ => HEADER,
+        }
+    }
+
+    /// The request the message is about.
+    pub fn id(&self) -> ReqId {
+        match self {
+            PeerMessage::Pull { id, .. }
+            | PeerMessage::KvBlocks { id, .. }
+            | PeerMessage::Ack { id }
+            | PeerMessage::Abort { id, .. }
+            | PeerMessage::Release { id } => *id,
+        }
+    }
+}
+
+/// A message for another rank's transceiver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// Destination.
+    pub to: KvAddress,
+    /// Message.
+    pub message: PeerMessage,
+}
+
+/// How block contents are produced and checked (the driver plugs in the backend's: the
+/// transceiver stays independent of any backend crate).
+#[derive(Debug, Clone, Copy)]
+pub enum KvCodec {
+    /// Real bytes, written by `fill` and checked on arrival.
+    Real {
+        /// Bytes per block on the wire (the model's block, capped: see `kv_contents`).
+        block_bytes: usize,
+        /// Bytes of the model's block: what the transfer stands for, and what the
+        /// counters report.
+        model_block_bytes: u64,
+        /// Writes block `index` of request `request` into the slice (the ctx side's KV).
+        fill: fn(request: u64, index: u32, out: &mut [u8]),
+        /// Checksum of a block's bytes.
+        checksum: fn(&[u8]) -> u64,
+    },
+    /// Sizes only (the simulator): nothing is materialised, the wire time is modeled
+    /// from `block_bytes` per block.
+    Modeled {
+        /// Bytes per block.
+        block_bytes: u64,
+    },
+}
+
+impl KvCodec {
+    /// The model's bytes for `blocks` blocks (what a transfer stands for, whatever the
+    /// wire carried).
+    pub fn model_bytes(&self, blocks: u32) -> u64 {
+        let per_block = match *self {
+            KvCodec::Real {
+                model_block_bytes, ..
+            } => model_block_bytes,
+            KvCodec::Modeled { block_bytes } => block_bytes,
+        };
+        u64::from(blocks) * per_block
+    }
+}
+
+/// Counters of one transceiver, for the report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferStats {
+    /// Transfers completed on this side.
+    pub completed: u64,
+    /// The model's KV bytes moved by completed transfers (the real drivers put capped
+    /// blocks on the wire; this counts what they stand for).
+    pub bytes: u64,
+    /// Transfers this side timed out.
+    pub timed_out: u64,
+    /// Transfers failed for another reason (a peer's abort, a checksum mismatch).
+    pub failed: u64,
+    /// Transfers failed because a block's checksum did not match.
+    pub checksum_failures: u64,
+    /// ctx side: sends released without a pull (single-token outputs).
+    pub released: u64,
+    /// Duration of each completed transfer, in ns (gen: receive to verified; ctx:
+    /// send command to ack).
+    pub durations_ns: Vec<u64>,
+}
+
+/// The ctx side of one transfer.
+#[derive(Debug, Clone, Default)]
+struct Sending {
+    /// From the `Send` command: blocks held and when it started.
+    command: Option<(u32, u64)>,
+    /// From the pull: who pulls and how many blocks it reserved.
+    pull: Option<(KvAddress, u32)>,
+    /// The front said nobody will pull.
+    released: bool,
+    /// A peer failed the transfer before the `Send` command arrived.
+    aborted: Option<String>,
+    /// Blocks are on the wire: bytes sent, awaiting the ack.
+    sent_bytes: Option<u64>,
+}
+
+/// The gen side of one transfer.
+#[derive(Debug, Clone)]
+struct Receiving {
+    from: KvAddress,
+    blocks: u32,
+    started_ns: u64,
+}
+
+/// An input of the transceiver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransceiverIn {
+    /// A command of this rank's executor.
+    Command(TransferCommand),
+    /// A message from a peer transceiver or the front.
+    Message(PeerMessage),
+}
+
+/// A per-rank transceiver. See the module documentation for the protocol.
+#[derive(Debug)]
+pub struct Transceiver {
+    me: KvAddress,
+    timeout_ns: u64,
+    timeout_ms: u64,
+    codec: KvCodec,
+    sending: BTreeMap<ReqId, Sending>,
+    receiving: BTreeMap<ReqId, Receiving>,
+    /// Transfers that ended here: id → failure reason if failed. Late messages about
+    /// them are ignored; entries are forgotten after two timeouts (no message can be
+    /// that late).
+    ended: BTreeMap<ReqId, Option<String>>,
+    ended_order: VecDeque<(u64, ReqId)>,
+    events: std::collections::VecDeque<TransferEvent>,
+    outgoing: std::collections::VecDeque<Outgoing>,
+    stats: TransferStats,
+}
+
+impl Transceiver {
+    /// The transceiver of rank `me`, timing transfers out after `timeout_ms` (at least 1).
+    pub fn new(me: KvAddress, timeout_ms: u64, codec: KvCodec) -> Transceiver {
+        let timeout_ms = timeout_ms.max(1);
+        Transceiver {
+            me,
+            timeout_ns: timeout_ms.saturating_mul(1_000_000),
+            timeout_ms,
+            codec,
+            sending: BTreeMap::new(),
+            receiving: BTreeMap::new(),
+            ended: BTreeMap::new(),
+            ended_order: VecDeque::new(),
+            events: Default::default(),
+            outgoing: Default::default(),
+            stats: TransferStats::default(),
+        }
+    }
+
+    /// This rank.
+    pub fn address(&self) -> KvAddress {
+        self.me
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &TransferStats {
+        &self.stats
+    }
+
+    /// Transfers not yet ended on this side.
+    pub fn in_flight(&self) -> usize {
+        self.sending.len() + self.receiving.len()
+    }
+
+    /// Events for the executor since the last call.
+    pub fn take_events(&mut self) -> Vec<TransferEvent> {
+        self.events.drain(..).collect()
+    }
+
+    /// Messages for peers since the last call.
+    pub fn take_outgoing(&mut self) -> Vec<Outgoing> {
+        self.outgoing.drain(..).collect()
+    }
+
+    /// The one funnel for inputs: a command of this rank's executor or a message.
+    pub fn handle(&mut self, now_ns: u64, input: TransceiverIn) {
+        match input {
+            TransceiverIn::Command(c) => self.on_command(now_ns, &c),
+            TransceiverIn::Message(m) => self.on_message(now_ns, m),
+        }
+    }
+
+    /// Fires what is overdue at `now_ns` (spurious calls are harmless).
+    pub fn handle_timeout(&mut self, now_ns: u64) {
+        self.on_tick(now_ns);
+    }
+
+    /// The next event for the executor, in the order they happened.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<TransferEvent> {
+        self.events.pop_front()
+    }
+
+    /// The next message for the network, in the order they were made.
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<Outgoing> {
+        self.outgoing.pop_front()
+    }
+
+    /// When the next deadline falls (a transfer's timeout), if any transfer is open.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let receives = self.receiving.values().map(|r| r.started_ns);
+        let sends = self.sending.values().filter_map(|s| s.command.map(|c| c.1));
+        receives
+            .chain(sends)
+            .min()
+            .map(|started| started.saturating_add(self.timeout_ns))
+    }
+
+    fn timed_out_reason(&self) -> String {
+        format!("kv transfer timed out after {} ms", self.timeout_ms)
+    }
+
+    /// One command of this rank's executor. A `Receive` pulls from where its request's KV
+    /// lives (`from`: the request's `kv_source`, set by the front); without it the
+    /// receive fails at once.
+    pub fn on_command(&mut self, now_ns: u64, command: &TransferCommand) {
+        match *command {
+            TransferCommand::Send { id, blocks } => {
+                if self.ended.contains_key(&id) {
+                    return;
+                }
+                let s = self.sending.entry(id).or_default();
+                s.command = Some((blocks, now_ns));
+                self.advance_send(now_ns, id);
+            }
+            TransferCommand::Receive { id, blocks, from } => {
+                if self.ended.contains_key(&id) || self.receiving.contains_key(&id) {
+                    return;
+                }
+                let Some(from) = from else {
+                    self.fail_here(
+                        now_ns,
+                        id,
+                        format!("no KV location known for request {id}"),
+                        None,
+                    );
+                    return;
+                };
+                self.receiving.insert(
+                    id,
+                    Receiving {
+                        from,
+                        blocks,
+                        started_ns: now_ns,
+                    },
+                );
+                self.outgoing.push_back(Outgoing {
+                    to: from,
+                    message: PeerMessage::Pull {
+                        id,
+                        puller: self.me,
+                        blocks,
+                    },
+                });
+            }
+            TransferCommand::Abort { id, ref reason } => self.abort_here(now_ns, id, reason),
+        }
+    }
+
+    /// The executor dropped `id` (cancelled, or failed with its server): end the
+    /// transfer here without an event (the executor holds nothing to apply it to) and
+    /// tell the counterpart, if known, so it frees its side.
+    fn abort_here(&mut self, now_ns: u64, id: ReqId, reason: &str) {
+        let peer = if let Some(r) = self.receiving.remove(&id) {
+            Some(r.from)
+        } else if let Some(s) = self.sending.remove(&id) {
+            s.pull.map(|(puller, _)| puller)
+        } else {
+            return;
+        };
+        self.stats.failed += 1;
+        if let Some(to) = peer {
+            self.outgoing.push_back(Outgoing {
+                to,
+                message: PeerMessage::Abort {
+                    id,
+                    reason: reason.to_string(),
+                },
+            });
+        }
+        self.ended.insert(id, Some(reason.to_string()));
+        self.ended_order.push_back((now_ns, id));
+    }
+
+    /// A message from a peer or the front.
+    pub fn on_message(&mut self, now_ns: u64, message: PeerMessage) {
+        let id = message.id();
+        if let Some(failure) = self.ended.get(&id) {
+            // A pull for a send that already failed here: tell the puller at once
+            // rather than let it wait for its own timeout.
+            if let (PeerMessage::Pull { puller, .. }, Some(reason)) = (&message, failure) {
+                self.outgoing.push_back(Outgoing {
+                    to: *puller,
+                    message: PeerMessage::Abort {
+                        id,
+                        reason: reason.clone(),
+                    },
+                });
+            }
+            return;
+        }
+        match message {
+            PeerMessage::Pull { id, puller, blocks } => {
+                self.sending.entry(id).or_default().pull = Some((puller, blocks));
+                self.advance_send(now_ns, id);
+            }
+            PeerMessage::Release { id } => {
+                self.sending.entry(id).or_default().released = true;
+                self.advance_send(now_ns, id);
+            }
+            PeerMessage::Ack { id } => {
+                let Some(s) = self.sending.get(&id) else {
+                    return;
+                };
+                let (Some(bytes), Some((_, started))) = (s.sent_bytes, s.command) else {
+                    return;
+                };
+                self.sending.remove(&id);
+                self.stats.completed += 1;
+                self.stats.bytes += bytes;
+                self.stats.durations_ns.push(now_ns.saturating_sub(started));
+                self.end(now_ns, id, TransferOutcome::Done);
+            }
+            PeerMessage::KvBlocks { id, payload } => self.on_blocks(now_ns, id, payload),
+            PeerMessage::Abort { id, reason } => {
+                if self.receiving.remove(&id).is_some() {
+                    self.stats.failed += 1;
+                    self.end(now_ns, id, TransferOutcome::Failed(reason));
+                } else if let Some(s) = self.sending.get_mut(&id) {
+                    if s.command.is_some() {
+                        self.sending.remove(&id);
+                        self.stats.failed += 1;
+                        self.end(now_ns, id, TransferOutcome::Failed(reason));
+                    } else {
+                        // The executor has not asked to send yet: fail it when it does.
+                        s.aborted = Some(reason);
+                    }
+                } else {
+                    // Nothing here yet (the abort overtook the send command).
+                    self.sending.entry(id).or_default().aborted = Some(reason);
+                }
+            }
+        }
+    }
+
+    /// Times out what is overdue.
+    pub fn on_tick(&mut self, now_ns: u64) {
+        let overdue_receives: Vec<ReqId> = self
+            .receiving
+            .iter()
+            .filter(|(_, r)| now_ns.saturating_sub(r.started_ns) >= self.timeout_ns)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in overdue_receives {
+            let peer = self.receiving.remove(&id).map(|r| r.from);
+            self.stats.timed_out += 1;
+            let reason = self.timed_out_reason();
+            self.fail_here(now_ns, id, reason, peer);
+        }
+        let overdue_sends: Vec<ReqId> = self
+            .sending
+            .iter()
+            .filter(|(_, s)| {
+                s.command
+                    .is_some_and(|(_, started)| now_ns.saturating_sub(started) >= self.timeout_ns)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in overdue_sends {
+            let peer = self
+                .sending
+                .remove(&id)
+                .and_then(|s| s.pull.map(|(g, _)| g));
+            self.stats.timed_out += 1;
+            let reason = self.timed_out_reason();
+            self.fail_here(now_ns, id, reason, peer);
+        }
+        while let Some(&(at, id)) = self.ended_order.front() {
+            if now_ns.saturating_sub(at) < self.timeout_ns.saturating_mul(2) {
+                break;
+            }
+            self.ended_order.pop_front();
+            self.ended.remove(&id);
+        }
+    }
+
+    /// ctx side: act once enough is known (command plus pull, release or abort).
+    fn advance_send(&mut self, now_ns: u64, id: ReqId) {
+        let Some(s) = self.sending.get(&id) else {
+            return;
+        };
+        let Some((held, _)) = s.command else {
+            return;
+        };
+        if let Some(reason) = s.aborted.clone() {
+            self.sending.remove(&id);
+            self.stats.failed += 1;
+            self.end(now_ns, id, TransferOutcome::Failed(reason));
+            return;
+        }
+        if s.released {
+            self.sending.remove(&id);
+            self.stats.released += 1;
+            self.end(now_ns, id, TransferOutcome::Done);
+            return;
+        }
+        let Some((puller, wanted)) = s.pull else {
+            return;
+        };
+        if s.sent_bytes.is_some() {
+            return;
+        }
+        if wanted > held {
+            let reason = format!("gen rank reserved {wanted} KV blocks, ctx rank holds {held}");
+            self.sending.remove(&id);
+            self.stats.failed += 1;
+            self.fail_here(now_ns, id, reason, Some(puller));
+            return;
+        }
+        // Send what the gen rank reserved: the prompt's blocks (the ctx rank may hold
+        // one more for the sampled token, whose KV the gen rank computes itself).
+        let payload = match self.codec {
+            KvCodec::Real {
+                block_bytes,
+                fill,
+                checksum,
+                ..
+            } => KvPayload::Blocks(
+                (0..wanted)
+                    .map(|index| {
+                        let mut bytes = vec![0u8; block_bytes];
+                        fill(id.0, index, &mut bytes);
+                        KvBlock {
+                            index,
+                            checksum: checksum(&bytes),
+                            bytes,
+                        }
+                    })
+                    .collect(),
+            ),
+            KvCodec::Modeled { block_bytes } => KvPayload::Modeled {
+                blocks: wanted,
+                bytes: u64::from(wanted) * block_bytes,
+            },
+        };
+        if let Some(s) = self.sending.get_mut(&id) {
+            s.sent_bytes = Some(self.codec.model_bytes(payload.blocks()));
+        }
+        self.outgoing.push_back(Outgoing {
+            to: puller,
+            message: PeerMessage::KvBlocks { id, payload },
+        });
+    }
+
+    /// gen side: verify what arrived, then done and ack, or failed and abort.
+    fn on_blocks(&mut self, now_ns: u64, id: ReqId, payload: KvPayload) {
+        let Some(r) = self.receiving.remove(&id) else {
+            return;
+        };
+        let problem = match &payload {
+            KvPayload::Blocks(blocks) => self.check_blocks(blocks, r.blocks),
+            KvPayload::Modeled { blocks, .. } => (*blocks != r.blocks)
+                .then(|| format!("kv transfer brought {blocks} blocks, {} expected", r.blocks)),
+        };
+        if let Some(reason) = problem {
+            if reason.contains("checksum") {
+                self.stats.checksum_failures += 1;
+            }
+            self.stats.failed += 1;
+            self.fail_here(now_ns, id, reason, Some(r.from));
+            return;
+        }
+        self.stats.completed += 1;
+        self.stats.bytes += self.codec.model_bytes(payload.blocks());
+        self.stats
+            .durations_ns
+            .push(now_ns.saturating_sub(r.started_ns));
+        self.outgoing.push_back(Outgoing {
+            to: r.from,
+            message: PeerMessage::Ack { id },
+        });
+        self.end(now_ns, id, TransferOutcome::Done);
+    }
+
+    /// What is wrong with real blocks, if anything: count, order, checksums.
+    fn check_blocks(&self, blocks: &[KvBlock], expected: u32) -> Option<String> {
+        let KvCodec::Real { checksum, .. } = self.codec else {
+            return Some("real kv blocks reached a modeled transceiver".into());
+        };
+        if blocks.len() != expected as usize {
+            Some(format!(
+                "kv transfer brought {} blocks, {} expected",
+                blocks.len(),
+                expected
+            ))
+        } else {
+            blocks.iter().enumerate().find_map(|(i, b)| {
+                if b.index as usize != i {
+                    Some(format!("kv block {i} arrived as block {}", b.index))
+                } else if checksum(&b.bytes) != b.checksum {
+                    Some(format!("kv block {} checksum mismatch", b.index))
+                } else {
+                    None
+                }
+            })
+        }
+    }
+
+    /// Fails `id` here and, if known, tells the counterpart.
+    fn fail_here(&mut self, now_ns: u64, id: ReqId, reason: String, peer: Option<KvAddress>) {
+        if let Some(to) = peer {
+            self.outgoing.push_back(Outgoing {
+                to,
+                message: PeerMessage::Abort {
+                    id,
+                    reason: reason.clone(),
+                },
+            });
+        }
+        self.end(now_ns, id, TransferOutcome::Failed(reason));
+    }
+
+    fn end(&mut self, now_ns: u64, id: ReqId, outcome: TransferOutcome) {
+        let failure = match &outcome {
+            TransferOutcome::Done => None,
+            TransferOutcome::Failed(reason) => Some(reason.clone()),
+        };
+        self.ended.insert(id, failure);
+        self.ended_order.push_back((now_ns, id));
+        self.events.push_back(TransferEvent { id, outcome });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,379 @@
+//! The transceiver driven by scripted messages.
+
+use super::*;
+
+fn fill(request: u64, index: u32, out: &mut [u8]) {
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = (request as u8) ^ (index as u8) ^ (i as u8);
+    }
+}
+
+fn sum(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(17u64, |h, &b| h.wrapping_mul(31) ^ u64::from(b))
+}
+
+const CODEC: KvCodec = KvCodec::Real {
+    block_bytes: 64,
+    model_block_bytes: 64,
+    fill,
+    checksum: sum,
+};
+const MS: u64 = 1_000_000;
+
+fn addr(server: u32, rank: u32) -> KvAddress {
+    KvAddress {
+        server,
+        rank: RankId(rank),
+    }
+}
+
+fn pair() -> (Transceiver, Transceiver) {
+    (
+        Transceiver::new(addr(0, 1), 100, CODEC),
+        Transceiver::new(addr(1, 2), 100, CODEC),
+    )
+}
+
+/// Delivers everything `from` has for `to`; returns how many messages moved.
+fn pump(now: u64, from: &mut Transceiver, to: &mut Transceiver) -> usize {
+    let out = from.take_outgoing();
+    let n = out.len();
+    for o in out {
+        assert_eq!(o.to, to.address());
+        to.on_message(now, o.message);
+    }
+    n
+}
+
+fn done(id: u64) -> Vec<TransferEvent> {
+    vec![TransferEvent {
+        id: ReqId(id),
+        outcome: TransferOutcome::Done,
+    }]
+}
+
+#[test]
+fn a_pull_moves_checked_blocks_and_both_sides_finish() {
+    for pull_first in [false, true] {
+        let (mut ctx, mut gen_side) = pair();
+        let id = ReqId(5);
+        let send = TransferCommand::Send { id, blocks: 3 };
+        if !pull_first {
+            ctx.on_command(0, &send);
+        }
+        gen_side.on_command(
+            MS,
+            &TransferCommand::Receive {
+                id,
+                blocks: 3,
+                from: Some(addr(0, 1)),
+            },
+        );
+        assert_eq!(pump(MS, &mut gen_side, &mut ctx), 1, "the pull");
+        if pull_first {
+            ctx.on_command(2 * MS, &send);
+        }
+        assert_eq!(pump(3 * MS, &mut ctx, &mut gen_side), 1, "the blocks");
+        assert_eq!(gen_side.take_events(), done(5));
+        assert_eq!(pump(4 * MS, &mut gen_side, &mut ctx), 1, "the ack");
+        assert_eq!(ctx.take_events(), done(5));
+        for side in [&ctx, &gen_side] {
+            assert_eq!(side.stats().completed, 1);
+            assert_eq!(side.stats().bytes, 3 * 64);
+            assert_eq!(side.in_flight(), 0);
+        }
+        assert_eq!(gen_side.stats().durations_ns, vec![2 * MS]);
+    }
+}
+
+#[test]
+fn a_release_frees_the_send_without_a_pull() {
+    let (mut ctx, _) = pair();
+    let id = ReqId(9);
+    ctx.on_message(0, PeerMessage::Release { id });
+    assert!(ctx.take_events().is_empty());
+    ctx.on_command(MS, &TransferCommand::Send { id, blocks: 2 });
+    assert_eq!(ctx.take_events(), done(9));
+    assert_eq!(ctx.stats().released, 1);
+    assert_eq!(ctx.stats().completed, 0);
+}
+
+#[test]
+fn lost_blocks_time_out_on_both_sides_and_late_blocks_are_ignored() {
+    let (mut ctx, mut gen_side) = pair();
+    let id = ReqId(7);
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 2 });
+    gen_side.on_command(
+        MS,
+        &TransferCommand::Receive {
+            id,
+            blocks: 2,
+            from: Some(addr(0, 1)),
+        },
+    );
+    pump(MS, &mut gen_side, &mut ctx);
+    // The network loses the blocks.
+    let lost = ctx.take_outgoing();
+    assert!(matches!(
+        lost[..],
+        [Outgoing {
+            message: PeerMessage::KvBlocks { .. },
+            ..
+        }]
+    ));
+    gen_side.on_tick(100 * MS);
+    assert!(gen_side.take_events().is_empty(), "not overdue yet");
+    gen_side.on_tick(101 * MS);
+    let why = "kv transfer timed out after 100 ms".to_string();
+    assert_eq!(
+        gen_side.take_events(),
+        vec![TransferEvent {
+            id,
+            outcome: TransferOutcome::Failed(why.clone())
+        }]
+    );
+    assert_eq!(gen_side.stats().timed_out, 1);
+    // The ctx side is told and fails too (KV freed on both sides).
+    pump(101 * MS, &mut gen_side, &mut ctx);
+    assert_eq!(
+        ctx.take_events(),
+        vec![TransferEvent {
+            id,
+            outcome: TransferOutcome::Failed(why)
+        }]
+    );
+    // The blocks turn up late: ignored, nothing sent back.
+    for m in lost {
+        gen_side.on_message(102 * MS, m.message);
+    }
+    assert!(gen_side.take_events().is_empty());
+    assert!(gen_side.take_outgoing().is_empty());
+    assert_eq!(gen_side.stats().completed, 0);
+    assert_eq!((ctx.in_flight(), gen_side.in_flight()), (0, 0));
+}
+
+#[test]
+fn the_ctx_side_times_out_from_its_send_and_aborts_a_later_pull() {
+    let (mut ctx, mut gen_side) = pair();
+    let id = ReqId(3);
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 1 });
+    ctx.on_tick(100 * MS);
+    assert!(matches!(
+        &ctx.take_events()[..],
+        [TransferEvent {
+            outcome: TransferOutcome::Failed(_),
+            ..
+        }]
+    ));
+    gen_side.on_command(
+        150 * MS,
+        &TransferCommand::Receive {
+            id,
+            blocks: 1,
+            from: Some(addr(0, 1)),
+        },
+    );
+    pump(150 * MS, &mut gen_side, &mut ctx);
+    pump(150 * MS, &mut ctx, &mut gen_side);
+    assert!(matches!(
+        &gen_side.take_events()[..],
+        [TransferEvent { outcome: TransferOutcome::Failed(r), .. }] if r.contains("timed out")
+    ));
+}
+
+#[test]
+fn a_corrupted_block_fails_the_transfer_naming_the_block() {
+    let (mut ctx, mut gen_side) = pair();
+    let id = ReqId(4);
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 3 });
+    gen_side.on_command(
+        0,
+        &TransferCommand::Receive {
+            id,
+            blocks: 3,
+            from: Some(addr(0, 1)),
+        },
+    );
+    pump(0, &mut gen_side, &mut ctx);
+    for mut o in ctx.take_outgoing() {
+        if let PeerMessage::KvBlocks {
+            payload: KvPayload::Blocks(blocks),
+            ..
+        } = &mut o.message
+        {
+            blocks[1].bytes[10] ^= 0xFF;
+        }
+        gen_side.on_message(MS, o.message);
+    }
+    assert_eq!(
+        gen_side.take_events(),
+        vec![TransferEvent {
+            id,
+            outcome: TransferOutcome::Failed("kv block 1 checksum mismatch".into())
+        }]
+    );
+    assert_eq!(gen_side.stats().checksum_failures, 1);
+    pump(MS, &mut gen_side, &mut ctx);
+    assert!(matches!(
+        &ctx.take_events()[..],
+        [TransferEvent {
+            outcome: TransferOutcome::Failed(_),
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn a_receive_without_a_kv_location_fails_at_once() {
+    let (_, mut gen_side) = pair();
+    gen_side.on_command(
+        0,
+        &TransferCommand::Receive {
+            id: ReqId(1),
+            blocks: 1,
+            from: None,
+        },
+    );
+    assert!(matches!(
+        &gen_side.take_events()[..],
+        [TransferEvent {
+            outcome: TransferOutcome::Failed(_),
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn the_next_deadline_is_the_oldest_open_transfer_plus_the_timeout() {
+    let (mut ctx, mut gen_side) = pair();
+    assert_eq!(ctx.poll_timeout(), None, "nothing open");
+    ctx.handle(
+        5 * MS,
+        TransceiverIn::Command(TransferCommand::Send {
+            id: ReqId(1),
+            blocks: 1,
+        }),
+    );
+    ctx.handle(
+        9 * MS,
+        TransceiverIn::Command(TransferCommand::Send {
+            id: ReqId(2),
+            blocks: 1,
+        }),
+    );
+    assert_eq!(ctx.poll_timeout(), Some(105 * MS));
+    // A pull alone (no command yet) sets no deadline on the ctx side.
+    gen_side.handle(
+        7 * MS,
+        TransceiverIn::Command(TransferCommand::Receive {
+            id: ReqId(3),
+            blocks: 1,
+            from: Some(addr(0, 1)),
+        }),
+    );
+    assert_eq!(gen_side.poll_timeout(), Some(107 * MS));
+    pump(7 * MS, &mut gen_side, &mut ctx);
+    assert_eq!(ctx.poll_timeout(), Some(105 * MS));
+    // Firing the earliest deadline leaves the next one.
+    ctx.handle_timeout(105 * MS);
+    assert_eq!(ctx.poll_timeout(), Some(109 * MS));
+    assert!(matches!(
+        ctx.poll_event(),
+        Some(TransferEvent {
+            id: ReqId(1),
+            outcome: TransferOutcome::Failed(_)
+        })
+    ));
+    assert_eq!(ctx.poll_event(), None);
+}
+
+#[test]
+fn an_abort_command_ends_the_transfer_without_an_event_and_tells_the_peer() {
+    let (mut ctx, mut gen_side) = pair();
+    let id = ReqId(6);
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 2 });
+    gen_side.on_command(
+        0,
+        &TransferCommand::Receive {
+            id,
+            blocks: 2,
+            from: Some(addr(0, 1)),
+        },
+    );
+    pump(0, &mut gen_side, &mut ctx);
+    // The ctx side sent its blocks; the gen executor cancels before they arrive.
+    let blocks = ctx.take_outgoing();
+    gen_side.handle(
+        MS,
+        TransceiverIn::Command(TransferCommand::Abort {
+            id,
+            reason: "cancelled".into(),
+        }),
+    );
+    assert!(
+        gen_side.take_events().is_empty(),
+        "the executor dropped it already"
+    );
+    assert_eq!(gen_side.in_flight(), 0);
+    assert_eq!(gen_side.poll_timeout(), None);
+    // The blocks arrive late and are ignored; the ctx side hears of the abort.
+    for o in blocks {
+        gen_side.on_message(2 * MS, o.message);
+    }
+    assert_eq!(pump(2 * MS, &mut gen_side, &mut ctx), 1);
+    assert_eq!(
+        ctx.take_events(),
+        vec![TransferEvent {
+            id,
+            outcome: TransferOutcome::Failed("cancelled".into())
+        }]
+    );
+    assert_eq!((ctx.in_flight(), gen_side.in_flight()), (0, 0));
+}
+
+#[test]
+fn a_modeled_transfer_carries_its_size_and_no_bytes() {
+    let modeled = KvCodec::Modeled { block_bytes: 1000 };
+    let mut ctx = Transceiver::new(addr(0, 1), 100, modeled);
+    let mut gen_side = Transceiver::new(addr(1, 2), 100, modeled);
+    let id = ReqId(8);
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 3 });
+    gen_side.on_command(
+        0,
+        &TransferCommand::Receive {
+            id,
+            blocks: 3,
+            from: Some(addr(0, 1)),
+        },
+    );
+    pump(0, &mut gen_side, &mut ctx);
+    let out = ctx.poll_transmit().expect("the blocks");
+    assert_eq!(
+        out.message,
+        PeerMessage::KvBlocks {
+            id,
+            payload: KvPayload::Modeled {
+                blocks: 3,
+                bytes: 3000
+            }
+        }
+    );
+    assert_eq!(out.message.wire_bytes(), 3064);
+    gen_side.on_message(MS, out.message);
+    assert_eq!(gen_side.take_events(), done(8));
+    pump(MS, &mut gen_side, &mut ctx);
+    assert_eq!(ctx.take_events(), done(8));
+    assert_eq!(ctx.stats().bytes, 3000);
+}
+
+#[test]
+fn the_wire_loses_the_same_requests_whatever_the_order() {
+    let lost: Vec<u64> = (1..=20)
+        .filter(|&id| lost_on_the_wire(ReqId(id), Some(7)))
+        .collect();
+    assert_eq!(lost, vec![7, 14]);
+    assert!(!lost_on_the_wire(ReqId(7), None));
+    assert!(!lost_on_the_wire(ReqId(7), Some(0)));
+}

@@ -1,0 +1,122 @@
+//! Where the hosts run: `sim` (every actor in one thread, in virtual time, over a
+//! simulated network), `threads` (one process, a thread per host) and `mpi` (a process
+//! per rank under `mpirun`, plus a front process). The real backends implement the
+//! runtime's traits and run its hosts; the simulator steps the same actors itself.
+
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub mod sim;
+pub mod threads;
+
+use std::time::{Duration, Instant};
+
+use crate::fleet::Fleet;
+use crate::report::{RankSummary, Report, TimeBase, assemble_report, run_outcome, server_report};
+use crate::runtime::client::ClientResult;
+
+/// Options of the real drivers.
+#[derive(Debug, Clone)]
+pub struct RealOptions {
+    /// Seed of the workload (a seed in the scenario wins).
+    pub seed: u64,
+    /// Wall seconds per modeled second (0: the zero-cost backend, no sleeping).
+    pub time_scale: f64,
+    /// A collective that waits longer fails naming the missing ranks (threads); no sign
+    /// of life for this long aborts the job (mpi's watchdog).
+    pub collective_timeout: Duration,
+    /// A server's ingress queue bound.
+    pub ingress_capacity: usize,
+    /// Deliver every request before the ranks start (arrivals at iteration boundaries:
+    /// the schedule is then independent of thread timing, for cross-driver equality).
+    pub preload: bool,
+    /// Fault injection (tests): this rank of the first server tags its gather wrongly at
+    /// this iteration.
+    pub mismatch_tag_at: Option<(usize, u64)>,
+    /// Fault injection (tests): overrides `[faults] lost_transfer_every`.
+    pub lose_kv_blocks_every: Option<u64>,
+    /// A server whose iterations change nothing while work remains and nothing is in
+    /// flight for this long is deadlocked.
+    pub stall_bound: Duration,
+}
+
+impl Default for RealOptions {
+    fn default() -> Self {
+        RealOptions {
+            seed: 0,
+            time_scale: 0.0,
+            collective_timeout: Duration::from_secs(30),
+            ingress_capacity: 1 << 16,
+            preload: false,
+            mismatch_tag_at: None,
+            lose_kv_blocks_every: None,
+            stall_bound: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The report of a real run: the client's records and one section per server, from
+/// every rank's summary (in any order).
+///
+/// With modeled time (`time_scale > 0`) every time is converted to modeled time (wall ÷
+/// time scale), so the report compares with the simulator's; with the zero-cost backend
+/// the times stay wall times and the report says so.
+pub(crate) fn real_report(
+    fleet: &Fleet<'_>,
+    mut summaries: Vec<RankSummary>,
+    mut result: ClientResult,
+    started: Instant,
+    time_scale: f64,
+) -> Report {
+    summaries.sort_by_key(|s| (s.server, s.rank));
+    let time_base = if time_scale > 0.0 {
+        let modeled = |ns: u64| (ns as f64 / time_scale).round() as u64;
+        for r in &mut result.records {
+            r.arrival_ns = modeled(r.arrival_ns);
+            r.first_token_ns = r.first_token_ns.map(modeled);
+            r.end_ns = r.end_ns.map(modeled);
+        }
+        result.end_ns = modeled(result.end_ns);
+        TimeBase::Modeled { time_scale }
+    } else {
+        TimeBase::ZeroCost
+    };
+    let end_s = result.end_ns as f64 / 1e9;
+    let mut by_server: Vec<Vec<RankSummary>> = fleet.servers.iter().map(|_| Vec::new()).collect();
+    for s in summaries {
+        if let Some(v) = by_server.get_mut(s.server as usize) {
+            v.push(s);
+        }
+    }
+    let outcome = run_outcome(
+        fleet
+            .servers
+            .iter()
+            .zip(&by_server)
+            .map(|(p, ranks)| (p.config.name.as_str(), &ranks[..])),
+    );
+    let servers = fleet
+        .servers
+        .iter()
+        .zip(&by_server)
+        .map(|(p, ranks)| {
+            server_report(
+                &p.config.name,
+                p.config.role,
+                p.sizes.max_batch_size,
+                ranks,
+                end_s,
+            )
+        })
+        .collect();
+    let mut report = assemble_report(
+        fleet.scenario,
+        fleet.seed,
+        result.records,
+        result.end_ns,
+        started.elapsed().as_secs_f64(),
+        servers,
+        outcome,
+    );
+    report.time_base = time_base;
+    report
+}

@@ -1,0 +1,14 @@
+//! The report of a run: what a user of an ADP fleet needs to know (admission, occupancy,
+//! routing balance, throughput, latency), as JSON ([`schema`]) and as a table
+//! ([`table`]), computed from the client's records and the ranks' summaries
+//! ([`stats`]). Every driver assembles it the same way.
+
+mod records;
+pub mod schema;
+pub mod stats;
+pub mod table;
+
+pub use records::ClientRecord;
+pub use schema::*;
+pub use stats::{RankEnding, RankSummary, assemble_report, run_outcome, server_report};
+pub use table::ab_table;

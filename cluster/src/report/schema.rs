@@ -1,0 +1,273 @@
+//! The report's schema: what a run tells its user (admission, occupancy, routing balance,
+//! throughput, latency, transfers), serialised as JSON.
+
+use serde::{Deserialize, Serialize};
+
+use lockstep_actors::invariants::Violation;
+
+/// How the run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Every request was accounted for.
+    Completed,
+    /// A violation that crashes the real executor happened.
+    Crashed,
+    /// Work remained and nothing could make progress.
+    Deadlocked,
+    /// A rank's loop failed (a collective error, a lost device or rank).
+    Failed,
+}
+
+impl Outcome {
+    /// Name used in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Crashed => "crashed",
+            Outcome::Deadlocked => "deadlocked",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+/// Request accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RequestCounts {
+    /// Entered the system.
+    pub submitted: u64,
+    /// Completed.
+    pub completed: u64,
+    /// Failed (with a reason) or cancelled.
+    pub failed: u64,
+}
+
+/// Throughput over the virtual time.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Throughput {
+    /// (prompt + output) tokens of completed requests per second.
+    pub total_tokens_per_s: f64,
+    /// Output tokens per second.
+    pub output_tokens_per_s: f64,
+    /// Completed requests per second.
+    pub requests_per_s: f64,
+}
+
+/// Which clock a report's times are on.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum TimeBase {
+    /// The simulator's virtual time.
+    #[default]
+    Virtual,
+    /// A real driver pacing the cost model: wall time divided by the time scale, so the
+    /// figures compare with the simulator's.
+    Modeled {
+        /// Wall seconds per modeled second.
+        time_scale: f64,
+    },
+    /// A real driver with the zero-cost backend: wall time of the control plane alone;
+    /// latencies and throughput describe this machine, not a model.
+    ZeroCost,
+}
+
+/// Summary statistics of one latency, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Percentiles {
+    /// Samples (0: the metric does not apply, e.g. TPOT with one output token).
+    #[serde(default)]
+    pub samples: u64,
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+/// Time to first token, time per output token, end to end.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Latency {
+    /// TTFT.
+    pub ttft: Percentiles,
+    /// TPOT (requests with more than one output token).
+    pub tpot: Percentiles,
+    /// End to end.
+    pub e2e: Percentiles,
+}
+
+/// One rank of a server.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RankReport {
+    /// Rank.
+    pub rank: u32,
+    /// Requests routed to it.
+    pub routed_requests: u64,
+    /// Routed to it / routed to all ranks of the server.
+    pub routing_share: f64,
+    /// Real requests per forward iteration.
+    pub mean_scheduled_requests: f64,
+    /// Forward iterations in which it ran a dummy.
+    pub dummy_iterations: u64,
+    /// Requests completed here.
+    pub completed: u64,
+    /// Digest of the ids routed here, in routing order (hex): equal digests mean the
+    /// same routing assignments.
+    pub routing_digest: String,
+}
+
+/// Deferral counters of a server (all ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Deferrals {
+    /// Admitted requests not started for lack of a KV index slot (§7).
+    pub no_free_index_slot: u64,
+    /// Requests not run for lack of KV blocks.
+    pub out_of_blocks: u64,
+}
+
+/// Dummy counters of a server (all ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Dummies {
+    /// Added tentatively.
+    pub added: u64,
+    /// Committed.
+    pub committed: u64,
+    /// Rolled back.
+    pub rolled_back: u64,
+    /// Needed but skipped for lack of capacity.
+    pub skipped: u64,
+}
+
+/// KV counters of a server (all ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct KvReport {
+    /// Blocks allocated.
+    pub allocations: u64,
+    /// Blocks served from the prefix cache.
+    pub reuse_hits: u64,
+    /// Cached blocks evicted.
+    pub evictions: u64,
+    /// Blocks still held by a sequence when the run ended (a drained server holds none:
+    /// anything else is leaked KV).
+    #[serde(default)]
+    pub used_blocks_at_end: u64,
+}
+
+/// Transfers seen by a server (disaggregated roles).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct TransferReport {
+    /// Transfers completed.
+    pub count: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Mean transfer time.
+    pub mean_ms: f64,
+    /// 99th percentile transfer time.
+    pub p99_ms: f64,
+    /// Transfers that timed out or failed.
+    pub timeouts: u64,
+    /// gen side, §8: receives the transport budget admitted.
+    pub budget_admitted: u64,
+    /// gen side, §8: times the budget deferred the head receive.
+    pub budget_deferred: u64,
+    /// gen side, §8: deferrals because receives in flight held the budget.
+    pub budget_blocked_by_active: u64,
+    /// gen side: the most receives in flight on one rank at once.
+    pub max_receives_in_flight: u32,
+    /// ctx side, generation-first mode: requests promoted once their gen peer was known.
+    pub generation_first_promoted: u64,
+    /// Fault injection (`[faults] lost_transfer_every`): transfers whose KV was lost.
+    #[serde(default)]
+    pub lost: u64,
+    /// Transfers failed because a received block's checksum did not match (real KV
+    /// transport only).
+    #[serde(default)]
+    pub checksum_failures: u64,
+}
+
+/// One server.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ServerReport {
+    /// Name.
+    pub name: String,
+    /// agg, ctx or gen.
+    pub role: String,
+    /// DP ranks.
+    pub dp: u32,
+    /// `max_batch_size`.
+    pub max_batch_size: u32,
+    /// Iterations run.
+    pub iterations: u64,
+    /// Iterations whose forward ran.
+    pub forward_iterations: u64,
+    /// Iterations whose forward some rank vetoed.
+    pub vetoed_iterations: u64,
+    /// Real requests per rank per forward iteration.
+    pub mean_scheduled_requests: f64,
+    /// `mean_scheduled_requests / max_batch_size`.
+    pub occupancy: f64,
+    /// Virtual time the server spent iterating.
+    pub busy_time_s: f64,
+    /// Per rank.
+    pub ranks: Vec<RankReport>,
+    /// Deferrals.
+    pub deferrals: Deferrals,
+    /// Dummies.
+    pub dummies: Dummies,
+    /// KV.
+    pub kv: KvReport,
+    /// Transfers (ctx: sends; gen: receives).
+    pub transfers: TransferReport,
+    /// §10 violations (the first 100).
+    pub violations: Vec<Violation>,
+    /// Violations in all.
+    pub violation_count: u64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Scenario name.
+    pub scenario: String,
+    /// Legacy switches on (empty: the fixed policy).
+    pub legacy_switches: Vec<String>,
+    /// Seed.
+    pub seed: u64,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The fatal violation or the deadlock's rank states.
+    pub outcome_detail: Option<String>,
+    /// Accounting.
+    pub requests: RequestCounts,
+    /// The clock of every time in the report.
+    #[serde(default)]
+    pub time_base: TimeBase,
+    /// Time at the end, on the report's clock (`time_base`).
+    pub virtual_time_s: f64,
+    /// Wall-clock time of the run (the only field that varies between identical runs).
+    pub wall_time_s: f64,
+    /// Throughput.
+    pub throughput: Throughput,
+    /// Latency.
+    pub latency_ms: Latency,
+    /// Servers in scenario order.
+    pub servers: Vec<ServerReport>,
+    /// Per request, in id order: output tokens, the token stream's digest, and the
+    /// failure reason if any (for comparing drivers and runs request by request).
+    pub per_request: Vec<RequestDetail>,
+}
+
+/// One request's outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestDetail {
+    /// Request id.
+    pub id: u64,
+    /// Output tokens received.
+    pub output_tokens: u32,
+    /// Digest of the token stream (hex).
+    pub token_digest: String,
+    /// Completed, or the failure reason.
+    pub failure: Option<String>,
+}

@@ -1,0 +1,229 @@
+//! The front's host in the real drivers (a thread, or the front process's main thread):
+//! the pure [`Front`] fed with the client's items and the servers' messages; its outputs
+//! go out over the [`Net`] — ingress items batched per server and turn, so a server's
+//! rank 0 reads what one turn produced all at once. It collects every rank's summary
+//! and returns them when every server has stopped.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use lockstep_actors::executor::Response;
+use lockstep_actors::front::{Front, FrontIn, FrontOut, IngressItem};
+
+use super::RuntimeError;
+use super::client::ClientItem;
+use super::clock::{Clock, WallClock};
+use super::net::{Endpoint, Envelope, Inbox, Net, NetError, Received};
+use crate::report::RankSummary;
+
+/// What reaches the front host.
+#[derive(Debug)]
+pub enum FrontInbound {
+    /// From the client.
+    Client(ClientItem),
+    /// From a server.
+    Net(Envelope),
+}
+
+/// The front's host.
+pub struct FrontHost<'a> {
+    front: Front,
+    net: &'a dyn Net,
+    to_client: Option<Sender<Vec<Response>>>,
+    clock: WallClock,
+    /// Servers that reported they stopped: nothing more is sent to them.
+    stopped: Vec<bool>,
+    summaries: Vec<RankSummary>,
+    ranks: usize,
+    client_done: bool,
+}
+
+impl<'a> FrontHost<'a> {
+    /// A host over `front`, for a fleet of `servers` servers with `ranks` ranks in all.
+    pub fn new(
+        front: Front,
+        servers: usize,
+        ranks: usize,
+        net: &'a dyn Net,
+        to_client: Sender<Vec<Response>>,
+        clock: WallClock,
+    ) -> FrontHost<'a> {
+        FrontHost {
+            front,
+            net,
+            to_client: Some(to_client),
+            clock,
+            stopped: vec![false; servers],
+            summaries: Vec::with_capacity(ranks),
+            ranks,
+            client_done: false,
+        }
+    }
+
+    /// Whether every server stopped and every rank's summary arrived.
+    pub fn finished(&self) -> bool {
+        self.front.all_stopped() && self.summaries.len() >= self.ranks
+    }
+
+    /// Handles one input and sends what it produced.
+    pub fn handle(&mut self, input: FrontInbound) {
+        self.take(input);
+        self.flush();
+    }
+
+    /// Handles several inputs, then sends what they produced together: a server's rank
+    /// 0 reads one batch (the preloaded requests reach every first fetch whole).
+    pub fn handle_all(&mut self, inputs: impl IntoIterator<Item = FrontInbound>) {
+        for input in inputs {
+            self.take(input);
+        }
+        self.flush();
+    }
+
+    fn take(&mut self, input: FrontInbound) {
+        let now = self.clock.now_ns();
+        match input {
+            FrontInbound::Client(ClientItem::Request(spec)) => {
+                self.front.handle(now, FrontIn::Request(spec))
+            }
+            FrontInbound::Client(ClientItem::Cancel(id)) => {
+                self.front.handle(now, FrontIn::Cancel(id))
+            }
+            FrontInbound::Client(ClientItem::Shutdown) => {
+                self.client_done = true;
+                self.front.handle(now, FrontIn::Shutdown)
+            }
+            FrontInbound::Net(Envelope::Responses { server, responses }) => {
+                let mut out = Vec::new();
+                for mut r in responses {
+                    self.front
+                        .handle_responses(now, server as usize, r.rank, &mut r.responses);
+                    out.append(&mut r.responses);
+                }
+                self.to_client(out);
+            }
+            FrontInbound::Net(Envelope::ServerStopped { server }) => {
+                self.stopped[server as usize] = true;
+                self.front
+                    .handle(now, FrontIn::ServerStopped(server as usize));
+            }
+            FrontInbound::Net(Envelope::RankEnded(summary)) => self.summaries.push(*summary),
+            FrontInbound::Net(other @ (Envelope::Ingress(_) | Envelope::Peer(_))) => {
+                tracing::warn!(?other, "the front got a message meant for a server");
+            }
+        }
+    }
+
+    fn to_client(&self, responses: Vec<Response>) {
+        if !responses.is_empty()
+            && let Some(c) = &self.to_client
+        {
+            // A client that left has nothing to do with them.
+            let _ = c.send(responses);
+        }
+    }
+
+    /// Sends everything the front produced, ingress items batched per server; what a
+    /// server cannot take fails its request (which may produce more output).
+    fn flush(&mut self) {
+        loop {
+            let mut batches: BTreeMap<usize, Vec<IngressItem>> = BTreeMap::new();
+            let mut for_client = Vec::new();
+            while let Some(out) = self.front.poll_out() {
+                match out {
+                    FrontOut::ToServer { server, item } => {
+                        batches.entry(server).or_default().push(item)
+                    }
+                    FrontOut::PeerReady { ctx_server, id, .. } => batches
+                        .entry(ctx_server)
+                        .or_default()
+                        .push(IngressItem::PeerReady(id)),
+                    FrontOut::ToPeer { to, message } => {
+                        if !self.stopped[to.server as usize] {
+                            // A rank that stopped has nothing left to free.
+                            let _ = self
+                                .net
+                                .send(Endpoint::Transceiver(to), Envelope::Peer(message));
+                        }
+                    }
+                    FrontOut::ToClient(r) => for_client.push(r),
+                }
+            }
+            self.to_client(for_client);
+            if batches.is_empty() {
+                return;
+            }
+            let now = self.clock.now_ns();
+            for (server, items) in batches {
+                // Requests first (a queue may refuse them when full), then control items
+                // (always taken while the server runs), so a notice never overtakes the
+                // request it concerns.
+                let (requests, control): (Vec<IngressItem>, Vec<IngressItem>) = items
+                    .into_iter()
+                    .partition(|i| matches!(i, IngressItem::Request(_)));
+                if !requests.is_empty()
+                    && let Err(e) = self.send_ingress(server, requests.clone())
+                {
+                    for item in requests {
+                        if let IngressItem::Request(spec) = item {
+                            self.front.handle(
+                                now,
+                                FrontIn::SubmitFailed {
+                                    server,
+                                    id: spec.id,
+                                    reason: format!("server {server}: {e}"),
+                                },
+                            );
+                        }
+                    }
+                }
+                if !control.is_empty() {
+                    // A server that stopped has nothing to do with them.
+                    let _ = self.send_ingress(server, control);
+                }
+            }
+        }
+    }
+
+    fn send_ingress(&self, server: usize, items: Vec<IngressItem>) -> Result<(), NetError> {
+        if self.stopped[server] {
+            return Err(NetError::Closed {
+                endpoint: Endpoint::Ingress(server),
+            });
+        }
+        self.net
+            .send(Endpoint::Ingress(server), Envelope::Ingress(items))
+    }
+
+    /// Runs until [`FrontHost::finished`]; then the client's channel closes. After the
+    /// client's shutdown, `quiet_limit` without any message is an error naming the
+    /// servers and ranks still missing.
+    pub fn run(
+        mut self,
+        inbox: &mut dyn Inbox<FrontInbound>,
+        quiet_limit: Duration,
+    ) -> Result<Vec<RankSummary>, RuntimeError> {
+        while !self.finished() {
+            let deadline = self.client_done.then(|| Instant::now() + quiet_limit);
+            match inbox.recv_until(deadline) {
+                Received::Message(m) => self.handle(m),
+                Received::TimedOut | Received::Closed => {
+                    let running: Vec<usize> = (0..self.stopped.len())
+                        .filter(|&s| !self.stopped[s])
+                        .collect();
+                    return Err(RuntimeError::FrontStarved {
+                        waited_ms: quiet_limit.as_millis() as u64,
+                        running_servers: running,
+                        summaries: self.summaries.len(),
+                        ranks: self.ranks,
+                    });
+                }
+            }
+        }
+        // Closing the client's channel ends the client.
+        self.to_client = None;
+        Ok(self.summaries)
+    }
+}

@@ -1,0 +1,349 @@
+//! One rank's host in the real drivers (a thread, or an MPI process's main thread): it
+//! runs the executor's iteration protocol over a real [`Collective`], reads the server's
+//! ingress on rank 0, drives the device, hands transfer commands to the rank's
+//! transceiver and its events back, and delivers rank 0's gathered responses to the
+//! front. It never spells out the phase order: it answers whatever the executor asks
+//! ([`RankExecutor::poll`]).
+//!
+//! Waiting follows the executor's [`FetchMode`] (one rule for every driver): `Block`
+//! waits as long as it takes (§3.2); `Stalled` waits for the next input, and when the
+//! wait is bounded (work remains, nothing in flight) and nothing comes within the stall
+//! bound, rank 0 answers with a stall-out, which every rank turns into the deadlock's
+//! failures. While rank 0 waits it keeps the group alive ([`Collective::keep_alive`]), so
+//! its peers, waiting in the fetch broadcast, measure a stuck rank and not an idle one.
+
+use std::time::{Duration, Instant};
+
+use lockstep_actors::executor::{FetchBatch, FetchMode, Input, Io, RankExecutor, StopReason};
+use lockstep_actors::front::IngressItem;
+use lockstep_actors::invariants::Violation;
+use lockstep_gpu::{AnalyticBackend, Backend};
+use lockstep_transport::{Collective, Exchanged, exchange};
+
+use super::RuntimeError;
+use super::clock::{Clock, WallClock};
+use super::device::DeviceHandle;
+use super::net::{Endpoint, Envelope, Inbox, Net, Received};
+use super::transceiver_host::TransceiverLink;
+use super::watchdog::Progress;
+use crate::report::RankEnding;
+
+/// Modeled time in the real drivers: the host's step and the device's forward take the
+/// cost model's times, scaled, as in the simulator.
+#[derive(Debug, Clone, Copy)]
+pub struct Pacing {
+    /// The cost model.
+    pub backend: AnalyticBackend,
+    /// Wall seconds per modeled second.
+    pub time_scale: f64,
+}
+
+impl Pacing {
+    fn scaled(&self, ns: u64) -> u64 {
+        (ns as f64 * self.time_scale).round() as u64
+    }
+}
+
+/// How a rank host runs.
+#[derive(Debug, Clone)]
+pub struct RankOptions {
+    /// A bounded stall (work remains, nothing in flight) longer than this is a deadlock.
+    pub stall_bound: Duration,
+    /// How often a waiting rank 0 tells its peers it is alive.
+    pub keep_alive_every: Duration,
+    /// Stop after this many iterations (every rank at the same one; the benchmark).
+    pub max_iterations: Option<u64>,
+    /// Record each iteration's wall time (the benchmark).
+    pub time_iterations: bool,
+    /// Modeled time (`None`: as fast as the machine goes).
+    pub pacing: Option<Pacing>,
+}
+
+impl Default for RankOptions {
+    fn default() -> Self {
+        RankOptions {
+            stall_bound: Duration::from_secs(10),
+            keep_alive_every: Duration::from_millis(250),
+            max_iterations: None,
+            time_iterations: false,
+            pacing: None,
+        }
+    }
+}
+
+/// What a rank host works with besides its executor and collective.
+pub struct RankPorts<'a> {
+    /// The server's index in the scenario.
+    pub server: usize,
+    /// Rank 0: the server's ingress.
+    pub ingress: Option<&'a mut dyn Inbox<IngressItem>>,
+    /// To the front.
+    pub net: &'a dyn Net,
+    /// ctx and gen ranks: the transceiver.
+    pub transfers: Option<&'a TransceiverLink>,
+    /// The device.
+    pub device: &'a mut DeviceHandle,
+    /// The clock.
+    pub clock: &'a WallClock,
+    /// Published for the watchdog.
+    pub progress: &'a Progress,
+}
+
+/// What a rank host reports when its loop ends.
+#[derive(Debug)]
+pub struct RankRun {
+    /// How it ended.
+    pub ending: RankEnding,
+    /// Violations seen (the first 100).
+    pub violations: Vec<Violation>,
+    /// Violations in all.
+    pub violation_count: u64,
+    /// Wall time of each iteration, when [`RankOptions::time_iterations`] asked.
+    pub iteration_times: Vec<Duration>,
+}
+
+/// Runs `exec` until the server drains (or stops, or `max_iterations`).
+pub fn run_rank<C: Collective + ?Sized>(
+    exec: &mut RankExecutor,
+    coll: &mut C,
+    mut ports: RankPorts<'_>,
+    opts: &RankOptions,
+) -> Result<RankRun, RuntimeError> {
+    let rank = exec.rank().index();
+    let server = ports.server;
+    let mut run = RankRun {
+        ending: RankEnding::Drained,
+        violations: Vec::new(),
+        violation_count: 0,
+        iteration_times: Vec::new(),
+    };
+    let mut iterations = 0u64;
+    let mut iteration_started = Instant::now();
+    // Modeled time: the iteration's start (its fetch), from which the host step counts.
+    let mut fetched_at = 0u64;
+    let mut stalled_since: Option<u64> = None;
+    // Every rank's batch shape, from the last vote: what the forward costs.
+    let mut shapes = Vec::new();
+    let coll_err = |source| RuntimeError::Collective {
+        server,
+        rank,
+        source,
+    };
+    loop {
+        if let Some(link) = ports.transfers {
+            while let Ok(event) = link.events.try_recv() {
+                // A request this rank no longer holds in transfer (it failed meanwhile)
+                // has nothing left to apply.
+                let _ = exec.handle_transfer_event(event);
+            }
+        }
+        let exe_err = |source| RuntimeError::Executor {
+            server,
+            rank,
+            source,
+        };
+        match exec.poll() {
+            Io::Exchange(x) => {
+                let phase = x.tag().phase;
+                ports.progress.enter(phase, ports.clock.now_ns());
+                let result = exchange(coll, x).map_err(coll_err)?;
+                ports.progress.alive(ports.clock.now_ns());
+                // Rank 0's gathered responses move to the front as they are (the
+                // executor only needs to know the gather happened).
+                let result = match result {
+                    Exchanged::Responses(Some(all)) => {
+                        if all.iter().any(|r| !r.responses.is_empty()) {
+                            ports
+                                .net
+                                .send(
+                                    Endpoint::Front,
+                                    Envelope::Responses {
+                                        server: server as u32,
+                                        responses: all,
+                                    },
+                                )
+                                .map_err(|source| RuntimeError::Net {
+                                    server,
+                                    rank,
+                                    source,
+                                })?;
+                        }
+                        Exchanged::Responses(None)
+                    }
+                    other => other,
+                };
+                if let Exchanged::States(all) = &result {
+                    ports.progress.gathered(&all[rank], exec.waiting().len());
+                }
+                let is_fetch = matches!(result, Exchanged::Fetch(_));
+                exec.handle(result.input()).map_err(exe_err)?;
+                if is_fetch {
+                    fetched_at = ports.clock.now_ns();
+                }
+                if let Exchanged::Votes(votes) = &result {
+                    shapes.clear();
+                    shapes.extend(votes.iter().map(|v| v.shape));
+                }
+            }
+            Io::ReadIngress(mode) => {
+                match mode {
+                    FetchMode::Stalled { .. } => {
+                        stalled_since.get_or_insert(ports.clock.now_ns());
+                    }
+                    FetchMode::Poll | FetchMode::Block => stalled_since = None,
+                }
+                let read = read_ingress(&mut ports, coll, mode, stalled_since, opts);
+                exec.handle(Input::Ingress(read)).map_err(exe_err)?;
+            }
+            Io::Forward {
+                launch,
+                await_output,
+            } => {
+                // The server's iteration time, from every rank's shape: the same on
+                // every rank and in the simulator (the forward ends with the slowest
+                // rank's, whose collectives every rank waits for).
+                let time = opts.pacing.map(|p| {
+                    let t = p.backend.iteration_ns(&shapes, launch.is_some(), true);
+                    (p.scaled(t.host_ns), p.scaled(t.device_ns))
+                });
+                if let Some((host, _)) = time {
+                    ports.clock.sleep_until(fetched_at.saturating_add(host));
+                }
+                if let Some(batch) = launch {
+                    let forward_ns = time.map_or(0, |(_, device)| device);
+                    ports.device.launch(batch, forward_ns);
+                }
+                let output = match await_output {
+                    Some(n) => Some(ports.device.await_output(n).map_err(|source| {
+                        RuntimeError::Device {
+                            server,
+                            rank,
+                            source,
+                        }
+                    })?),
+                    None => None,
+                };
+                exec.handle(Input::Output(output.as_ref()))
+                    .map_err(exe_err)?;
+                if let Some(o) = output {
+                    ports.device.recycle(o);
+                }
+            }
+            Io::IterationEnded(report) => {
+                if let Some(link) = ports.transfers
+                    && !report.transfer_commands.is_empty()
+                {
+                    link.send_commands(&report.transfer_commands);
+                }
+                for v in &report.violations {
+                    run.violation_count += 1;
+                    if run.violations.len() < 100 {
+                        run.violations.push(v.clone());
+                    }
+                }
+                iterations += 1;
+                ports
+                    .progress
+                    .iteration_done(iterations, ports.clock.now_ns());
+                if opts.time_iterations {
+                    run.iteration_times.push(iteration_started.elapsed());
+                }
+                iteration_started = Instant::now();
+                if opts.max_iterations.is_some_and(|m| iterations >= m) {
+                    break;
+                }
+            }
+            Io::Finished => {
+                if let Some((reason, state)) = exec.stalled_out() {
+                    run.ending = RankEnding::StalledOut {
+                        reason: reason.to_string(),
+                        state: state.to_string(),
+                    };
+                }
+                break;
+            }
+            Io::Stopped(why) => {
+                run.ending = match why {
+                    StopReason::Crashed(v) => {
+                        run.violation_count += 1;
+                        if run.violations.len() < 100 {
+                            run.violations.push(v.clone());
+                        }
+                        RankEnding::Crashed(v.clone())
+                    }
+                    StopReason::PeerCrashed { peer } => RankEnding::PeerCrashed { peer: peer.0 },
+                };
+                break;
+            }
+        }
+    }
+    Ok(run)
+}
+
+/// Rank 0 reads its ingress as the executor's mode says.
+fn read_ingress<C: Collective + ?Sized>(
+    ports: &mut RankPorts<'_>,
+    coll: &mut C,
+    mode: FetchMode,
+    stalled_since: Option<u64>,
+    opts: &RankOptions,
+) -> FetchBatch {
+    let clock = ports.clock;
+    let mut batch = FetchBatch::default();
+    let Some(ingress) = ports.ingress.as_deref_mut() else {
+        batch.now_ns = clock.now_ns();
+        return batch;
+    };
+    let bound = match mode {
+        FetchMode::Stalled { bounded: true } => {
+            let since = stalled_since.unwrap_or_else(|| clock.now_ns());
+            Some(since.saturating_add(opts.stall_bound.as_nanos() as u64))
+        }
+        _ => None,
+    };
+    if mode != FetchMode::Poll {
+        loop {
+            let slice = clock
+                .now_ns()
+                .saturating_add(opts.keep_alive_every.as_nanos() as u64);
+            let until = bound.map_or(slice, |b| b.min(slice));
+            match ingress.recv_until(Some(clock.instant(until))) {
+                Received::Message(item) => {
+                    add(&mut batch, item);
+                    break;
+                }
+                Received::Closed => {
+                    // Nothing will ever come: behave as a shutdown.
+                    batch.shutdown = true;
+                    break;
+                }
+                Received::TimedOut => {
+                    if bound.is_some_and(|b| clock.now_ns() >= b) {
+                        batch.stalled_out = Some(format!(
+                            "no iteration changed anything for {} ms while requests remained and no transfer was in flight",
+                            opts.stall_bound.as_millis()
+                        ));
+                        break;
+                    }
+                    coll.keep_alive();
+                    ports.progress.alive(clock.now_ns());
+                }
+            }
+        }
+    }
+    while let Some(item) = ingress.try_recv() {
+        add(&mut batch, item);
+    }
+    batch.now_ns = clock.now_ns();
+    batch
+}
+
+fn add(batch: &mut FetchBatch, item: IngressItem) {
+    match item {
+        IngressItem::Request(spec) => batch.requests.push(spec),
+        IngressItem::Cancel(id) => batch.cancellations.push(id),
+        IngressItem::Shutdown => batch.shutdown = true,
+        IngressItem::PeerReady(id) => batch.peers_ready.push(id),
+        IngressItem::Wake => {}
+    }
+}

@@ -1,0 +1,315 @@
+//! Scenarios and runners shared by the driver tests: the simulator, the threads driver,
+//! and the MPI driver through `mpirun` (every child process with a deadline).
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use lockstep_cluster::backends::RealOptions;
+use lockstep_cluster::backends::threads;
+use lockstep_cluster::report::Report;
+use lockstep_cluster::scenario::Scenario;
+use lockstep_cluster::sim::{self, SimOptions};
+
+/// One aggregated server of `dp` ranks, 80 requests all arriving at once.
+pub fn agg_text(dp: u32, overlap: bool) -> String {
+    format!(
+        r#"
+name = "cross-driver"
+[[server]]
+name = "agg0"
+tensor_parallel_size = {dp}
+max_batch_size = 8
+max_num_tokens = 2048
+enable_chunked_prefill = true
+disable_overlap_scheduler = {no_overlap}
+[server.kv_cache_config]
+tokens_per_block = 16
+max_tokens = 65536
+[workload]
+kind = "closed_loop"
+concurrency = 80
+num_requests = 80
+input_len = [16, 900]
+output_len = [1, 40]
+"#,
+        no_overlap = !overlap
+    )
+}
+
+/// Two ctx servers (dp 2 and 1) and two gen servers (dp 2 and 1), `n` requests all
+/// arriving at once.
+pub fn disagg_text(n: u32) -> String {
+    let server = |name: &str, role: &str, dp: u32, b: u32| {
+        format!(
+            r#"
+[[server]]
+name = "{name}"
+role = "{role}"
+tensor_parallel_size = {dp}
+max_batch_size = {b}
+max_num_tokens = 2048
+disable_overlap_scheduler = {no_overlap}
+[server.kv_cache_config]
+tokens_per_block = 16
+max_tokens = 65536
+"#,
+            no_overlap = role == "ctx"
+        )
+    };
+    format!(
+        r#"
+name = "disagg-2x2"
+[front]
+policy = "load_balancing"
+{}{}{}{}
+[workload]
+kind = "closed_loop"
+concurrency = {n}
+num_requests = {n}
+input_len = [16, 600]
+output_len = [1, 24]
+"#,
+        server("ctx0", "ctx", 2, 4),
+        server("ctx1", "ctx", 1, 4),
+        server("gen0", "gen", 2, 16),
+        server("gen1", "gen", 1, 16),
+    )
+}
+
+/// A scenario from its text, with `--set` overrides.
+pub fn parse(text: &str, sets: &[&str]) -> Scenario {
+    let mut s = Scenario::parse(text, "test").expect("test scenario parses");
+    for set in sets {
+        s.apply_set(set).expect("valid --set");
+    }
+    s
+}
+
+/// `examples/NAME`, with `--set` overrides.
+pub fn example(name: &str, sets: &[&str]) -> Scenario {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name);
+    let mut s = Scenario::load(&path).expect("example loads");
+    for set in sets {
+        s.apply_set(set).expect("valid --set");
+    }
+    s
+}
+
+/// The simulator, every request (and the client's shutdown) delivered before the first
+/// iteration, as the real drivers' `--preload` does.
+pub fn simulate(s: &Scenario) -> Report {
+    simulate_with(s, |_| {})
+}
+
+/// [`simulate`] with options adjusted.
+pub fn simulate_with(s: &Scenario, adjust: impl FnOnce(&mut SimOptions<'_>)) -> Report {
+    let mut opts = SimOptions {
+        seed: 3,
+        preload: true,
+        ..SimOptions::default()
+    };
+    adjust(&mut opts);
+    sim::run(s, opts).expect("the simulation starts")
+}
+
+/// The threads driver's options of these tests: preloaded, seed 3.
+pub fn real_options() -> RealOptions {
+    RealOptions {
+        seed: 3,
+        preload: true,
+        collective_timeout: Duration::from_secs(20),
+        ..RealOptions::default()
+    }
+}
+
+/// The threads driver, run in a thread with a deadline: a hang fails the test.
+pub fn threads_run(s: &Scenario, opts: RealOptions) -> Report {
+    threads_try(s, opts).expect("the threads run succeeds")
+}
+
+/// [`threads_run`], the error as text.
+pub fn threads_try(s: &Scenario, opts: RealOptions) -> Result<Report, String> {
+    let s = s.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(threads::run(&s, &opts).map_err(|e| e.to_string()));
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("the threads run ended within 120 s")
+}
+
+/// What must be identical across drivers for an aggregated run.
+pub fn agg_fingerprint(r: &Report) -> (u64, u64, Vec<String>, String) {
+    let s = &r.servers[0];
+    (
+        s.iterations,
+        s.forward_iterations,
+        s.ranks.iter().map(|k| k.routing_digest.clone()).collect(),
+        serde_json::to_string(&r.per_request).unwrap(),
+    )
+}
+
+/// Every server's per-rank routing digests.
+pub fn routing(r: &Report, server: &str) -> Vec<String> {
+    r.servers
+        .iter()
+        .find(|s| s.name == server)
+        .expect("the server is in the report")
+        .ranks
+        .iter()
+        .map(|k| k.routing_digest.clone())
+        .collect()
+}
+
+/// Requests that needed a KV transfer (more than the ctx server's single token).
+pub fn multi_token_requests(r: &Report) -> u64 {
+    r.per_request.iter().filter(|d| d.output_tokens > 1).count() as u64
+}
+
+/// The ids of the requests that failed, in order.
+pub fn failed_ids(r: &Report) -> Vec<u64> {
+    r.per_request
+        .iter()
+        .filter(|d| d.failure.is_some())
+        .map(|d| d.id)
+        .collect()
+}
+
+/// `a` and `b` within 5% (or `slack` iterations, for small counts) of each other.
+pub fn close_counts(a: u64, b: u64, slack: u64) -> bool {
+    let diff = a.abs_diff(b);
+    diff <= slack || diff * 20 <= a.max(b)
+}
+
+/// `b` within `percent` of `a`.
+pub fn within(a: f64, b: f64, percent: f64) -> bool {
+    (b - a).abs() <= a.abs() * percent / 100.0
+}
+
+// ---- MPI ----
+
+/// The MPI binary (`LOCKSTEP_MPI_BIN`, built by `scripts/test.sh` with `--features
+/// mpi`). The MPI tests are `#[ignore]`d, so they run only when asked; asked without
+/// the binary, they fail.
+pub fn mpi_bin() -> PathBuf {
+    match std::env::var_os("LOCKSTEP_MPI_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => panic!(
+            "this test needs the MPI build: run scripts/test.sh, or build with `cargo build --release -p lockstep-cluster --features mpi` and set LOCKSTEP_MPI_BIN to the binary"
+        ),
+    }
+}
+
+/// `mpirun -n N BIN rank ARGS...`.
+pub fn mpirun(bin: &PathBuf, n: u32, args: &[&str]) -> Command {
+    let mut c = Command::new("mpirun");
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .args(["--oversubscribe", "-n", &n.to_string()])
+        .arg(bin)
+        .arg("rank")
+        .args(args);
+    c
+}
+
+/// Runs a command to its end, killing it after `limit` (a hang fails the test).
+pub fn output_within(mut c: Command, limit: Duration) -> Output {
+    let child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mpirun starts (OpenMPI installed?)");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("the child's output"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("the command ran past {limit:?} and was killed");
+        }
+    }
+}
+
+/// A fresh path in this test process's scratch folder.
+pub fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lockstep-drivers-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// Processes an MPI run of `s` needs: the front plus every server's ranks.
+pub fn processes(s: &Scenario) -> u32 {
+    1 + s
+        .servers
+        .iter()
+        .map(|c| c.derive(&s.policy).expect("valid").sizes.dp)
+        .sum::<u32>()
+}
+
+/// Runs scenario `text` (with `--set` overrides) under mpirun, preloaded with seed 3,
+/// and returns its report; the run must succeed.
+pub fn mpi_report(bin: &PathBuf, text: &str, sets: &[&str], name: &str) -> Report {
+    let path = temp(&format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    let json = temp(&format!("{name}.json"));
+    let mut args: Vec<String> = vec![
+        path.to_str().unwrap().into(),
+        "--seed".into(),
+        "3".into(),
+        "--preload".into(),
+        "--json".into(),
+        json.to_str().unwrap().into(),
+    ];
+    for s in sets {
+        args.push("--set".into());
+        args.push((*s).into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let n = processes(&parse(text, sets));
+    let started = Instant::now();
+    let out = output_within(mpirun(bin, n, &args), Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "mpirun failed after {:?}: {}",
+        started.elapsed(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+}
+
+/// The same time model: per-request tokens equal, mean TTFT and TPOT within 10 %, every
+/// server's iterations within 3 %.
+pub fn assert_same_time_model(a: &Report, b: &Report) {
+    assert_eq!(a.per_request, b.per_request);
+    let (la, lb) = (&a.latency_ms, &b.latency_ms);
+    assert!(
+        within(la.ttft.mean, lb.ttft.mean, 10.0),
+        "ttft {:?} vs {:?}",
+        la.ttft,
+        lb.ttft
+    );
+    assert!(
+        within(la.tpot.mean, lb.tpot.mean, 10.0),
+        "tpot {:?} vs {:?}",
+        la.tpot,
+        lb.tpot
+    );
+    for (sa, sb) in a.servers.iter().zip(&b.servers) {
+        assert!(
+            close_counts(sa.iterations, sb.iterations, 3),
+            "{}: {} iterations simulated, {} run",
+            sa.name,
+            sa.iterations,
+            sb.iterations
+        );
+    }
+}

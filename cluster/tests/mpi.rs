@@ -1,0 +1,380 @@
+//! The MPI driver (one front process and one process per rank under mpirun) against the
+//! simulator, and its faults: a mismatched collective, a killed or stopped rank, a
+//! wrong world size, a stalled server; and the same time model as the simulator. Each
+//! test needs mpirun and the MPI build, so each is `#[ignore]`d: a plain `cargo test`
+//! reports them as ignored, and `scripts/test.sh` runs them, one at a time, with
+//! `LOCKSTEP_MPI_BIN` naming the build (`cargo test -p lockstep-cluster --test mpi --
+//! --ignored --test-threads=1`). Run that way without `LOCKSTEP_MPI_BIN`, they fail.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use lockstep_actors::ids::ReqId;
+use lockstep_actors::transceiver::lost_on_the_wire;
+use lockstep_cluster::report::{Outcome, Report};
+
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_aggregated_runs_agree_exactly_with_the_simulator_at_2_and_4_ranks() {
+    let bin = mpi_bin();
+    for dp in [2, 4] {
+        let text = agg_text(dp, true);
+        let mpi = mpi_report(&bin, &text, &[], &format!("agg-{dp}"));
+        let sim = simulate(&parse(&text, &[]));
+        assert_eq!(agg_fingerprint(&mpi), agg_fingerprint(&sim), "dp {dp}");
+    }
+}
+
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_servers() {
+    let bin = mpi_bin();
+    let text = disagg_text(60);
+    let mpi = mpi_report(&bin, &text, &[], "disagg");
+    let sim = simulate(&parse(&text, &[]));
+    assert_eq!(mpi.requests.completed, 60, "{:?}", mpi.per_request);
+    assert_eq!(mpi.per_request, sim.per_request);
+    let transfers = multi_token_requests(&mpi);
+    for s in &mpi.servers {
+        assert_eq!(
+            (s.transfers.timeouts, s.transfers.checksum_failures),
+            (0, 0),
+            "{}",
+            s.name
+        );
+        assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+        assert_eq!(s.violation_count, 0, "{}: {:?}", s.name, s.violations);
+    }
+    let sends: u64 = mpi.servers[..2].iter().map(|s| s.transfers.count).sum();
+    let receives: u64 = mpi.servers[2..].iter().map(|s| s.transfers.count).sum();
+    assert_eq!((sends, receives), (transfers, transfers));
+}
+
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_lost_kv_fails_exactly_the_requests_the_simulator_fails() {
+    let bin = mpi_bin();
+    let sets = [
+        "faults.lost_transfer_every=3",
+        "server.cache_transceiver_config.kv_transfer_timeout_ms=300",
+    ];
+    let text = disagg_text(40);
+    let mpi = mpi_report(&bin, &text, &sets, "disagg-lost");
+    let sim = simulate(&parse(&text, &sets));
+    let outcome = |r: &Report| -> Vec<(u64, u32, bool)> {
+        r.per_request
+            .iter()
+            .map(|d| (d.id, d.output_tokens, d.failure.is_some()))
+            .collect()
+    };
+    assert_eq!(outcome(&mpi), outcome(&sim));
+    let failed = failed_ids(&mpi);
+    assert!(failed.len() >= 2, "{failed:?}");
+    for d in &mpi.per_request {
+        let lost = lost_on_the_wire(ReqId(d.id), Some(3));
+        let single_token = d.failure.is_none() && d.output_tokens == 1;
+        assert_eq!(d.failure.is_some(), lost && !single_token, "{d:?}");
+        if let Some(why) = &d.failure {
+            assert!(why.contains("kv transfer timed out after 300 ms"), "{why}");
+        }
+    }
+    for s in &mpi.servers {
+        assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+    }
+}
+
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_world_size_mismatch_is_a_clear_error_naming_both_numbers() {
+    let bin = mpi_bin();
+    let agg = temp("size-agg.toml");
+    std::fs::write(&agg, agg_text(4, true)).unwrap();
+    let disagg = temp("size-disagg.toml");
+    std::fs::write(&disagg, disagg_text(10)).unwrap();
+    // Aggregated dp 4 needs 1 front + 4 = 5 processes; the 2x2 fleet 1 + 2 + 1 + 2 + 1.
+    for (path, n, says) in [
+        (&agg, 2, ["world size 2", "5 processes", "agg0 dp 4"]),
+        (&disagg, 5, ["world size 5", "7 processes", "gen1 dp 1"]),
+    ] {
+        let out = output_within(
+            mpirun(&bin, n, &[path.to_str().unwrap(), "--preload"]),
+            Duration::from_secs(60),
+        );
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(says.iter().all(|s| err.contains(s)), "{err}");
+    }
+}
+
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_a_mismatched_collective_is_a_tag_error_not_a_hang() {
+    let bin = mpi_bin();
+    let path = temp("tag.toml");
+    std::fs::write(&path, agg_text(2, true)).unwrap();
+    let started = Instant::now();
+    let out = output_within(
+        mpirun(
+            &bin,
+            3,
+            &[
+                path.to_str().unwrap(),
+                "--preload",
+                "--watchdog-ms",
+                "5000",
+                "--inject-tag-mismatch",
+                "1:5",
+            ],
+        ),
+        Duration::from_secs(60),
+    );
+    assert!(!out.status.success(), "a failed run exits non-zero");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("tag mismatch") && text.contains("Gather") && text.contains("Vote"),
+        "{text}"
+    );
+}
+
+/// A slow MPI job (the cost model in real time, aggregated dp 2: the front is world rank
+/// 0, the server's ranks 1 and 2), and the pid of the process of world rank `victim`.
+/// The caller waits on the child; a panic while looking for the pid ends the test process
+/// (and with it mpirun, whose stdin and stderr close).
+#[allow(clippy::zombie_processes)]
+fn slow_job(
+    bin: &PathBuf,
+    name: &str,
+    watchdog_ms: &str,
+    victim: u32,
+) -> (std::process::Child, u32) {
+    let path = temp(name);
+    let text = agg_text(2, true)
+        .replace("num_requests = 80", "num_requests = 4000")
+        .replace("concurrency = 80", "concurrency = 64");
+    std::fs::write(&path, text).unwrap();
+    let mut child = mpirun(
+        bin,
+        3,
+        &[
+            path.to_str().unwrap(),
+            "--time-scale",
+            "1.0",
+            "--watchdog-ms",
+            watchdog_ms,
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Find the process of that world rank (OpenMPI tells each its rank), polling until
+    // the job is up.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pids = Command::new("pgrep")
+            .args(["-f", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let found = String::from_utf8_lossy(&pids.stdout)
+            .lines()
+            .filter_map(|p| p.parse::<u32>().ok())
+            .find(|p| {
+                std::fs::read(format!("/proc/{p}/environ")).is_ok_and(|env| {
+                    env.split(|&b| b == 0)
+                        .any(|kv| kv == format!("OMPI_COMM_WORLD_RANK={victim}").as_bytes())
+                })
+            });
+        if let Some(pid) = found {
+            // Give the job a moment to be inside its iterations.
+            std::thread::sleep(Duration::from_millis(500));
+            return (child, pid);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the job's processes did not come up");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits for `child` to end, killing it (and failing) after `limit`.
+fn wait_within(mut child: std::process::Child, limit: Duration) -> std::process::Output {
+    let started = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("the job did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_a_killed_rank_ends_the_job_non_zero_within_the_watchdog_time() {
+    let bin = mpi_bin();
+    let (child, victim) = slow_job(&bin, "kill.toml", "3000", 2);
+    Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .unwrap();
+    let out = wait_within(child, Duration::from_secs(20));
+    assert!(
+        !out.status.success(),
+        "the job must fail when a rank is lost"
+    );
+}
+
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_the_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops() {
+    let bin = mpi_bin();
+    let (child, victim) = slow_job(&bin, "stop.toml", "2000", 2);
+    // A stopped rank neither progresses nor dies: only its peers' watchdogs end this.
+    Command::new("kill")
+        .args(["-STOP", &victim.to_string()])
+        .status()
+        .unwrap();
+    let stopped = Instant::now();
+    let out = wait_within(child, Duration::from_secs(20));
+    let _ = Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status();
+    assert!(
+        stopped.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        stopped.elapsed()
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("lockstep watchdog: server `agg0` rank 0")
+            && err.contains("no sign of life for 2000 ms")
+            && err.contains("live"),
+        "{err}"
+    );
+}
+
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_a_stalled_server_ends_deadlocked_as_in_the_simulator() {
+    let bin = mpi_bin();
+    let sets = [
+        "server.max_num_tokens=8",
+        "workload.num_requests=6",
+        "workload.concurrency=6",
+    ];
+    let text = agg_text(2, true);
+    let path = temp("stall.toml");
+    std::fs::write(&path, &text).unwrap();
+    let json = temp("stall.json");
+    let mut args = vec![
+        path.to_str().unwrap().to_string(),
+        "--preload".into(),
+        "--stall-timeout-ms".into(),
+        "300".into(),
+        "--json".into(),
+        json.to_str().unwrap().into(),
+    ];
+    for s in sets {
+        args.push("--set".into());
+        args.push(s.into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let _ = output_within(mpirun(&bin, 3, &args), Duration::from_secs(60));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    let r: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(r.outcome, Outcome::Deadlocked, "{:?}", r.outcome_detail);
+    let detail = r.outcome_detail.unwrap_or_default();
+    assert!(
+        detail.contains("rank 0:") && detail.contains("rank 1:"),
+        "{detail}"
+    );
+    assert_eq!(r.requests.failed, 6);
+    let sim = simulate_with(&parse(&text, &sets), |o| o.stall_bound_ns = 300_000_000);
+    assert_eq!(sim.outcome, Outcome::Deadlocked);
+}
+
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_generation_first_and_the_legacy_policy_complete_every_request() {
+    let bin = mpi_bin();
+    let text = disagg_text(40);
+    let first = ["server.ctx0.cache_transceiver_config.generation_first=true"];
+    let m = mpi_report(&bin, &text, &first, "disagg-first");
+    let sim = simulate(&parse(&text, &first));
+    let promoted = |r: &Report| {
+        r.servers
+            .iter()
+            .find(|s| s.name == "ctx0")
+            .unwrap()
+            .transfers
+            .generation_first_promoted
+    };
+    assert_eq!(m.requests.completed, 40, "{:?}", m.per_request);
+    assert!(promoted(&m) > 0);
+    assert_eq!(promoted(&m), promoted(&sim));
+    assert_eq!(m.per_request, sim.per_request);
+    let legacy = ["policy.preset=\"legacy\""];
+    let l = mpi_report(&bin, &text, &legacy, "disagg-legacy");
+    assert!(!l.legacy_switches.is_empty());
+    assert_eq!(l.requests.completed, 40, "{:?}", l.per_request);
+    for s in &l.servers {
+        assert_eq!(s.kv.used_blocks_at_end, 0, "{}: leaked KV", s.name);
+    }
+}
+
+/// The same time model as the simulator (`time_model.rs`) over MPI, 7 processes: with
+/// the cost model in real time, latencies and iterations follow the simulator's.
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_with_modeled_time_latency_and_iterations_follow_the_simulator() {
+    let bin = mpi_bin();
+    let text = disagg_text(200);
+    let a = simulate(&parse(&text, &[]));
+    let path = temp("time-model.toml");
+    std::fs::write(&path, &text).unwrap();
+    let json = temp("time-model.json");
+    let out = output_within(
+        mpirun(
+            &bin,
+            7,
+            &[
+                path.to_str().unwrap(),
+                "--seed",
+                "3",
+                "--preload",
+                "--time-scale",
+                "1",
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        ),
+        std::time::Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_same_time_model(&a, &b);
+    for ctx in ["ctx0", "ctx1"] {
+        assert_eq!(routing(&a, ctx), routing(&b, ctx), "{ctx}");
+    }
+}

@@ -1,0 +1,53 @@
+//! The same time model in the simulator and the threads driver: with the cost model in
+//! real time (`--time-scale 1`), the threads driver's latencies and iterations follow the
+//! simulator's. One test in its own binary, run alone: modeled time on a small machine
+//! must not share it with other tests. (The same check over MPI is in `mpi.rs`.)
+
+mod common;
+
+use common::*;
+use lockstep_cluster::backends::RealOptions;
+
+/// The same time model: with the cost model in real time (`--time-scale 1`), the threads
+/// driver's latencies and iterations follow the simulator's.
+fn disaggregated() {
+    let s = parse(&disagg_text(200), &[]);
+    let a = simulate(&s);
+    let b = threads_run(
+        &s,
+        RealOptions {
+            time_scale: 1.0,
+            ..real_options()
+        },
+    );
+    assert_same_time_model(&a, &b);
+    for ctx in ["ctx0", "ctx1"] {
+        assert_eq!(routing(&a, ctx), routing(&b, ctx), "{ctx}");
+    }
+}
+
+fn aggregated() {
+    // Open loop: arrivals at random instants, as clients send them, at a load the
+    // server keeps up with (near saturation queueing amplifies any timing noise of a
+    // small shared machine).
+    let s = example(
+        "agg-balanced.toml",
+        &["workload.num_requests=40", "workload.rate=8.0"],
+    );
+    let a = simulate_with(&s, |o| o.preload = false);
+    let b = threads_run(
+        &s,
+        RealOptions {
+            time_scale: 1.0,
+            preload: false,
+            ..real_options()
+        },
+    );
+    assert_same_time_model(&a, &b);
+}
+
+#[test]
+fn with_modeled_time_latency_and_iterations_follow_the_simulator() {
+    disaggregated();
+    aggregated();
+}
