@@ -213,6 +213,9 @@ struct Iteration {
     launched: Option<ScheduledBatch>,
     /// The output the forward step awaits.
     awaited: Option<BatchNumber>,
+    /// Under overlap, the fleet skipped the forward while this rank had scheduled work:
+    /// the previous batch stays pending, unprocessed, until a forward runs (§3).
+    deferred: bool,
     /// Something changed this iteration (see [`RankState::progressed`]).
     progressed: bool,
     /// The §9 record.

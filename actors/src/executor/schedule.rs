@@ -344,6 +344,11 @@ impl RankExecutor {
             self.resolve_dummy(tentative, can_queue);
         }
         let batch = self.iter.batch.take();
+        // The §9 record counts what this rank scheduled, also when the fleet skips it.
+        if let Some(b) = &batch {
+            self.record_scheduled(b);
+        }
+        let own_work = self.iter.vote.batch_size > 0;
         let launch = if can_queue {
             self.resident.next_batch += 1;
             batch
@@ -354,7 +359,16 @@ impl RankExecutor {
             }
             None
         };
-        let awaited = if self.setup.sizes.overlap {
+        // Under overlap a skipped forward defers the previous batch on a rank that had
+        // work of its own: its tokens wait, its retiring requests stay resident into the
+        // next gather (§3; as production's `can_queue || !can_queue_this_rank`).
+        self.iter.deferred = self.setup.sizes.overlap && !can_queue && own_work;
+        if self.iter.deferred && self.resident.in_flight.is_some() {
+            self.totals.deferred_batches += 1;
+        }
+        let awaited = if self.iter.deferred {
+            None
+        } else if self.setup.sizes.overlap {
             self.resident.in_flight.as_ref().map(|b| b.number)
         } else {
             launch.as_ref().map(|b| b.number)

@@ -40,9 +40,14 @@ pub struct RequestCounts {
     pub completed: u64,
     /// Failed (with a reason) or cancelled.
     pub failed: u64,
+    /// Of the submitted, warm-up requests (`workload.warmup_requests`), left out of
+    /// latency and throughput.
+    #[serde(default)]
+    pub warmup: u64,
 }
 
-/// Throughput over the virtual time.
+/// Throughput of the measured load (after any warm-up), from its first arrival to the
+/// end of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Throughput {
     /// (prompt + output) tokens of completed requests per second.
@@ -204,10 +209,18 @@ pub struct ServerReport {
     pub forward_iterations: u64,
     /// Iterations whose forward some rank vetoed.
     pub vetoed_iterations: u64,
-    /// Real requests per rank per forward iteration.
+    /// Real requests per rank per *forward* iteration (what the forwards carried).
     pub mean_scheduled_requests: f64,
-    /// `mean_scheduled_requests / max_batch_size`.
+    /// `mean_scheduled_requests / max_batch_size`: the forwarded occupancy.
     pub occupancy: f64,
+    /// Real requests per rank per iteration, skipped ones included (what the ranks
+    /// scheduled, as the reference executor's log counts it; a request deferred by a
+    /// skip counts in the skipped iteration and again in the forward).
+    #[serde(default)]
+    pub scheduled_per_iteration: f64,
+    /// Under overlap: rank-iterations whose previous batch a skipped forward deferred.
+    #[serde(default)]
+    pub deferred_batches: u64,
     /// Virtual time the server spent iterating.
     pub busy_time_s: f64,
     /// Per rank.

@@ -157,6 +157,17 @@ pub fn server_report(
     } else {
         0.0
     };
+    let iterations = ranks.first().map_or(0, |r| r.iterations);
+    let scheduled_every: u64 = ranks
+        .iter()
+        .map(|r| r.totals.iteration_scheduled_requests)
+        .sum();
+    let mean_every = if iterations > 0 {
+        scheduled_every as f64 / (iterations as f64 * f64::from(dp))
+    } else {
+        0.0
+    };
+    let deferred_batches = ranks.iter().map(|r| r.totals.deferred_batches).sum();
     let mut deferrals = Deferrals::default();
     let mut dummies = Dummies::default();
     let mut kv = KvReport::default();
@@ -225,11 +236,13 @@ pub fn server_report(
         role: role.name().to_string(),
         dp,
         max_batch_size,
-        iterations: ranks.first().map_or(0, |r| r.iterations),
+        iterations,
         forward_iterations: forward,
         vetoed_iterations: ranks.first().map_or(0, |r| r.totals.vetoed_iterations),
         mean_scheduled_requests: mean,
         occupancy: mean / f64::from(max_batch_size.max(1)),
+        scheduled_per_iteration: mean_every,
+        deferred_batches,
         busy_time_s,
         ranks: rank_reports,
         deferrals,
@@ -279,8 +292,23 @@ pub fn assemble_report(
     };
     let (mut ttft, mut tpot, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
     let (mut total_tokens, mut output_tokens) = (0u64, 0u64);
+    // Warm-up requests (ids 1..=W, sent first) count in the totals; latency and
+    // throughput cover the measured load, from its first arrival.
+    let warmup = scenario
+        .workload
+        .as_ref()
+        .map_or(0, |w| u64::from(w.warmup_requests));
+    counts.warmup = records.iter().filter(|r| r.spec.id.0 <= warmup).count() as u64;
+    let load_start_ns = records
+        .iter()
+        .filter(|r| r.spec.id.0 > warmup)
+        .map(|r| r.arrival_ns)
+        .min()
+        .unwrap_or(0);
     for r in &records {
+        let measured = r.spec.id.0 > warmup;
         match (r.end_ns, r.completed) {
+            (Some(_), true) if !measured => counts.completed += 1,
             (Some(end), true) => {
                 counts.completed += 1;
                 output_tokens += u64::from(r.output_tokens);
@@ -299,7 +327,8 @@ pub fn assemble_report(
         }
     }
     let secs = end_ns as f64 / 1e9;
-    let per_s = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
+    let load_secs = end_ns.saturating_sub(load_start_ns) as f64 / 1e9;
+    let per_s = |x: f64| if load_secs > 0.0 { x / load_secs } else { 0.0 };
     Report {
         scenario: scenario.name.clone(),
         legacy_switches: scenario

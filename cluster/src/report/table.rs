@@ -72,9 +72,14 @@ impl Report {
             ),
             TimeBase::ZeroCost => format!("wall {:.3} s (zero-cost backend)", self.wall_time_s),
         };
+        let warmup = if r.warmup > 0 {
+            format!(" (warm-up {}, not in the figures below)", r.warmup)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             o,
-            "requests submitted {} completed {} failed {}   {clock}",
+            "requests submitted {} completed {} failed {}{warmup}   {clock}",
             r.submitted, r.completed, r.failed
         );
         let t = &self.throughput;
@@ -97,7 +102,7 @@ impl Report {
         for s in &self.servers {
             let _ = writeln!(
                 o,
-                "server {} ({}, dp {}, B {}): iterations {} forward {} vetoed {}  occupancy {:.3} ({:.2} of B)  deferrals index {} blocks {}  dummies {}/{}/{} (added/committed/rolled back)  violations {}",
+                "server {} ({}, dp {}, B {}): iterations {} forward {} vetoed {}  occupancy {:.3} ({:.2} of B per forward; {:.2} scheduled per iteration)  deferrals index {} blocks {}  dummies {}/{}/{} (added/committed/rolled back)  violations {}",
                 s.name,
                 s.role,
                 s.dp,
@@ -107,6 +112,7 @@ impl Report {
                 s.vetoed_iterations,
                 s.occupancy,
                 s.mean_scheduled_requests,
+                s.scheduled_per_iteration,
                 s.deferrals.no_free_index_slot,
                 s.deferrals.out_of_blocks,
                 s.dummies.added,

@@ -180,6 +180,17 @@ pub struct WorkloadConfig {
     /// Seeds the workload stream instead of the run's seed.
     #[serde(default)]
     pub seed: Option<u64>,
+    /// Requests sent one at a time, each after the previous one ended, before the
+    /// measured load starts (as benchmark clients warm a server up). They count in the
+    /// request totals and are reported apart: latency and throughput cover the measured
+    /// load only. Synthetic lengths (`input_len`, `output_len`); a trace's first record.
+    #[serde(default)]
+    pub warmup_requests: u32,
+    /// Seconds over which the measured load ramps up: closed-loop clients start evenly
+    /// spread over them; open-loop and trace arrivals are stretched so the arrival rate
+    /// rises linearly from 0 to full over them (no request is dropped). 0: all at once.
+    #[serde(default)]
+    pub ramp_s: f64,
 }
 
 pub(crate) fn invalid(field: &'static str, message: String) -> WorkloadError {
@@ -200,6 +211,12 @@ impl WorkloadConfig {
             return Err(invalid(
                 "workload.num_requests",
                 "must be at least 1, got 0".into(),
+            ));
+        }
+        if !(self.ramp_s.is_finite() && self.ramp_s >= 0.0) {
+            return Err(invalid(
+                "workload.ramp_s",
+                format!("must be a finite number >= 0, got {}", self.ramp_s),
             ));
         }
         if !(self.think_time_ms.is_finite() && self.think_time_ms >= 0.0) {
