@@ -58,10 +58,15 @@ pub fn is_pad_schedulable(r: &Request, window: &SchedulableWindow, policy: &Poli
 fn pad_schedulable_given(r: &Request, schedulable: bool, policy: &Policy) -> bool {
     match policy.pad.predicate {
         PadPredicate::Fixed => schedulable,
+        // The historical predicate: GENERATION_TO_COMPLETE and every later state, and
+        // DISAGG_CONTEXT_WAIT_SCHEDULER, count as schedulable; the gen-side transfer
+        // states (DISAGG_GENERATION_INIT, ..._TRANS_IN_PROGRESS) were already excluded.
+        // So a gen rank whose requests all await KV pads, and a rank holding only
+        // retiring requests does not, schedules zero, and vetoes the fleet's forward.
         PadPredicate::Legacy => {
             schedulable
-                || r.state == RequestState::GenerationToComplete
-                || r.state.is_transfer_state()
+                || r.state.has_reached(RequestState::GenerationToComplete)
+                || r.state == RequestState::DisaggContextWaitScheduler
         }
     }
 }
@@ -162,15 +167,19 @@ mod tests {
     }
 
     #[test]
-    fn legacy_pad_predicate_counts_retiring_and_transfers_as_schedulable() {
+    fn legacy_pad_predicate_counts_retiring_and_waiting_ctx_but_not_gen_transfers() {
         let w = SchedulableWindow::published(false);
         let rs = [
             req(1, RequestState::GenerationToComplete),
-            req(2, RequestState::DisaggGenerationTransInProgress),
+            req(2, RequestState::DisaggContextWaitScheduler),
+            req(3, RequestState::DisaggGenerationInit),
+            req(4, RequestState::DisaggGenerationTransInProgress),
+            req(5, RequestState::DisaggContextTransInProgress),
         ];
         let fixed = RankCounts::of(&rs, &w, &Policy::FIXED);
         let legacy = RankCounts::of(&rs, &w, &Policy::LEGACY);
         assert_eq!((fixed.schedulable, fixed.pad_schedulable), (0, 0));
-        assert_eq!((legacy.schedulable, legacy.pad_schedulable), (0, 2));
+        // 1, 2 and 5 count; the gen-side transfer states 3 and 4 do not.
+        assert_eq!((legacy.schedulable, legacy.pad_schedulable), (0, 3));
     }
 }

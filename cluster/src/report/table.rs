@@ -220,7 +220,8 @@ pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: 
         let counted = name.contains("requests ")
             || name.ends_with("iterations")
             || name.ends_with("deferrals")
-            || name.ends_with("violations");
+            || name.ends_with("violations")
+            || name.ends_with("batches");
         if counted {
             let _ = writeln!(o, "{name:<36} {a:>14.0} {b:>14.0} {delta:>10}");
         } else {
@@ -283,6 +284,16 @@ pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: 
         let n = &a.name;
         row(&format!("{n}: occupancy"), a.occupancy, b.occupancy);
         row(
+            &format!("{n}: scheduled per iteration"),
+            a.scheduled_per_iteration,
+            b.scheduled_per_iteration,
+        );
+        row(
+            &format!("{n}: rank 0 routing share"),
+            a.ranks.first().map_or(0.0, |r| r.routing_share),
+            b.ranks.first().map_or(0.0, |r| r.routing_share),
+        );
+        row(
             &format!("{n}: forward iterations"),
             a.forward_iterations as f64,
             b.forward_iterations as f64,
@@ -291,6 +302,11 @@ pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: 
             &format!("{n}: vetoed iterations"),
             a.vetoed_iterations as f64,
             b.vetoed_iterations as f64,
+        );
+        row(
+            &format!("{n}: deferred batches"),
+            a.deferred_batches as f64,
+            b.deferred_batches as f64,
         );
         row(
             &format!("{n}: no-free-index-slot deferrals"),
