@@ -47,7 +47,7 @@ struct RealArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Wall seconds per modeled second; 0 runs the zero-cost backend.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = finite_non_negative)]
     time_scale: f64,
     /// Deliver every request before the ranks start (arrivals at iteration boundaries,
     /// for cross-driver comparisons).
@@ -59,7 +59,7 @@ struct RealArgs {
     /// A server whose iterations change nothing for this long, while requests remain
     /// and no KV transfer is in flight, is deadlocked: its requests fail and the run
     /// reports `deadlocked`.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     stall_timeout_ms: u64,
 }
 
@@ -95,7 +95,7 @@ enum Command {
         preload: bool,
         /// A server whose iterations change nothing for this long (virtual), while
         /// requests remain and no KV transfer is in flight, is deadlocked.
-        #[arg(long, default_value_t = 10_000)]
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
         stall_timeout_ms: u64,
     },
     /// Run the scenario's servers for real: one thread per rank (`threads`) or one
@@ -112,7 +112,7 @@ enum Command {
         #[command(flatten)]
         real: RealArgs,
         /// A collective waiting longer fails naming the missing ranks.
-        #[arg(long, default_value_t = 30_000)]
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_ms: u64,
     },
     /// One process of an MPI run: `mpirun -n N lockstep rank SCENARIO.toml ...` with N =
@@ -124,7 +124,7 @@ enum Command {
         #[command(flatten)]
         real: RealArgs,
         /// No iteration progress for this long aborts the whole job.
-        #[arg(long, default_value_t = 10_000)]
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
         watchdog_ms: u64,
         /// Fault injection (tests): RANK:ITERATION tags that rank's gather wrongly.
         #[arg(long, value_name = "RANK:ITERATION")]
@@ -138,13 +138,13 @@ enum Command {
         #[arg(long, value_parser = ["threads", "mpi", "mpi-rank"], default_value = "threads")]
         driver: String,
         /// DP ranks.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
         dp: u32,
         /// Active requests per rank.
-        #[arg(long, default_value_t = 256)]
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
         active: u32,
         /// Measured iterations.
-        #[arg(long, default_value_t = 2000)]
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
         iterations: u64,
     },
     /// List the model profiles `[model] profile` can name: their KV geometry, their
@@ -167,6 +167,36 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
     },
+    /// Swarm testing: run N random valid scenarios under the fixed policy, classify each
+    /// (clean, fault-only, violation, failed-without-fault, crashed, deadlocked, panic,
+    /// timeout, refused, ...), shrink every bad one and write it to --out. Exits 1 if any
+    /// run is neither clean nor failed only by injected faults.
+    Swarm {
+        /// Scenarios to generate and run.
+        #[arg(long, default_value_t = 100)]
+        runs: u64,
+        /// Scenario i (from 0) uses seed S+i.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Where the shrunk scenarios go.
+        #[arg(long, default_value = "target/swarm")]
+        out: PathBuf,
+        /// Also run every K-th scenario under the threads driver (0: never).
+        #[arg(long, default_value_t = 0)]
+        threads_every: u64,
+        /// Scenarios run at once (default: the machine's cores).
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Wall-clock limit of one simulator run, in seconds.
+        #[arg(long, default_value_t = 10)]
+        time_limit_s: u64,
+        /// Runs one shrink may spend (0: no shrinking).
+        #[arg(long, default_value_t = 400)]
+        shrink_budget: usize,
+        /// Also shrink and write the runs that failed only by injected faults.
+        #[arg(long)]
+        shrink_fault_only: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -182,7 +212,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
@@ -252,6 +282,33 @@ fn simulate(
         f.flush()?;
     }
     Ok(report)
+}
+
+/// `--time-scale`: a finite number of wall seconds per modeled second, 0 or more.
+fn finite_non_negative(text: &str) -> Result<f64, String> {
+    let v: f64 = text
+        .parse()
+        .map_err(|_| format!("expected a number, got `{text}`"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("must be a finite number >= 0, got {text}"))
+    }
+}
+
+/// An error and its causes, each said once: a cause whose text the message already
+/// contains (many library errors quote their source) is not repeated.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string().trim_end().to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        let c = c.trim_end();
+        if !text.contains(c) {
+            text.push_str(": ");
+            text.push_str(c);
+        }
+    }
+    text
 }
 
 /// The exit status says how the run ended, so scripts need not parse the report:
@@ -451,6 +508,57 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 write_json(&p, &serde_json::json!({ "base": a, "treatment": b }))?;
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Swarm {
+            runs,
+            seed,
+            out,
+            threads_every,
+            jobs,
+            time_limit_s,
+            shrink_budget,
+            shrink_fault_only,
+        } => {
+            use lockstep_cluster::swarm;
+            let defaults = swarm::SwarmConfig::default();
+            let cfg = swarm::SwarmConfig {
+                runs,
+                seed,
+                out: Some(out),
+                threads_every,
+                jobs: jobs.unwrap_or(defaults.jobs),
+                limits: swarm::Limits {
+                    sim_wall: std::time::Duration::from_secs(time_limit_s),
+                    ..swarm::Limits::default()
+                },
+                shrink_budget,
+                shrink_fault_only,
+            };
+            let tty = std::io::stderr().is_terminal();
+            let progress = |done: u64, total: u64| {
+                if tty && (done.is_multiple_of(100) || done == total) {
+                    eprint!("\r{done}/{total} scenarios");
+                }
+            };
+            let summary = swarm::run_swarm(&cfg, Some(&progress))?;
+            if tty {
+                eprintln!();
+            }
+            print!("{}", summary.render());
+            println!(
+                "swarm: {runs} scenarios from seed {seed} in {:.1} s: {}",
+                summary.elapsed.as_secs_f64(),
+                if summary.all_ok() {
+                    "every run clean or failed only by injected faults"
+                } else {
+                    "some runs are neither clean nor fault-only (shrunk files above)"
+                }
+            );
+            Ok(if summary.all_ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
     }
 }

@@ -269,10 +269,13 @@ fn mpi_the_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops() {
 #[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_a_stalled_server_ends_deadlocked_as_in_the_simulator() {
     let bin = mpi_bin();
+    // A legacy-only stall (as in threads.rs): judged on the routable count, rank 0 waits
+    // for input while its one retiring request needs one more iteration.
     let sets = [
-        "server.max_num_tokens=8",
-        "workload.num_requests=6",
-        "workload.concurrency=6",
+        "policy.idle.predicate=\"routable\"",
+        "workload.num_requests=1",
+        "workload.concurrency=1",
+        "workload.output_len=1",
     ];
     let text = agg_text(2, true);
     let path = temp("stall.toml");
@@ -280,7 +283,6 @@ fn mpi_a_stalled_server_ends_deadlocked_as_in_the_simulator() {
     let json = temp("stall.json");
     let mut args = vec![
         path.to_str().unwrap().to_string(),
-        "--preload".into(),
         "--stall-timeout-ms".into(),
         "300".into(),
         "--json".into(),
@@ -305,8 +307,11 @@ fn mpi_a_stalled_server_ends_deadlocked_as_in_the_simulator() {
         detail.contains("rank 0:") && detail.contains("rank 1:"),
         "{detail}"
     );
-    assert_eq!(r.requests.failed, 6);
-    let sim = simulate_with(&parse(&text, &sets), |o| o.stall_bound_ns = 300_000_000);
+    assert_eq!(r.requests.failed, 1);
+    let sim = simulate_with(&parse(&text, &sets), |o| {
+        o.preload = false;
+        o.stall_bound_ns = 300_000_000;
+    });
     assert_eq!(sim.outcome, Outcome::Deadlocked);
 }
 

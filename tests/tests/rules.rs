@@ -149,11 +149,13 @@ fn s3_3_request_pinned_to_a_full_rank_is_set_aside_in_order() {
     assert!(h.all_finished());
 }
 
-/// Drives a dp = 1 rank through one iteration of the real protocol with nothing to do,
-/// and returns the tags of the collectives it asked for, in order.
+/// Drives rank 0 through one iteration of the real protocol with nothing to do (every
+/// other rank contributing what it contributes: the same, as all are empty), and returns
+/// the tags of the collectives it asked for, in order.
 fn one_empty_iteration(server: &lockstep_actors::config::ServerConfig) -> Vec<CollectiveTag> {
     use lockstep_actors::executor::{Exchange, Input, Io};
     let sizes = server.derive(&Policy::FIXED).unwrap().sizes;
+    let dp = sizes.dp as usize;
     let mut e = RankExecutor::new(RankId(0), server, &sizes, Policy::FIXED);
     let mut tags = Vec::new();
     loop {
@@ -162,7 +164,7 @@ fn one_empty_iteration(server: &lockstep_actors::config::ServerConfig) -> Vec<Co
                 tags.push(x.tag());
                 match x {
                     Exchange::States { mine, .. } => {
-                        let all = [*mine];
+                        let all = vec![*mine; dp];
                         e.handle(Input::States(&all))
                     }
                     Exchange::Fetch { mine, .. } => {
@@ -170,18 +172,18 @@ fn one_empty_iteration(server: &lockstep_actors::config::ServerConfig) -> Vec<Co
                         e.handle(Input::Fetch(&f))
                     }
                     Exchange::PrefixMatches { mine, .. } => {
-                        let all = [mine.clone()];
+                        let all = vec![mine.clone(); dp];
                         e.handle(Input::PrefixMatches(&all))
                     }
                     Exchange::PadIntent { mine, .. } => e.handle(Input::PadIntent(mine)),
                     Exchange::Votes { mine, .. } => {
                         assert_eq!(mine.batch_size, 0, "nothing to run");
-                        let all = [*mine];
+                        let all = vec![*mine; dp];
                         e.handle(Input::Votes(&all))
                     }
                     Exchange::Responses { .. } => e.handle(Input::ResponsesGathered),
                     Exchange::TransferStatus { mine, .. } => {
-                        let all = [mine.clone()];
+                        let all = vec![mine.clone(); dp];
                         e.handle(Input::TransferStatus(&all))
                     }
                 }
@@ -220,7 +222,7 @@ fn s3_every_rank_runs_the_collectives_of_its_schedule_in_the_fixed_order() {
             .collect()
     };
     // Aggregated, balanced router: no prefix matches, no pad intent, no transfers.
-    let agg = adp_server(1, 2, false);
+    let agg = adp_server(2, 2, false);
     assert_eq!(
         phases(agg.clone()),
         vec![Phase::Gather, Phase::Fetch, Phase::Vote, Phase::Responses]
@@ -253,9 +255,13 @@ fn s3_every_rank_runs_the_collectives_of_its_schedule_in_the_fixed_order() {
         ]
     );
     // With overlap it pads on the `expected` path: no intent allreduce.
-    let mut overlapped = gen_server;
+    let mut overlapped = gen_server.clone();
     overlapped.disable_overlap_scheduler = false;
     assert!(!phases(overlapped).contains(&Phase::PadIntent));
+    // A single rank never pads (nobody waits for it): no intent allreduce either.
+    let mut single = gen_server;
+    single.tensor_parallel_size = 1;
+    assert!(!phases(single).contains(&Phase::PadIntent));
 }
 
 #[test]

@@ -42,7 +42,7 @@ mod update;
 
 use std::collections::{BTreeSet, VecDeque};
 
-use crate::config::{DerivedSizes, Role, ServerConfig};
+use crate::config::{CapacitySchedulerPolicy, DerivedSizes, Role, ServerConfig};
 use crate::counts::RankCounts;
 use crate::ids::{BatchNumber, RankId, ReqId};
 use crate::kv::{KvConfig, KvManager};
@@ -135,6 +135,8 @@ struct Setup {
     /// ctx server in generation-first mode (§8): arrivals wait for their gen peer.
     generation_first: bool,
     chunked_prefill: bool,
+    /// The capacity scheduler's policy (request validation reads it).
+    capacity_policy: CapacitySchedulerPolicy,
     window: SchedulableWindow,
     kv_full_check_every: u64,
 }
@@ -145,7 +147,7 @@ struct Replicated {
     /// The waiting queue.
     waiting: VecDeque<RequestSpec>,
     /// Every request id ever accepted, to refuse duplicates.
-    known_ids: BTreeSet<ReqId>,
+    known_ids: crate::ids::ReqIdSet,
     /// Generation-first: waiting requests whose gen peer is already named; they arrive
     /// ready to prefill.
     peer_known: BTreeSet<ReqId>,
@@ -319,7 +321,9 @@ impl RankExecutor {
             chunking_policy: server.scheduler_config.context_chunking_policy,
             tokens_per_block: sizes.tokens_per_block,
         });
-        let pad_path = if server.role != Role::Agg && !sizes.overlap {
+        let pad_path = if sizes.dp <= 1 {
+            PadPath::Never
+        } else if server.role != Role::Agg && !sizes.overlap {
             PadPath::Intent
         } else {
             PadPath::Expected
@@ -341,6 +345,7 @@ impl RankExecutor {
                 generation_first: server.role == Role::Ctx
                     && server.cache_transceiver_config.generation_first,
                 chunked_prefill: server.enable_chunked_prefill,
+                capacity_policy: server.scheduler_config.capacity_scheduler_policy,
                 window,
                 kv_full_check_every: default_kv_full_check_every(sizes.kv_blocks_per_rank),
             },

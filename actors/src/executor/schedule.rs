@@ -8,7 +8,8 @@ use crate::config::Role;
 use crate::ids::{BatchNumber, ReqId};
 use crate::invariants::InvariantKind;
 use crate::kv::{KvCommand, KvError};
-use crate::padding::{DummyKind, TentativeDummy, pad_need};
+use crate::padding::{DummyKind, PadPath, TentativeDummy, pad_need};
+use crate::policy::PadPredicate;
 use crate::request::{Request, RequestSpec, RequestState};
 use crate::scheduler::EntryKind;
 
@@ -21,19 +22,30 @@ impl RankExecutor {
     /// the batch size for the vote.
     pub(super) fn pad_and_schedule_batch(&mut self, global: PadIntent) -> u32 {
         let counts = self.iter.counts;
-        if self.resident.dummy.is_none()
-            && let Some(kind) = pad_need(
+        let need = if self.resident.dummy.is_none() {
+            pad_need(
                 self.setup.pad_path,
                 self.iter.expected,
                 counts.pad_schedulable,
                 global,
                 self.setup.role == Role::Ctx,
             )
-        {
+        } else {
+            None
+        };
+        // Fixed: the dummy takes its KV and seat after the real requests took theirs, so
+        // padding never starves the work it pads around (§6; e.g. a gen request whose
+        // blocks to completion would no longer fit). The legacy predicate pads first, as
+        // historically.
+        let pad_first = self.setup.policy.pad.predicate == PadPredicate::Legacy;
+        if pad_first && let Some(kind) = need {
             self.try_pad(kind);
         }
         let mut entries = self.bufs.entries();
         self.schedule_batch(&mut entries);
+        if !pad_first && let Some(kind) = need {
+            self.try_pad(kind);
+        }
         let mut batch = ScheduledBatch {
             number: BatchNumber(self.resident.next_batch),
             rank: self.rank,
@@ -41,7 +53,11 @@ impl RankExecutor {
         };
         // A rank whose batch is empty though it has schedulable work (e.g. its one
         // request does not fit in KV) pads so it does not veto the fleet (§6).
-        if batch.entries.is_empty() && self.resident.dummy.is_none() && counts.schedulable > 0 {
+        if batch.entries.is_empty()
+            && self.resident.dummy.is_none()
+            && counts.schedulable > 0
+            && self.setup.pad_path != PadPath::Never
+        {
             self.try_pad(DummyKind::Generation);
         }
         if let Some(d) = &self.resident.dummy {

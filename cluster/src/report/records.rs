@@ -1,10 +1,14 @@
 //! The client's record of each request, from which latencies are computed.
 
-/// The client side's record of one request, from which latencies are computed.
+/// The client side's record of one request, from which latencies are computed. Compact
+/// (about 100 bytes): it outlives the request, so it keeps only what the report needs,
+/// not the request's spec and its block hashes.
 #[derive(Debug, Clone)]
 pub struct ClientRecord {
-    /// What was submitted.
-    pub spec: lockstep_actors::request::RequestSpec,
+    /// The request.
+    pub id: lockstep_actors::ids::ReqId,
+    /// Its prompt length (the report's token throughput counts it).
+    pub prompt_len: u32,
     /// When it arrived.
     pub arrival_ns: u64,
     /// When the first output token reached the client.
@@ -23,9 +27,10 @@ pub struct ClientRecord {
 
 impl ClientRecord {
     /// A request that arrived at `arrival_ns`.
-    pub fn new(spec: lockstep_actors::request::RequestSpec, arrival_ns: u64) -> ClientRecord {
+    pub fn new(spec: &lockstep_actors::request::RequestSpec, arrival_ns: u64) -> ClientRecord {
         ClientRecord {
-            spec,
+            id: spec.id,
+            prompt_len: spec.prompt_len,
             arrival_ns,
             first_token_ns: None,
             end_ns: None,

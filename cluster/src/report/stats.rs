@@ -273,7 +273,7 @@ pub fn assemble_report(
     let per_request = records
         .iter()
         .map(|r| RequestDetail {
-            id: r.spec.id.0,
+            id: r.id.0,
             output_tokens: r.output_tokens,
             token_digest: format!("{:016x}", r.token_digest),
             failure: match (r.end_ns, r.completed) {
@@ -298,21 +298,21 @@ pub fn assemble_report(
         .workload
         .as_ref()
         .map_or(0, |w| u64::from(w.warmup_requests));
-    counts.warmup = records.iter().filter(|r| r.spec.id.0 <= warmup).count() as u64;
+    counts.warmup = records.iter().filter(|r| r.id.0 <= warmup).count() as u64;
     let load_start_ns = records
         .iter()
-        .filter(|r| r.spec.id.0 > warmup)
+        .filter(|r| r.id.0 > warmup)
         .map(|r| r.arrival_ns)
         .min()
         .unwrap_or(0);
     for r in &records {
-        let measured = r.spec.id.0 > warmup;
+        let measured = r.id.0 > warmup;
         match (r.end_ns, r.completed) {
             (Some(_), true) if !measured => counts.completed += 1,
             (Some(end), true) => {
                 counts.completed += 1;
                 output_tokens += u64::from(r.output_tokens);
-                total_tokens += u64::from(r.output_tokens) + u64::from(r.spec.prompt_len);
+                total_tokens += u64::from(r.output_tokens) + u64::from(r.prompt_len);
                 e2e.push(end.saturating_sub(r.arrival_ns) as f64 / 1e6);
                 if let Some(first) = r.first_token_ns {
                     ttft.push(first.saturating_sub(r.arrival_ns) as f64 / 1e6);

@@ -83,7 +83,7 @@ impl Client {
                 let Some(a) = workload.pop_due(t) else {
                     break;
                 };
-                records.insert(a.spec.id, ClientRecord::new(a.spec.clone(), 0));
+                records.insert(a.spec.id, ClientRecord::new(&a.spec, 0));
                 to_front
                     .send(ClientItem::Request(a.spec))
                     .map_err(|_| ClientError::FrontGone)?;
@@ -114,7 +114,7 @@ impl Client {
         let now = self.clock.now_ns();
         let fail = |rec: &mut ClientRecord, workload: &mut Workload| {
             rec.end(now, false, Some(FRONT_STOPPED.into()));
-            workload.on_finished(rec.spec.id, now, false);
+            workload.on_finished(rec.id, now, false);
         };
         if let Some(rec) = refused.and_then(|id| self.records.get_mut(&id)) {
             fail(rec, &mut self.workload);
@@ -123,9 +123,9 @@ impl Client {
             let Some(a) = self.workload.pop_due(t) else {
                 break;
             };
-            let mut rec = ClientRecord::new(a.spec, now);
+            let mut rec = ClientRecord::new(&a.spec, now);
             fail(&mut rec, &mut self.workload);
-            self.records.insert(rec.spec.id, rec);
+            self.records.insert(rec.id, rec);
         }
     }
 
@@ -146,8 +146,7 @@ impl Client {
                     };
                     let now = self.clock.now_ns();
                     let id = a.spec.id;
-                    self.records
-                        .insert(id, ClientRecord::new(a.spec.clone(), now));
+                    self.records.insert(id, ClientRecord::new(&a.spec, now));
                     if self.send(ClientItem::Request(a.spec)).is_err() {
                         self.front_stopped(Some(id));
                         break;

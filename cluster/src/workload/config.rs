@@ -193,6 +193,12 @@ pub struct WorkloadConfig {
     pub ramp_s: f64,
 }
 
+/// Requests one run can hold (about 200 bytes of record each).
+pub const MAX_REQUESTS: u64 = 100_000_000;
+
+/// Warm-up requests at most.
+pub const MAX_WARMUP: u64 = 10_000;
+
 pub(crate) fn invalid(field: &'static str, message: String) -> WorkloadError {
     WorkloadError::Invalid { field, message }
 }
@@ -211,6 +217,25 @@ impl WorkloadConfig {
             return Err(invalid(
                 "workload.num_requests",
                 "must be at least 1, got 0".into(),
+            ));
+        }
+        // The workload plans its requests up front (conversations, the report's records):
+        // a count no run could finish is refused instead of allocated.
+        if let Some(n) = self.num_requests
+            && n > MAX_REQUESTS
+        {
+            return Err(invalid(
+                "workload.num_requests",
+                format!("{n} is more than the {MAX_REQUESTS} one run can hold"),
+            ));
+        }
+        if u64::from(self.warmup_requests) > MAX_WARMUP {
+            return Err(invalid(
+                "workload.warmup_requests",
+                format!(
+                    "{} is more than {MAX_WARMUP} (they are sent one at a time)",
+                    self.warmup_requests
+                ),
             ));
         }
         if !(self.ramp_s.is_finite() && self.ramp_s >= 0.0) {

@@ -245,6 +245,21 @@ impl Workload {
         self.total - u64::from(self.cfg.warmup_requests)
     }
 
+    /// The (prompt, output) lengths this workload's requests can take, as few as tell
+    /// whether any of them could be served: synthetic requests are easiest at the
+    /// shortest prompt and output (one shape); a trace gives each record's.
+    pub fn request_shapes(&self) -> Box<dyn Iterator<Item = (u32, u32)> + '_> {
+        match self.cfg.kind {
+            WorkloadKind::Trace => {
+                Box::new(self.records.iter().map(|r| (r.prompt_len, r.output_len)))
+            }
+            _ => Box::new(std::iter::once((
+                self.cfg.input_len.min(),
+                self.cfg.output_len.min(),
+            ))),
+        }
+    }
+
     /// Warm-up requests, sent first: ids `1..=warmup_requests()`.
     pub fn warmup_requests(&self) -> u64 {
         u64::from(self.cfg.warmup_requests)

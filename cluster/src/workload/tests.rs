@@ -739,3 +739,78 @@ fn a_bad_ramp_names_the_key() {
     let e = err_of("kind = \"closed_loop\"\nconcurrency = 1\nnum_requests = 1\nramp_s = -1.0\n");
     assert!(e.contains("workload.ramp_s") && e.contains("-1"), "{e}");
 }
+
+// ---- the trace parsers never panic ----
+
+mod fuzz {
+    use super::super::trace::{parse_azure, parse_mooncake};
+    use proptest::prelude::*;
+
+    /// Lines that look like the formats, mangled: the parsers meet real-looking garbage,
+    /// not only random bytes.
+    fn mooncake_line() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            (any::<i64>(), any::<i64>(), any::<i64>(), prop::collection::vec(any::<i64>(), 0..6)).prop_map(
+                |(t, i, o, h)| format!(
+                    r#"{{"timestamp": {t}, "input_length": {i}, "output_length": {o}, "hash_ids": {h:?}}}"#
+                )
+            ),
+            (any::<f64>(), "[a-z_]{0,12}", any::<u32>()).prop_map(|(t, k, v)| format!(
+                r#"{{"timestamp": {t}, "{k}": {v}, "input_length": 1e400}}"#
+            )),
+        ]
+    }
+
+    fn azure_line() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            ("[0-9: .-]{0,30}", any::<i64>(), any::<i64>())
+                .prop_map(|(t, c, g)| format!("{t},{c},{g}")),
+            (
+                any::<u8>(),
+                any::<u8>(),
+                any::<u8>(),
+                any::<i64>(),
+                any::<i64>()
+            )
+                .prop_map(|(d, h, m, c, g)| format!(
+                    "2023-11-{d:02} {h:02}:{m:02}:00.0000000,{c},{g}"
+                )),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn mooncake_input_is_parsed_or_refused_never_a_panic(
+            lines in prop::collection::vec(mooncake_line(), 0..8),
+            scale in prop_oneof![Just(1.0), Just(1e-300), Just(1e300), any::<f64>()],
+            block in 1u32..2048,
+        ) {
+            let text = lines.join("\n");
+            if let Ok(records) = parse_mooncake(&text, "fuzz.jsonl", scale, block, 1000) {
+                // Accepted records are usable: positive lengths, ordered arrivals.
+                for w in records.windows(2) {
+                    prop_assert!(w[0].at_ns <= w[1].at_ns);
+                }
+                prop_assert!(records.iter().all(|r| r.prompt_len > 0 && r.output_len > 0));
+            }
+        }
+
+        #[test]
+        fn azure_input_is_parsed_or_refused_never_a_panic(
+            lines in prop::collection::vec(azure_line(), 0..8),
+            header in prop_oneof![
+                Just("TIMESTAMP,ContextTokens,GeneratedTokens".to_string()),
+                any::<String>()
+            ],
+        ) {
+            let text = format!("{header}\n{}", lines.join("\r\n"));
+            if let Ok(records) = parse_azure(&text, "fuzz.csv", 1.0, 1000) {
+                prop_assert!(records.iter().all(|r| r.prompt_len > 0 && r.output_len > 0));
+            }
+        }
+    }
+}

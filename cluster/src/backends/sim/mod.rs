@@ -194,8 +194,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
             let Some(a) = sim.workload.pop_due(t) else {
                 break;
             };
-            sim.records
-                .insert(a.spec.id, ClientRecord::new(a.spec.clone(), 0));
+            sim.records.insert(a.spec.id, ClientRecord::new(&a.spec, 0));
             sim.front.handle(0, FrontIn::Request(a.spec));
         }
         sim.front.handle(0, FrontIn::Shutdown);
@@ -280,10 +279,8 @@ impl Sim<'_, '_> {
                 // Arrivals of one instant reach the front together, and its outputs go
                 // out as one batch per server.
                 while let Some(arrival) = self.workload.pop_due(now) {
-                    self.records.insert(
-                        arrival.spec.id,
-                        ClientRecord::new(arrival.spec.clone(), now),
-                    );
+                    self.records
+                        .insert(arrival.spec.id, ClientRecord::new(&arrival.spec, now));
                     self.front.handle(now, FrontIn::Request(arrival.spec));
                 }
                 self.dispatch_front()?;
