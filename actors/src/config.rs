@@ -191,8 +191,13 @@ pub struct AttentionDpConfig {
 pub struct CacheTransceiverConfig {
     /// Transport budget of the gen server, in tokens (§8).
     pub max_tokens_in_buffer: i64,
-    /// Per-transfer timeout.
+    /// Per-transfer timeout, from the start of each side's part (the gen rank's receive,
+    /// the ctx rank's answer to the pull).
     pub kv_transfer_timeout_ms: i64,
+    /// How long a ctx rank holds a request's KV for a gen rank that has not pulled it yet
+    /// (the request waits in the gen server's queue meanwhile); then it is released and
+    /// the request fails. vLLM's prefill instances use the same bound, 480 s.
+    pub kv_pull_timeout_ms: i64,
     /// ctx server, generation-first mode (§8): an arriving request waits in
     /// DISAGG_CONTEXT_WAIT_SCHEDULER until the front names its gen peer; the promotion
     /// is a transfer event, so every rank applies it in the same consensus phase.
@@ -204,6 +209,7 @@ impl Default for CacheTransceiverConfig {
         CacheTransceiverConfig {
             max_tokens_in_buffer: 8192,
             kv_transfer_timeout_ms: 30_000,
+            kv_pull_timeout_ms: crate::transceiver::DEFAULT_PULL_TIMEOUT_MS as i64,
             generation_first: false,
         }
     }
@@ -403,6 +409,11 @@ impl ServerConfig {
             name,
             "cache_transceiver_config.kv_transfer_timeout_ms",
             self.cache_transceiver_config.kv_transfer_timeout_ms,
+        )?;
+        positive(
+            name,
+            "cache_transceiver_config.kv_pull_timeout_ms",
+            self.cache_transceiver_config.kv_pull_timeout_ms,
         )?;
         if self.max_draft_len < 0 {
             return Err(ConfigError::NotPositive {

@@ -104,6 +104,25 @@ impl PlannedServer<'_> {
             .kv_transfer_timeout_ms
             .max(1) as u64
     }
+
+    /// `kv_pull_timeout_ms`, at least 1.
+    pub fn pull_timeout_ms(&self) -> u64 {
+        self.config
+            .cache_transceiver_config
+            .kv_pull_timeout_ms
+            .max(1) as u64
+    }
+
+    /// The transceiver of this server's rank at `me`, with the server's timeouts (every
+    /// driver builds it here).
+    pub fn transceiver(
+        &self,
+        me: lockstep_actors::transceiver::KvAddress,
+        codec: lockstep_actors::transceiver::KvCodec,
+    ) -> lockstep_actors::transceiver::Transceiver {
+        lockstep_actors::transceiver::Transceiver::new(me, self.transfer_timeout_ms(), codec)
+            .with_pull_timeout_ms(self.pull_timeout_ms())
+    }
 }
 
 /// A scenario planned for a run.

@@ -313,3 +313,75 @@ output_len = 281
     );
     completed(&run(&s));
 }
+
+/// A gen server whose queue is longer than the transfer timeout (one seat, 400-token
+/// decodes, seven requests): a ctx rank's KV waits for its pull as long as the request
+/// queues, and the transfer timeout counts only from the pull. The control: with the pull
+/// bound at the transfer timeout (as when both counted from the send), the last request
+/// fails although nothing was lost.
+#[test]
+fn g_a_request_queued_at_the_gen_server_longer_than_the_transfer_timeout_completes() {
+    let scenario = |pull_timeout_ms: u64| {
+        parse(
+            &format!(
+                r#"
+name = "g"
+[model]
+profile = "deepseek-v3-h200-fp8-adp"
+[[server]]
+name = "ctx0"
+role = "ctx"
+tensor_parallel_size = 1
+max_batch_size = 3
+max_num_tokens = 1
+disable_overlap_scheduler = true
+[server.kv_cache_config]
+tokens_per_block = 64
+max_tokens = 8192
+[server.cache_transceiver_config]
+kv_pull_timeout_ms = {pull_timeout_ms}
+[[server]]
+name = "gen0"
+role = "gen"
+tensor_parallel_size = 1
+max_batch_size = 1
+max_num_tokens = 1
+disable_overlap_scheduler = true
+[server.kv_cache_config]
+tokens_per_block = 64
+max_tokens = 704
+[server.cache_transceiver_config]
+kv_transfer_timeout_ms = 30000
+[workload]
+kind = "closed_loop"
+concurrency = 7
+num_requests = 7
+input_len = 1
+output_len = 400
+"#
+            ),
+            &[],
+        )
+    };
+    let r = run(&scenario(480_000));
+    completed(&r);
+    assert!(
+        r.virtual_time_s > 35.0,
+        "the last request queued longer than the 30 s transfer timeout: {} s",
+        r.virtual_time_s
+    );
+
+    let control = run(&scenario(30_000));
+    let failures: Vec<_> = control
+        .per_request
+        .iter()
+        .filter_map(|d| d.failure.clone())
+        .collect();
+    assert!(!failures.is_empty(), "the control fails a request");
+    assert!(
+        failures
+            .iter()
+            .all(|f| f.contains("kv not pulled within 30000 ms")),
+        "{failures:?}"
+    );
+}

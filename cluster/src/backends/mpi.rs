@@ -470,7 +470,7 @@ fn run_server_rank(
         events: events_rx,
     });
     let transceiver_thread = if moves_kv {
-        let transceiver = Transceiver::new(at, p.transfer_timeout_ms(), fleet.real_codec());
+        let transceiver = p.transceiver(at, fleet.real_codec());
         let lose = opts
             .common
             .lose_kv_blocks_every

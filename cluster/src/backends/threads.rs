@@ -236,7 +236,7 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
                 };
                 let transceiver = inboxes[s][r].take().map(|inbox| {
                     (
-                        Transceiver::new(me, p.transfer_timeout_ms(), fleet.real_codec()),
+                        p.transceiver(me, fleet.real_codec()),
                         inbox,
                         net.transceivers[s][r].clone().expect("a sender per inbox"),
                     )

@@ -407,6 +407,9 @@ fn server(
                 g.pick(&[1, 5, 20, 100, 500, 2000])
             );
         }
+        if role == Role::Ctx && g.chance(if lossy { 0.3 } else { 0.1 }) {
+            let _ = writeln!(out, "kv_pull_timeout_ms = {}", g.pick(&[10, 200, 5000]));
+        }
         if role == Role::Ctx && g.chance(0.3) {
             out.push_str("generation_first = true\n");
         }

@@ -165,21 +165,24 @@ fn normalized(text: &str) -> String {
 }
 
 /// Whether the scenario injects faults a request may legitimately fail of: lost KV
-/// (`[faults]`) or a transfer timeout below the default on a ctx or gen server.
+/// (`[faults]`), or a transfer or pull timeout below the default on a ctx or gen server.
 pub fn injects_faults(scenario: &Scenario) -> bool {
-    let default_timeout = CacheTransceiverConfig::default().kv_transfer_timeout_ms;
+    let defaults = CacheTransceiverConfig::default();
     scenario.faults.lost_transfer_every.is_some()
         || scenario.faults.timeouts_lost
         || scenario.servers.iter().any(|s| {
+            let ct = &s.cache_transceiver_config;
             s.role != Role::Agg
-                && s.cache_transceiver_config.kv_transfer_timeout_ms < default_timeout
+                && (ct.kv_transfer_timeout_ms < defaults.kv_transfer_timeout_ms
+                    || ct.kv_pull_timeout_ms < defaults.kv_pull_timeout_ms)
         })
 }
 
-/// Whether a failure reason is a KV transfer that timed out (lost or slow).
+/// Whether a failure reason is a KV transfer that timed out (lost or slow), or KV its
+/// gen server did not pull in time.
 pub fn is_transfer_timeout(reason: &str) -> bool {
     (reason.starts_with("kv send failed") || reason.starts_with("kv receive failed"))
-        && reason.contains("timed out")
+        && (reason.contains("timed out") || reason.contains("not pulled"))
 }
 
 /// The role of the first server a deadlock's detail names (`server `gen0`: ...`), so
@@ -446,6 +449,24 @@ fn run_threads(scenario: Scenario) -> RunResult {
     })
 }
 
+/// The wall-clock limit of a threads-driver run: its limit, or more when the scenario
+/// itself lasts longer in real time. The threads driver keeps arrivals (a trace's
+/// timestamps) and transfer timeouts in real time, so a scenario whose simulation lasts
+/// 120 virtual seconds takes about as long there; the limit is then 1.5 times that plus
+/// 10 s.
+fn threads_limit(scenario: &Scenario, limits: &Limits) -> Duration {
+    let modeled = guarded(limits.sim_wall, {
+        let owned = scenario.clone();
+        move || run_sim(owned)
+    });
+    match modeled {
+        Guarded::Done(Ok(report)) => limits
+            .threads_wall
+            .max(Duration::from_secs_f64(report.virtual_time_s * 1.5 + 10.0)),
+        _ => limits.threads_wall,
+    }
+}
+
 /// Parses `text`, runs it under `driver` with the limits and a panic guard, and
 /// classifies the result. Never panics, never hangs longer than the limit.
 pub fn run_one(text: &str, driver: Driver, limits: &Limits) -> Finding {
@@ -470,7 +491,7 @@ pub fn run_one_with_report(
     };
     let limit = match driver {
         Driver::Sim => limits.sim_wall,
-        Driver::Threads => limits.threads_wall,
+        Driver::Threads => threads_limit(&scenario, limits),
     };
     let owned = scenario.clone();
     let result = guarded(limit, move || match driver {

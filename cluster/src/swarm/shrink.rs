@@ -258,6 +258,7 @@ fn candidates(base: &Table) -> Vec<Candidate> {
         let ct = ["server", idx.as_str(), "cache_transceiver_config"];
         v.remove(&ct, "generation_first");
         v.remove(&ct, "kv_transfer_timeout_ms");
+        v.remove(&ct, "kv_pull_timeout_ms");
         v.remove(&ct, "max_tokens_in_buffer");
         v.smaller(&s, "max_num_tokens", 1);
     }

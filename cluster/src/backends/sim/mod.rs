@@ -26,7 +26,7 @@ use lockstep_actors::executor::Response;
 use lockstep_actors::front::{Front, FrontIn, FrontOut, IngressItem};
 use lockstep_actors::ids::RankId;
 use lockstep_actors::transceiver::{
-    KvAddress, Outgoing, PeerMessage, Transceiver, TransceiverIn, lost_on_the_wire,
+    KvAddress, Outgoing, PeerMessage, TransceiverIn, lost_on_the_wire,
 };
 use lockstep_gpu::AnalyticBackend;
 
@@ -160,10 +160,8 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
                     server: s as u32,
                     rank: RankId(r),
                 };
-                server.transceivers[r as usize] = Some((
-                    Transceiver::new(me, p.transfer_timeout_ms(), fleet.modeled_codec()),
-                    None,
-                ));
+                server.transceivers[r as usize] =
+                    Some((p.transceiver(me, fleet.modeled_codec()), None));
             }
         }
         servers.push(server);
