@@ -7,7 +7,10 @@
 #      #[ignore]d there (they need mpirun and the MPI build);
 #   3. the MPI tests (cluster/tests/mpi.rs, the ignored ones), one at a time, through
 #      mpirun with the driver of stage 1;
-#   4. the loom models (a separate build with --cfg lockstep_loom, in target/loom).
+#   4. the browser test of the HTML report (cluster/tests/report_browser.rs, ignored in
+#      stage 2): Chromium is installed from Debian's packages when missing; when it
+#      cannot be, the test is reported SKIPPED by name, never passed;
+#   5. the loom models (a separate build with --cfg lockstep_loom, in target/loom).
 # A failing stage does not stop the later ones. At the end it prints how long each stage
 # took, which stages failed, and one closing line summed over every test runner:
 #   summary: N passed, M failed
@@ -102,6 +105,23 @@ install_packages() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
 }
 
+have_browser() {
+  [ -n "${LOCKSTEP_CHROMIUM:-}" ] || command -v chromium >/dev/null 2>&1
+}
+
+# Chromium for the browser test, as the packages above: from Debian's packages, as root.
+# Best effort: without it that one test is skipped (and said so), the run goes on.
+install_browser() {
+  have_browser && return 0
+  if [ "$(id -u)" != 0 ]; then
+    echo "chromium is missing (install it or run as root)" >&2
+    return 1
+  fi
+  echo "installing: chromium"
+  apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+}
+
 build_mpi_driver() {
   env CARGO_TARGET_DIR=target/mpi cargo build --release -p lockstep-cluster --features mpi
 }
@@ -144,6 +164,16 @@ else
   stage_times+=("== MPI tests: not run")
 fi
 
+skipped_tests=()
+echo "== browser test"
+if install_browser && have_browser; then
+  stage "browser test" logged cargo test -p lockstep-cluster --test report_browser -- --ignored
+else
+  echo "SKIPPED: report_browser::the_ab_report_renders_in_headless_chromium (chromium could not be installed)" >&2
+  skipped_tests+=("report_browser::the_ab_report_renders_in_headless_chromium (no chromium)")
+  stage_times+=("== browser test: skipped")
+fi
+
 stage "loom models" logged env RUSTFLAGS="--cfg lockstep_loom" CARGO_TARGET_DIR=target/loom \
   cargo test --release -p loom-tests --tests
 
@@ -154,7 +184,14 @@ if [ ${#failed_stages[@]} -gt 0 ]; then
   echo "failed stages:"
   printf '  %s\n' "${failed_stages[@]}"
 fi
+if [ ${#skipped_tests[@]} -gt 0 ]; then
+  echo "skipped tests:"
+  printf '  SKIPPED %s\n' "${skipped_tests[@]}"
+fi
 summary=$(summarize "$log")
+if [ ${#skipped_tests[@]} -gt 0 ]; then
+  summary="$summary, ${#skipped_tests[@]} skipped"
+fi
 echo "$summary"
 
 tests_failed=$(echo "$summary" | awk '{print $4}')

@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use lockstep_cluster::backends::RealOptions;
-use lockstep_cluster::report::{Report, ab_table};
+use lockstep_cluster::report::{Report, Slo, ab_table};
 use lockstep_cluster::scenario::Scenario;
 use lockstep_cluster::sim::{self, SimOptions};
 use lockstep_cluster::validate;
@@ -56,6 +56,10 @@ struct RealArgs {
     /// Write the report as JSON (the front process under mpirun).
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// Goodput: requests per second completed within every objective given
+    /// (`ttft_ms=200,tpot_ms=20,e2e_ms=5000`, any of them).
+    #[arg(long, value_name = "KEY=MS,...")]
+    slo: Option<Slo>,
     /// A server whose iterations change nothing for this long, while requests remain
     /// and no KV transfer is in flight, is deadlocked: its requests fail and the run
     /// reports `deadlocked`.
@@ -89,6 +93,10 @@ enum Command {
         /// Write one JSON line per server iteration and rank.
         #[arg(long, value_name = "PATH")]
         iter_log: Option<PathBuf>,
+        /// Goodput: requests per second completed within every objective given
+        /// (`ttft_ms=200,tpot_ms=20,e2e_ms=5000`, any of them).
+        #[arg(long, value_name = "KEY=MS,...")]
+        slo: Option<Slo>,
         /// Deliver every request, and the client's shutdown, before the first iteration
         /// (as `run --preload` does, for comparing drivers).
         #[arg(long)]
@@ -163,9 +171,24 @@ enum Command {
         /// Seed of both runs (wins over a `seed` in the scenario; default 0).
         #[arg(long)]
         seed: Option<u64>,
-        /// Write both reports as JSON: {"base": ..., "treatment": ...}.
+        /// Write both reports as JSON: {"base_name", "treatment_name", "base": ...,
+        /// "treatment": ...} (`lockstep report` plots it).
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
+        /// Goodput of both runs: requests per second completed within every objective
+        /// given (`ttft_ms=200,tpot_ms=20,e2e_ms=5000`, any of them).
+        #[arg(long, value_name = "KEY=MS,...")]
+        slo: Option<Slo>,
+    },
+    /// Write one self-contained HTML page of plots (latency CDFs, routing share and
+    /// occupancy per rank, KV usage and waiting queue over time) from a run's JSON
+    /// (`sim`/`run --json`), or of both runs of `ab --json`, overlaid.
+    Report {
+        /// The JSON report.
+        run: PathBuf,
+        /// Where the page goes.
+        #[arg(short, long, value_name = "PATH", default_value = "report.html")]
+        out: PathBuf,
     },
     /// Swarm testing: run N random valid scenarios under the fixed policy, classify each
     /// (clean, fault-only, violation, failed-without-fault, crashed, deadlocked, panic,
@@ -346,17 +369,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             seed,
             json,
             iter_log,
+            slo,
             preload,
             stall_timeout_ms,
         } => {
             let scenario = load(&args, policy.as_deref(), seed)?;
-            let report = simulate(
+            let mut report = simulate(
                 &scenario,
                 seed.unwrap_or(0),
                 iter_log.as_deref(),
                 preload,
                 stall_timeout_ms,
             )?;
+            if let Some(slo) = &slo {
+                report.apply_slo(slo);
+            }
             print!("{}", report.table());
             if let Some(p) = json {
                 write_json(&p, &report)?;
@@ -373,13 +400,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 return relaunch_under_mpirun(&args, &real);
             }
             let scenario = load(&args, real.policy.as_deref(), real.seed)?;
-            let report = lockstep_cluster::backends::threads::run(
+            let mut report = lockstep_cluster::backends::threads::run(
                 &scenario,
                 &RealOptions {
                     collective_timeout: std::time::Duration::from_millis(timeout_ms),
                     ..real.options()
                 },
             )?;
+            if let Some(slo) = &real.slo {
+                report.apply_slo(slo);
+            }
             print!("{}", report.table());
             if let Some(p) = &real.json {
                 write_json(p, &report)?;
@@ -487,26 +517,63 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             treatment,
             seed,
             json,
+            slo,
         } => {
             let seed_or_0 = seed.unwrap_or(0);
-            let a = simulate(
+            let mut a = simulate(
                 &load(&args, Some(&base), seed)?,
                 seed_or_0,
                 None,
                 false,
                 10_000,
             )?;
-            let b = simulate(
+            let mut b = simulate(
                 &load(&args, Some(&treatment), seed)?,
                 seed_or_0,
                 None,
                 false,
                 10_000,
             )?;
+            if let Some(slo) = &slo {
+                a.apply_slo(slo);
+                b.apply_slo(slo);
+            }
             print!("{}", ab_table(&a, &b, &base, &treatment));
             if let Some(p) = json {
-                write_json(&p, &serde_json::json!({ "base": a, "treatment": b }))?;
+                let (base_name, treatment_name) = if base == treatment {
+                    (format!("{base} (base)"), format!("{treatment} (treatment)"))
+                } else {
+                    (base.clone(), treatment.clone())
+                };
+                write_json(
+                    &p,
+                    &serde_json::json!({
+                        "base_name": base_name,
+                        "treatment_name": treatment_name,
+                        "base": a,
+                        "treatment": b,
+                    }),
+                )?;
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Report { run, out } => {
+            let text = std::fs::read_to_string(&run)
+                .with_context(|| format!("reading {}", run.display()))?;
+            let runs = lockstep_cluster::report::html::parse_run_file(&text).with_context(|| {
+                format!(
+                    "{} is not a lockstep report (the JSON of `sim`/`run --json` or `ab --json`)",
+                    run.display()
+                )
+            })?;
+            let page = lockstep_cluster::report::html::render(&runs);
+            std::fs::write(&out, page).with_context(|| format!("writing {}", out.display()))?;
+            println!(
+                "wrote {} ({} run{})",
+                out.display(),
+                runs.len(),
+                if runs.len() == 1 { "" } else { "s" }
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Swarm {
@@ -614,6 +681,9 @@ fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result
     if let Some(j) = &real.json {
         cmd.arg("--json").arg(j);
     }
+    if let Some(slo) = &real.slo {
+        cmd.args(["--slo", &slo.to_string()]);
+    }
     let status = cmd
         .status()
         .context("starting mpirun (is OpenMPI installed?)")?;
@@ -670,7 +740,10 @@ fn rank_command(
     };
     let outcome = run_process(&scenario, digest, &opts);
     match outcome {
-        Ok(Some(report)) => {
+        Ok(Some(mut report)) => {
+            if let Some(slo) = &real.slo {
+                report.apply_slo(slo);
+            }
             print!("{}", report.table());
             if let Some(p) = &real.json {
                 write_json(p, &report)?;

@@ -290,6 +290,10 @@ pub struct RankExecutor {
     stalled_state: Option<String>,
     /// Why the rank stopped (a fatal violation here or on a peer).
     stop: Option<StopReason>,
+    /// `(request, rank 0's clock at the iteration's fetch)` each time a request took a
+    /// seat here, i.e. was scheduled for the first time (again after a pause): the
+    /// report's queue time. 16 bytes per start; drivers read it at the end.
+    first_scheduled: Vec<(ReqId, u64)>,
 }
 
 impl RankExecutor {
@@ -367,6 +371,7 @@ impl RankExecutor {
             bufs: Buffers::default(),
             stalled_state: None,
             stop: None,
+            first_scheduled: Vec::new(),
         }
     }
 
@@ -447,6 +452,12 @@ impl RankExecutor {
     /// The policy.
     pub fn policy(&self) -> &Policy {
         &self.setup.policy
+    }
+
+    /// Each time a request was first scheduled here (took a seat): the request and rank
+    /// 0's clock at that iteration's fetch, in order.
+    pub fn first_scheduled(&self) -> &[(ReqId, u64)] {
+        &self.first_scheduled
     }
 
     /// Cumulative counters.

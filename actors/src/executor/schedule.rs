@@ -227,7 +227,10 @@ impl RankExecutor {
         }
         if self.resident.active[index].seat.is_none() {
             match self.seats.try_take() {
-                Some(seat) => self.resident.active[index].seat = Some(seat),
+                Some(seat) => {
+                    self.resident.active[index].seat = Some(seat);
+                    self.first_scheduled.push((id, self.iter.now_ns));
+                }
                 None => {
                     let detail = format!(
                         "request {id} admitted but all {} seats are held (kv index pool {}, seat pool {})",
@@ -289,6 +292,7 @@ impl RankExecutor {
     /// MAX_UTILIZATION pause: reset to context, free KV and seat; the tokens generated so
     /// far are recomputed with the prompt.
     fn pause(&mut self, index: usize) {
+        self.totals.preemptions += 1;
         let id = self.resident.active[index].id();
         let _ = self.kv.handle(KvCommand::FreeSequence { id });
         let r = &mut self.resident.active[index];

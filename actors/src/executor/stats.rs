@@ -139,4 +139,8 @@ pub struct RankTotals {
     pub output_tokens: u64,
     /// Context tokens computed on this rank.
     pub context_tokens: u64,
+    /// MAX_UTILIZATION pauses (preemptions: a started request reset to context, its KV
+    /// freed, to be recomputed).
+    #[serde(default)]
+    pub preemptions: u64,
 }

@@ -11,7 +11,9 @@ pub mod threads;
 use std::time::{Duration, Instant};
 
 use crate::fleet::Fleet;
-use crate::report::{RankSummary, Report, TimeBase, assemble_report, run_outcome, server_report};
+use crate::report::{
+    ClientLog, RankSummary, Report, TimeBase, assemble_report, run_outcome, server_report,
+};
 use crate::runtime::client::ClientResult;
 
 /// Options of the real drivers.
@@ -76,11 +78,24 @@ pub(crate) fn real_report(
             r.end_ns = r.end_ns.map(modeled);
         }
         result.end_ns = modeled(result.end_ns);
+        result.itl.set_time_scale(time_scale);
+        for s in &mut summaries {
+            for (_, ns) in &mut s.first_scheduled {
+                *ns = modeled(*ns);
+            }
+            for p in &mut s.series {
+                p.t_ns = modeled(p.t_ns);
+            }
+        }
         TimeBase::Modeled { time_scale }
     } else {
         TimeBase::ZeroCost
     };
     let end_s = result.end_ns as f64 / 1e9;
+    let first_scheduled: Vec<(u64, u64)> = summaries
+        .iter()
+        .flat_map(|s| s.first_scheduled.iter().copied())
+        .collect();
     let mut by_server: Vec<Vec<RankSummary>> = fleet.servers.iter().map(|_| Vec::new()).collect();
     for s in summaries {
         if let Some(v) = by_server.get_mut(s.server as usize) {
@@ -111,8 +126,12 @@ pub(crate) fn real_report(
     let mut report = assemble_report(
         fleet.scenario,
         fleet.seed,
-        result.records,
-        result.end_ns,
+        ClientLog {
+            records: result.records,
+            itl: result.itl,
+            end_ns: result.end_ns,
+        },
+        first_scheduled,
         started.elapsed().as_secs_f64(),
         servers,
         outcome,

@@ -552,13 +552,19 @@ fn run_server_rank(
         }
         _ => Default::default(),
     };
-    let (ending, violations, count) = match outcome {
-        Ok(run) => (run.ending, run.violations, run.violation_count),
-        Err(e) => (RankEnding::Failed(e.to_string()), Vec::new(), 0),
+    let (ending, violations, count, series) = match outcome {
+        Ok(run) => (
+            run.ending,
+            run.violations,
+            run.violation_count,
+            run.series.into_points(),
+        ),
+        Err(e) => (RankEnding::Failed(e.to_string()), Vec::new(), 0, Vec::new()),
     };
     let mut summary = RankSummary::of(s, &exec, violations, count, ending);
     summary.transfers = end.stats;
     summary.lost = end.lost;
+    summary.series = series;
     if rank == 0 {
         // After its last responses (one outbox: in order).
         let _ = net.send(

@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 use lockstep_actors::invariants::Violation;
 use lockstep_actors::transceiver::TransferStats;
 
-use super::records::ClientRecord;
+use super::records::ClientLog;
 use super::schema::*;
+use super::series::{RankSample, server_series};
 
 impl Percentiles {
     /// Linear interpolation between closest ranks (numpy's default); zeros when empty.
@@ -81,6 +82,12 @@ pub struct RankSummary {
     pub lost: u64,
     /// How the loop ended.
     pub ending: RankEnding,
+    /// Each first scheduling here: (request id, ns on the server's rank 0 clock).
+    #[serde(default)]
+    pub first_scheduled: Vec<(u64, u64)>,
+    /// Samples for the server's time series (see [`super::series::Sampler`]).
+    #[serde(default)]
+    pub series: Vec<RankSample>,
 }
 
 impl RankSummary {
@@ -104,6 +111,12 @@ impl RankSummary {
             transfers: TransferStats::default(),
             lost: 0,
             ending,
+            first_scheduled: exec
+                .first_scheduled()
+                .iter()
+                .map(|&(id, ns)| (id.0, ns))
+                .collect(),
+            series: Vec::new(),
         }
     }
 }
@@ -228,6 +241,7 @@ pub fn server_report(
             }
         })
         .collect();
+    let timeseries = server_series(ranks.iter().map(|r| &r.series[..]));
     let times = Percentiles::of(&mut durations_ms);
     transfers.mean_ms = times.mean;
     transfers.p99_ms = times.p99;
@@ -251,39 +265,62 @@ pub fn server_report(
         transfers,
         violations,
         violation_count,
+        preemptions: ranks.iter().map(|r| r.totals.preemptions).sum(),
+        timeseries,
     }
 }
 
-/// Builds the whole report from the client records and the servers' reports.
-/// Requests still open when the run ended count as failed (a crashed or deadlocked run
-/// fails what it held).
+/// Builds the whole report from the client's log, the first scheduling of each request
+/// (request id, ns; from every rank, on the report's clock: the earliest counts) and the
+/// servers' reports. Requests still open when the run ended count as failed (a crashed
+/// or deadlocked run fails what it held).
 pub fn assemble_report(
     scenario: &crate::scenario::Scenario,
     seed: u64,
-    records: Vec<ClientRecord>,
-    end_ns: u64,
+    client: ClientLog,
+    first_scheduled: impl IntoIterator<Item = (u64, u64)>,
     wall_time_s: f64,
     servers: Vec<ServerReport>,
     outcome: Option<(Outcome, String)>,
 ) -> Report {
+    let ClientLog {
+        records,
+        itl,
+        end_ns,
+    } = client;
     let (outcome, outcome_detail) = match outcome {
         Some((o, d)) => (o, Some(d)),
         None => (Outcome::Completed, None),
     };
+    let mut scheduled: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    for (id, ns) in first_scheduled {
+        let e = scheduled.entry(id).or_insert(ns);
+        *e = (*e).min(ns);
+    }
+    let ms = |ns: u64| ns as f64 / 1e6;
     let per_request = records
         .iter()
-        .map(|r| RequestDetail {
-            id: r.id.0,
-            output_tokens: r.output_tokens,
-            token_digest: format!("{:016x}", r.token_digest),
-            failure: match (r.end_ns, r.completed) {
-                (Some(_), true) => None,
-                (Some(_), false) => Some(r.failure.clone().unwrap_or_else(|| "failed".into())),
-                (None, _) => Some(format!(
-                    "still open when the run ended ({})",
-                    outcome.name()
-                )),
-            },
+        .map(|r| {
+            let first_scheduled_ms = scheduled.get(&r.id.0).map(|&ns| ms(ns));
+            RequestDetail {
+                id: r.id.0,
+                output_tokens: r.output_tokens,
+                token_digest: format!("{:016x}", r.token_digest),
+                failure: match (r.end_ns, r.completed) {
+                    (Some(_), true) => None,
+                    (Some(_), false) => Some(r.failure.clone().unwrap_or_else(|| "failed".into())),
+                    (None, _) => Some(format!(
+                        "still open when the run ended ({})",
+                        outcome.name()
+                    )),
+                },
+                prompt_tokens: r.prompt_len,
+                arrival_ms: ms(r.arrival_ns),
+                first_scheduled_ms,
+                first_token_ms: r.first_token_ns.map(ms),
+                end_ms: r.end_ns.map(ms),
+                queue_ms: first_scheduled_ms.map(|s| (s - ms(r.arrival_ns)).max(0.0)),
+            }
         })
         .collect();
     let mut counts = RequestCounts {
@@ -348,12 +385,15 @@ pub fn assemble_report(
             total_tokens_per_s: per_s(total_tokens as f64),
             output_tokens_per_s: per_s(output_tokens as f64),
             requests_per_s: per_s(counts.completed as f64),
+            duration_s: load_secs,
         },
         latency_ms: Latency {
             ttft: Percentiles::of(&mut ttft),
             tpot: Percentiles::of(&mut tpot),
             e2e: Percentiles::of(&mut e2e),
+            itl: itl.percentiles(),
         },
+        goodput: None,
         servers,
         per_request,
     }

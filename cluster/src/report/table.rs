@@ -99,6 +99,16 @@ impl Report {
         latency_row(&mut o, "ttft", &self.latency_ms.ttft);
         latency_row(&mut o, "tpot", &self.latency_ms.tpot);
         latency_row(&mut o, "e2e", &self.latency_ms.e2e);
+        latency_row(&mut o, "itl", &self.latency_ms.itl);
+        if let Some(g) = &self.goodput {
+            let _ = writeln!(
+                o,
+                "goodput {:.3} req/s ({} measured requests completed within {})",
+                g.requests_per_s,
+                g.good_requests,
+                g.slo.describe()
+            );
+        }
         for s in &self.servers {
             let _ = writeln!(
                 o,
@@ -120,6 +130,9 @@ impl Report {
                 s.dummies.rolled_back,
                 s.violation_count
             );
+            if s.preemptions > 0 {
+                let _ = writeln!(o, "  preemptions {}", s.preemptions);
+            }
             let kv = &s.kv;
             if kv.reuse_hits > 0 {
                 let looked_up = kv.reuse_hits + kv.allocations;
@@ -275,6 +288,14 @@ pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: 
         mean(&base.latency_ms.tpot),
         mean(&treatment.latency_ms.tpot),
     );
+    row(
+        "itl mean (ms)",
+        mean(&base.latency_ms.itl),
+        mean(&treatment.latency_ms.itl),
+    );
+    if let (Some(a), Some(b)) = (&base.goodput, &treatment.goodput) {
+        row("goodput (req/s)", a.requests_per_s, b.requests_per_s);
+    }
     row(
         "e2e p99 (ms)",
         base.latency_ms.e2e.p99,

@@ -11,7 +11,7 @@ use lockstep_actors::ids::ReqId;
 use lockstep_actors::request::RequestSpec;
 
 use super::clock::{Clock, WallClock};
-use crate::report::ClientRecord;
+use crate::report::{ClientRecord, Itl};
 use crate::workload::Workload;
 
 /// What the client tells the front.
@@ -41,6 +41,7 @@ pub enum ClientError {
 pub struct Client {
     workload: Workload,
     records: BTreeMap<ReqId, ClientRecord>,
+    itl: Itl,
     to_front: Sender<ClientItem>,
     responses: Receiver<Vec<Response>>,
     clock: WallClock,
@@ -57,6 +58,8 @@ const FRONT_STOPPED: &str = "not served: every server had stopped before the req
 pub struct ClientResult {
     /// One record per request.
     pub records: Vec<ClientRecord>,
+    /// Inter-token gaps (wall time).
+    pub itl: Itl,
     /// Wall time from the client's start to the last response.
     pub end_ns: u64,
 }
@@ -93,6 +96,7 @@ impl Client {
                 .map_err(|_| ClientError::FrontGone)?;
         }
         Ok(Client {
+            itl: Itl::new(workload.warmup_requests()),
             workload,
             records,
             to_front,
@@ -179,7 +183,7 @@ impl Client {
                     for resp in &batch {
                         if let Some(rec) = self.records.get_mut(&resp.id) {
                             let was_open = rec.end_ns.is_none();
-                            rec.on_response(resp, now);
+                            rec.on_response(resp, now, &mut self.itl);
                             if was_open && rec.end_ns.is_some() {
                                 self.workload.on_finished(resp.id, now, rec.completed);
                             }
@@ -196,6 +200,7 @@ impl Client {
         let end_ns = self.clock.now_ns();
         Ok(ClientResult {
             records: self.records.into_values().collect(),
+            itl: self.itl,
             end_ns,
         })
     }

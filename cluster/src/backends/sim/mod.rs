@@ -31,7 +31,7 @@ use lockstep_actors::transceiver::{
 use lockstep_gpu::AnalyticBackend;
 
 use crate::fleet::{Fleet, PlanError};
-use crate::report::{ClientRecord, Outcome, Report, assemble_report, run_outcome};
+use crate::report::{ClientLog, ClientRecord, Itl, Outcome, Report, assemble_report, run_outcome};
 use crate::scenario::Scenario;
 use crate::workload::Workload;
 
@@ -134,6 +134,7 @@ struct Sim<'s, 'o> {
     net: SimNet,
     workload: Workload,
     records: ById<ClientRecord>,
+    itl: Itl,
     backend: AnalyticBackend,
     finished: u64,
     shutdown_sent: bool,
@@ -147,6 +148,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
     let started = Instant::now();
     let fleet = Fleet::plan(scenario, opts.seed)?;
     let workload = fleet.workload()?;
+    let workload_warmup = workload.warmup_requests();
     let mut servers = Vec::with_capacity(fleet.servers.len());
     for (s, p) in fleet.servers.iter().enumerate() {
         if let Some(w) = &p.warning {
@@ -178,6 +180,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         servers,
         workload,
         records: ById::new(),
+        itl: Itl::new(workload_warmup),
         finished: 0,
         shutdown_sent: false,
         outcome: None,
@@ -484,7 +487,7 @@ impl Sim<'_, '_> {
                 for r in slice.iter() {
                     if let Some(rec) = self.records.get_mut(&r.id) {
                         let was_open = rec.end_ns.is_none();
-                        rec.on_response(r, now);
+                        rec.on_response(r, now, &mut self.itl);
                         if was_open && rec.end_ns.is_some() {
                             let completed = rec.completed;
                             self.finished += 1;
@@ -537,7 +540,7 @@ impl Sim<'_, '_> {
         let now = self.now;
         if let Some(rec) = self.records.get_mut(&r.id) {
             let was_open = rec.end_ns.is_none();
-            rec.on_response(r, now);
+            rec.on_response(r, now, &mut self.itl);
             if was_open && rec.end_ns.is_some() {
                 let completed = rec.completed;
                 self.finished += 1;
@@ -710,8 +713,12 @@ impl Sim<'_, '_> {
         assemble_report(
             self.fleet.scenario,
             self.fleet.seed,
-            self.records.values().cloned().collect(),
-            self.now,
+            ClientLog {
+                records: self.records.values().cloned().collect(),
+                itl: self.itl.clone(),
+                end_ns: self.now,
+            },
+            self.servers.iter().flat_map(|s| s.first_scheduled()),
             wall_time_s,
             self.servers.iter().map(|s| s.report()).collect(),
             outcome,
