@@ -612,6 +612,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 eprintln!();
             }
             print!("{}", summary.render());
+            if summary.timeouts_rerun > 0 {
+                println!(
+                    "{} run(s) timed out among the others and were run again alone",
+                    summary.timeouts_rerun
+                );
+            }
             println!(
                 "swarm: {runs} scenarios from seed {seed} in {:.1} s: {}",
                 summary.elapsed.as_secs_f64(),
