@@ -17,7 +17,7 @@
 #
 # The tests drive the hosts through the same script (MH_PREFIX in the environment):
 #   setup HOST...  teardown  mpirun ARGS...  link HOST up|down  netem HOST SPEC...|none
-#   rx-bytes HOST
+#   rx-bytes HOST  reap HOST
 #
 # Sourced, it provides the functions below (mh_*).
 
@@ -203,6 +203,16 @@ mh_has_netem() {
 
 mh_rx_bytes() { mh_ns "$1" cat /sys/class/net/eth0/statistics/rx_bytes; }
 
+# mh_reap HOST: ends what a cut-off job left running on the host (its MPI daemon and
+# ranks), by pid; the host's link process lives in the switch's namespace.
+mh_reap() {
+  local pid
+  for pid in $(ip netns pids "$1" 2>/dev/null); do
+    grep -q multihost-wire "/proc/$pid/cmdline" 2>/dev/null || kill -9 "$pid" 2>/dev/null
+  done
+  return 0
+}
+
 # The test stage.
 mh_test() {
   local why
@@ -218,12 +228,16 @@ mh_test() {
   trap mh_teardown EXIT
   trap 'exit 130' INT TERM
   mh_teardown
-  local hosts=("${MH_PREFIX}-h0" "${MH_PREFIX}-a" "${MH_PREFIX}-b")
-  if ! mh_setup "${hosts[@]}"; then
+  local hosts=("${MH_PREFIX}-h0" "${MH_PREFIX}-a" "${MH_PREFIX}-b") b="${MH_PREFIX}-b"
+  # The third host's link takes delay and loss: netem, or the user-space wire.
+  mh_has_netem || b="$b:wire"
+  if ! mh_setup "${hosts[0]}" "${hosts[1]}" "$b"; then
     echo "!! multi-host tests: setting up the namespaces failed" >&2
     return 1
   fi
-  echo "hosts: ${hosts[*]} on 10.77.0.0/24 (mpirun in ${MH_PREFIX}-ctl)"
+  local third=veth
+  [ "$b" != "${b%:wire}" ] && third="user-space wire (no netem in this kernel)"
+  echo "hosts: ${hosts[*]} on 10.77.0.0/24, mpirun in ${MH_PREFIX}-ctl; the third host's link: $third"
   LOCKSTEP_MULTIHOST="$MH_SELF" LOCKSTEP_MULTIHOST_HOSTS="${hosts[*]}" \
     cargo test -p lockstep-cluster --test multihost -- --ignored --test-threads=1
 }
@@ -321,6 +335,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     link) mh_link "$@" ;;
     netem) mh_netem "$@" ;;
     rx-bytes) mh_rx_bytes "$@" ;;
+    reap) mh_reap "$@" ;;
     *)
       echo "usage: $0 test|overhead|setup HOST...|teardown|mpirun ARGS...|link HOST up|down|netem HOST SPEC...|none|rx-bytes HOST" >&2
       exit 2
