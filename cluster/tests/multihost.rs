@@ -126,21 +126,7 @@ fn run_across(
     name: &str,
 ) -> (Report, Output) {
     let bin = mpi_bin();
-    let path = temp(&format!("{name}.toml"));
-    std::fs::write(&path, text).unwrap();
-    let json = temp(&format!("{name}.json"));
-    let mut args: Vec<String> = vec![
-        path.to_str().unwrap().into(),
-        "--seed".into(),
-        "3".into(),
-        "--preload".into(),
-        "--json".into(),
-        json.to_str().unwrap().into(),
-    ];
-    for s in sets {
-        args.push("--set".into());
-        args.push((*s).into());
-    }
+    let (args, json) = rank_args(text, sets, name);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let n = processes(&parse(text, sets));
     let out = output_within(
@@ -161,35 +147,10 @@ fn run_across(
 /// A ctx server (dp 2) and a gen server (dp 2): 5 processes; `n` requests all
 /// arriving at once.
 fn ctx_gen_text(n: u32) -> String {
-    let server = |name: &str, role: &str, b: u32, no_overlap: bool| {
-        format!(
-            r#"
-[[server]]
-name = "{name}"
-role = "{role}"
-tensor_parallel_size = 2
-max_batch_size = {b}
-max_num_tokens = 2048
-disable_overlap_scheduler = {no_overlap}
-[server.kv_cache_config]
-tokens_per_block = 16
-max_tokens = 65536
-"#
-        )
-    };
-    format!(
-        r#"
-name = "ctx-gen"
-{}{}
-[workload]
-kind = "closed_loop"
-concurrency = {n}
-num_requests = {n}
-input_len = [16, 600]
-output_len = [1, 24]
-"#,
-        server("ctx0", "ctx", 4, true),
-        server("gen0", "gen", 16, false),
+    disagg_fleet_text(
+        "ctx-gen",
+        &[("ctx0", "ctx", 2, 4), ("gen0", "gen", 2, 16)],
+        n,
     )
 }
 
