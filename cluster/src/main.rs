@@ -746,13 +746,28 @@ fn rank_command(
     };
     let outcome = run_process(&scenario, digest, &opts);
     match outcome {
-        Ok(Some(mut report)) => {
+        Ok(Some(front)) => {
+            let mut report = front.report;
             if let Some(slo) = &real.slo {
                 report.apply_slo(slo);
             }
             print!("{}", report.table());
             if let Some(p) = &real.json {
                 write_json(p, &report)?;
+            }
+            if front.abandoned {
+                // Lost ranks: finalising would wait for them. Exit now, non-zero;
+                // mpirun ends the rest of the job.
+                eprintln!(
+                    "error: {}",
+                    report
+                        .outcome_detail
+                        .as_deref()
+                        .unwrap_or("lost part of the fleet")
+                );
+                use std::io::Write as _;
+                let _ = std::io::stdout().flush();
+                std::process::exit(1);
             }
             Ok(exit_code(&report))
         }

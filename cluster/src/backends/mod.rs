@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use crate::fleet::Fleet;
 use crate::report::{
-    ClientLog, RankSummary, Report, TimeBase, assemble_report, run_outcome, server_report,
+    ClientLog, Outcome, RankSummary, Report, TimeBase, assemble_report, run_outcome, server_report,
 };
 use crate::runtime::client::ClientResult;
+use crate::runtime::front_host::FrontEnd;
 
 /// Options of the real drivers.
 #[derive(Debug, Clone)]
@@ -57,18 +58,24 @@ impl Default for RealOptions {
 }
 
 /// The report of a real run: the client's records and one section per server, from
-/// every rank's summary (in any order).
+/// every rank's summary (in any order). A run whose front lost contact with part of the
+/// fleet ([`FrontEnd::lost`](crate::runtime::front_host::FrontEnd)) ends `failed` with
+/// that reason, whatever the summaries that did arrive say.
 ///
 /// With modeled time (`time_scale > 0`) every time is converted to modeled time (wall ÷
 /// time scale), so the report compares with the simulator's; with the zero-cost backend
 /// the times stay wall times and the report says so.
 pub(crate) fn real_report(
     fleet: &Fleet<'_>,
-    mut summaries: Vec<RankSummary>,
+    end: FrontEnd,
     mut result: ClientResult,
     started: Instant,
     time_scale: f64,
 ) -> Report {
+    let FrontEnd {
+        mut summaries,
+        lost,
+    } = end;
     summaries.sort_by_key(|s| (s.server, s.rank));
     let time_base = if time_scale > 0.0 {
         let modeled = |ns: u64| (ns as f64 / time_scale).round() as u64;
@@ -102,13 +109,16 @@ pub(crate) fn real_report(
             v.push(s);
         }
     }
-    let outcome = run_outcome(
-        fleet
-            .servers
-            .iter()
-            .zip(&by_server)
-            .map(|(p, ranks)| (p.config.name.as_str(), &ranks[..])),
-    );
+    let outcome = match lost {
+        Some(why) => Some((Outcome::Failed, why)),
+        None => run_outcome(
+            fleet
+                .servers
+                .iter()
+                .zip(&by_server)
+                .map(|(p, ranks)| (p.config.name.as_str(), &ranks[..])),
+        ),
+    };
     let servers = fleet
         .servers
         .iter()

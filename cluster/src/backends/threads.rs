@@ -195,7 +195,7 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
     };
     let quiet_limit = opts.collective_timeout.max(opts.stall_bound) * 2;
 
-    let (summaries, client_result) = std::thread::scope(|scope| {
+    let (end, client_result) = std::thread::scope(|scope| {
         let mut front = FrontHost::new(
             Front::new(&fleet.front_config()),
             fleet.servers.len(),
@@ -283,14 +283,14 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
         for q in &ingress {
             q.close();
         }
-        let summaries = front_thread.join().map_err(|_| RuntimeError::Panicked {
+        let end = front_thread.join().map_err(|_| RuntimeError::Panicked {
             what: "the front".into(),
         })??;
-        Ok::<_, RuntimeError>((summaries, client_result))
+        Ok::<_, RuntimeError>((end, client_result))
     })?;
     Ok(real_report(
         &fleet,
-        summaries,
+        end,
         client_result?,
         started,
         opts.time_scale,

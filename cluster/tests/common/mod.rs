@@ -42,9 +42,27 @@ output_len = [1, 40]
 /// Two ctx servers (dp 2 and 1) and two gen servers (dp 2 and 1), `n` requests all
 /// arriving at once.
 pub fn disagg_text(n: u32) -> String {
-    let server = |name: &str, role: &str, dp: u32, b: u32| {
-        format!(
-            r#"
+    disagg_fleet_text(
+        "disagg-2x2",
+        &[
+            ("ctx0", "ctx", 2, 4),
+            ("ctx1", "ctx", 1, 4),
+            ("gen0", "gen", 2, 16),
+            ("gen1", "gen", 1, 16),
+        ],
+        n,
+    )
+}
+
+/// A disaggregated fleet of `(name, role, dp, max_batch_size)` servers (ctx servers
+/// without the overlap scheduler, gen servers with it) behind a `load_balancing` front,
+/// `n` requests all arriving at once.
+pub fn disagg_fleet_text(name: &str, servers: &[(&str, &str, u32, u32)], n: u32) -> String {
+    let servers: String = servers
+        .iter()
+        .map(|(name, role, dp, b)| {
+            format!(
+                r#"
 [[server]]
 name = "{name}"
 role = "{role}"
@@ -56,26 +74,23 @@ disable_overlap_scheduler = {no_overlap}
 tokens_per_block = 16
 max_tokens = 65536
 "#,
-            no_overlap = role == "ctx"
-        )
-    };
+                no_overlap = *role == "ctx"
+            )
+        })
+        .collect();
     format!(
         r#"
-name = "disagg-2x2"
+name = "{name}"
 [front]
 policy = "load_balancing"
-{}{}{}{}
+{servers}
 [workload]
 kind = "closed_loop"
 concurrency = {n}
 num_requests = {n}
 input_len = [16, 600]
 output_len = [1, 24]
-"#,
-        server("ctx0", "ctx", 2, 4),
-        server("ctx1", "ctx", 1, 4),
-        server("gen0", "gen", 2, 16),
-        server("gen1", "gen", 1, 16),
+"#
     )
 }
 
@@ -262,9 +277,10 @@ pub fn processes(s: &Scenario) -> u32 {
         .sum::<u32>()
 }
 
-/// Runs scenario `text` (with `--set` overrides) under mpirun, preloaded with seed 3,
-/// and returns its report; the run must succeed.
-pub fn mpi_report(bin: &PathBuf, text: &str, sets: &[&str], name: &str) -> Report {
+/// `lockstep rank`'s arguments for scenario `text` (written to a scratch file named after
+/// `name`), preloaded with seed 3, with `--set` overrides, and the path its JSON report
+/// goes to.
+pub fn rank_args(text: &str, sets: &[&str], name: &str) -> (Vec<String>, PathBuf) {
     let path = temp(&format!("{name}.toml"));
     std::fs::write(&path, text).unwrap();
     let json = temp(&format!("{name}.json"));
@@ -280,6 +296,13 @@ pub fn mpi_report(bin: &PathBuf, text: &str, sets: &[&str], name: &str) -> Repor
         args.push("--set".into());
         args.push((*s).into());
     }
+    (args, json)
+}
+
+/// Runs scenario `text` (with `--set` overrides) under mpirun, preloaded with seed 3,
+/// and returns its report; the run must succeed.
+pub fn mpi_report(bin: &PathBuf, text: &str, sets: &[&str], name: &str) -> Report {
+    let (args, json) = rank_args(text, sets, name);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let n = processes(&parse(text, sets));
     let started = Instant::now();
