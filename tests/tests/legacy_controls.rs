@@ -17,7 +17,7 @@ fn binding_case(policy: Policy) -> Harness {
     let mut h =
         Harness::new(&adp_server(2, 2, true), policy).with_client(ClosedLoop::new(64, 400, 64, 1));
     h.run(2000);
-    assert!(h.all_finished(), "{} of {}", h.finished.len(), h.submitted);
+    h.assert_all_completed();
     h
 }
 

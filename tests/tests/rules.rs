@@ -78,7 +78,7 @@ fn s3_2_rank0_blocks_only_when_global_live_is_zero_and_the_queue_is_empty() {
         h.step().is_some(),
         "retiring requests must not let rank 0 block"
     );
-    assert!(h.all_finished());
+    h.assert_all_completed();
     assert!(h.step().is_none(), "then the server is idle");
 }
 
@@ -146,7 +146,7 @@ fn s3_3_request_pinned_to_a_full_rank_is_set_aside_in_order() {
         .collect();
     assert_eq!(w, vec![2], "the pinned request waits for its rank");
     h.run(100);
-    assert!(h.all_finished());
+    h.assert_all_completed();
 }
 
 /// Drives rank 0 through one iteration of the real protocol with nothing to do (every
@@ -337,7 +337,7 @@ fn s4_generation_and_context_respect_b_and_t_every_iteration() {
     let mut h = Harness::new(&server, Policy::FIXED);
     h.submit_many(1, 12, 100, 5);
     h.run(500);
-    assert!(h.all_finished());
+    h.assert_all_completed();
     for it in &h.iterations {
         for b in &it.launched {
             let real = b.real_entries().count();
@@ -371,7 +371,7 @@ fn s5_every_rank_computes_the_same_assignment_and_a_request_lives_on_one_rank() 
         ids.dedup();
         assert_eq!(ids.len(), n, "a request is resident on exactly one rank");
     }
-    assert!(h.all_finished());
+    h.assert_all_completed();
     let routed = h.routed_per_rank();
     assert_eq!(routed.iter().sum::<u64>(), 80);
 }
@@ -390,7 +390,7 @@ fn s6_rank_with_nothing_schedulable_pads_when_a_peer_runs_and_the_dummy_dies_wit
         assert!(r.dummy().is_none(), "no dummy survives an iteration");
     }
     h.run(20);
-    assert!(h.all_finished());
+    h.assert_all_completed();
     assert!(h.violations().is_empty(), "{:?}", h.violations());
 }
 
@@ -485,7 +485,7 @@ fn s7_adp_overlap_seats_have_headroom_for_retiring_plus_replacements() {
     let mut h = Harness::new(&adp_server(2, 2, true), Policy::FIXED)
         .with_client(ClosedLoop::new(64, 200, 16, 1));
     h.run(1000);
-    assert!(h.all_finished());
+    h.assert_all_completed();
     let max_seats = h
         .iterations
         .iter()
@@ -657,7 +657,7 @@ fn s10_fixed_policy_runs_report_no_violation_and_account_for_every_request() {
     server.max_num_tokens = 128;
     let mut h = Harness::new(&server, Policy::FIXED).with_client(ClosedLoop::new(40, 150, 200, 5));
     h.run(5000);
-    assert!(h.all_finished(), "{} of {}", h.finished.len(), h.submitted);
+    h.assert_all_completed();
     assert!(h.violations().is_empty(), "{:?}", h.violations());
     for r in h.group.ranks() {
         assert_eq!((r.kv().used_blocks(), r.seats_used()), (0, 0));
@@ -703,7 +703,7 @@ fn s8_with_a_budget_of_one_prompt_at_most_one_receive_is_in_flight_per_gen_rank(
         }
         assert!(receiving(&h) <= 1);
     }
-    assert!(h.all_finished());
+    h.assert_all_completed();
     let t = h.group.ranks()[0].totals();
     assert_eq!(t.max_receives_in_flight, 1);
     assert_eq!(t.transfer_budget_admitted, 3);

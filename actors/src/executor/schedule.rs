@@ -276,12 +276,19 @@ impl RankExecutor {
             "request {id}: kv_room {} overstates its blocks",
             self.resident.active[index].kv_room
         );
+        let path = crate::group::token_path(
+            self.setup.role,
+            self.rank,
+            self.resident.next_batch,
+            self.resident.active[index].spec.kv_source,
+        );
         Some(ForwardEntry {
             id,
             seq: self.resident.active[index].seq,
             kind,
             kv_tokens,
             position,
+            path,
             is_dummy: false,
         })
     }
@@ -449,6 +456,7 @@ fn dummy_entry(d: &Request) -> ForwardEntry {
         kind,
         kv_tokens: d.kv_tokens,
         position: 0,
+        path: 0,
         is_dummy: true,
     }
 }
