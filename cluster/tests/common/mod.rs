@@ -228,7 +228,7 @@ pub fn output_within(mut c: Command, limit: Duration) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("mpirun starts (OpenMPI installed?)");
+        .expect("the child process starts (for mpirun: OpenMPI installed?)");
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -351,4 +351,26 @@ pub fn all_routing(r: &Report) -> Vec<(String, Vec<String>)> {
         .iter()
         .map(|s| (s.name.clone(), routing(r, &s.name)))
         .collect()
+}
+
+/// The simulator (seed 3; `preload` as given) with its `--iter-log`: the report and one
+/// JSON object per server iteration and rank (§9).
+pub fn simulate_logged(s: &Scenario, preload: bool) -> (Report, Vec<serde_json::Value>) {
+    let mut log: Vec<u8> = Vec::new();
+    let r = sim::run(
+        s,
+        SimOptions {
+            seed: 3,
+            preload,
+            iter_log: Some(&mut log),
+            ..SimOptions::default()
+        },
+    )
+    .expect("the simulation starts");
+    let lines = String::from_utf8(log)
+        .expect("the iteration log is UTF-8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    (r, lines)
 }
