@@ -340,6 +340,59 @@ fn the_iteration_log_has_one_line_per_server_iteration_and_rank() {
     ] {
         assert!(lines[0].get(key).is_some(), "missing {key}");
     }
+    // And the values: dp 2, B 2, 20 requests of 1,024 prompt tokens and one output
+    // token each, 32-token blocks, 65,536 KV tokens a rank.
+    let u = |l: &serde_json::Value, k: &str| l[k].as_u64().unwrap_or_else(|| panic!("{k}: {l}"));
+    for (i, pair) in lines.chunks(2).enumerate() {
+        assert_eq!(
+            (u(&pair[0], "iteration"), u(&pair[0], "rank")),
+            (i as u64, 0)
+        );
+        assert_eq!(
+            (u(&pair[1], "iteration"), u(&pair[1], "rank")),
+            (i as u64, 1)
+        );
+        assert_eq!(pair[0]["forward_ran"], pair[1]["forward_ran"]);
+        assert_eq!(pair[0]["time_ns"], pair[1]["time_ns"]);
+    }
+    let forward: Vec<&serde_json::Value> =
+        lines.iter().filter(|l| l["forward_ran"] == true).collect();
+    let total = |k: &str| forward.iter().map(|l| u(l, k)).sum::<u64>();
+    // Each request ran exactly one step, its whole prompt, and sampled its one token.
+    assert_eq!(total("num_scheduled_requests"), 20);
+    assert_eq!(total("num_ctx_requests"), 20);
+    assert_eq!(total("num_gen_requests"), 0);
+    assert_eq!(total("num_ctx_tokens"), 20 * 1024);
+    for l in &lines {
+        assert_eq!(u(l, "kv_blocks_used") + u(l, "kv_blocks_free"), 2048, "{l}");
+        assert!(u(l, "num_scheduled_requests") <= 2, "B exceeded: {l}");
+        assert!(u(l, "seats_used") <= 4, "{l}");
+        assert!(u(l, "routable") + u(l, "retiring") <= u(l, "live"), "{l}");
+        assert_eq!(u(l, "forward_ns") > 0, l["forward_ran"] == true, "{l}");
+        // A forward of two 1,024-token prompts holds 2 * 32 blocks until they retire.
+        if u(l, "num_ctx_requests") == 2 && l["forward_ran"] == true {
+            assert!(u(l, "kv_blocks_used") >= 64, "{l}");
+        }
+    }
+    // The routed counts end at each rank's share of the 20.
+    let routed: Vec<&str> = lines[lines.len() - 2..]
+        .iter()
+        .map(|l| l["currank_total_requests"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        routed,
+        [
+            format!("{}/20", r.servers[0].ranks[0].routed_requests),
+            format!("{}/20", r.servers[0].ranks[1].routed_requests)
+        ]
+    );
+    // The server drains: the last iteration holds nothing.
+    for l in &lines[lines.len() - 2..] {
+        assert_eq!(
+            (u(l, "live"), u(l, "kv_blocks_used"), u(l, "seats_used")),
+            (0, 0, 0)
+        );
+    }
 }
 
 #[test]

@@ -66,7 +66,12 @@ fn legacy_seats_rederive_defers_admitted_requests_for_lack_of_an_index_slot() {
     policy.seats.rederive = true;
     let derived = adp_server(2, 2, true).derive(&policy).unwrap();
     let warning = derived.warning.expect("the skew is reported as a warning");
-    assert!(warning.contains("kv_index_pool") && warning.contains('3') && warning.contains('4'));
+    assert!(
+        warning.contains(
+            "kv_index_pool admits 3 sequences but seats (max_num_sequences) = 4; pool too small"
+        ),
+        "{warning}"
+    );
     let legacy = binding_case(policy);
     let deferred: u64 = legacy
         .group
