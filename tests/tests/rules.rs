@@ -727,3 +727,46 @@ fn s8_with_a_budget_of_one_prompt_at_most_one_receive_is_in_flight_per_gen_rank(
         "{t:?}"
     );
 }
+
+#[test]
+fn s8_the_transport_budget_is_first_come_first_served_a_smaller_receive_never_overtakes() {
+    let mut server = gen_server();
+    server.max_batch_size = 8;
+    // A budget of 4 blocks of 16 tokens.
+    server.cache_transceiver_config.max_tokens_in_buffer = 64;
+    let mut h = Harness::new(&server, Policy::FIXED);
+    let spec = |id: u64, prompt: u32| {
+        let mut s = RequestSpec::new(id, prompt, 4);
+        s.generated_before = 1;
+        s
+    };
+    // 3 blocks: starts alone.
+    h.submit(spec(1, 48));
+    h.step();
+    // 2 blocks: 3 + 2 > 4, deferred; then 1 block, which would fit (3 + 1 <= 4) but
+    // must not start ahead of the request before it.
+    h.submit(spec(2, 32));
+    h.submit(spec(3, 16));
+    h.step();
+    h.step();
+    let state = |h: &Harness, id: u64| {
+        h.group.ranks()[0]
+            .active()
+            .iter()
+            .find(|r| r.id() == ReqId(id))
+            .map(|r| r.state)
+    };
+    assert_eq!(
+        state(&h, 1),
+        Some(RequestState::DisaggGenerationTransInProgress)
+    );
+    assert_eq!(state(&h, 2), Some(RequestState::DisaggGenerationInit));
+    assert_eq!(
+        state(&h, 3),
+        Some(RequestState::DisaggGenerationInit),
+        "a later, smaller receive overtook the head of the queue"
+    );
+    let t = h.group.ranks()[0].totals();
+    assert_eq!(t.transfer_budget_admitted, 1, "{t:?}");
+    assert!(t.transfer_budget_deferred >= 2, "{t:?}");
+}
