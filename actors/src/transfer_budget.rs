@@ -37,7 +37,8 @@ pub fn decide(
     let mut active = 0u32;
     let mut earlier = 0u32;
     for r in in_flight {
-        if now_ns.saturating_sub(r.started_ns) < STALE_RECEIVE_NS {
+        // Started more than STALE_RECEIVE_NS ago: no longer counted (§8).
+        if now_ns.saturating_sub(r.started_ns) <= STALE_RECEIVE_NS {
             used += u64::from(r.blocks);
             active += 1;
             earlier += u32::from(!r.this_walk);
@@ -101,6 +102,17 @@ mod tests {
 
     #[test]
     fn stale_receives_do_not_count() {
+        // Exactly 30 s old still counts; a nanosecond more does not.
+        assert_eq!(
+            decide(8, [old(8, 0)], STALE_RECEIVE_NS, 8),
+            BudgetDecision::Defer {
+                blocked_by_active: true
+            }
+        );
+        assert_eq!(
+            decide(8, [old(8, 0)], STALE_RECEIVE_NS + 1, 8),
+            BudgetDecision::Admit
+        );
         let now = STALE_RECEIVE_NS + 5;
         assert_eq!(decide(8, [old(8, 0)], now, 8), BudgetDecision::Admit);
         assert_eq!(
