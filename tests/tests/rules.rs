@@ -770,3 +770,31 @@ fn s8_the_transport_budget_is_first_come_first_served_a_smaller_receive_never_ov
     assert_eq!(t.transfer_budget_admitted, 1, "{t:?}");
     assert!(t.transfer_budget_deferred >= 2, "{t:?}");
 }
+
+#[test]
+fn s3_2_a_server_whose_iterations_change_nothing_waits_instead_of_spinning() {
+    // A gen request whose KV receive started and never ends: after the iteration that
+    // started it (which emitted a transfer command: progress), nothing changes, so rank
+    // 0 waits for input (the harness sees the server go quiet) instead of iterating.
+    let mut h = Harness::new(&gen_server(), Policy::FIXED);
+    h.submit(gen_spec(1));
+    let ran = h.run(50);
+    assert!(ran < 10, "the server spun for {ran} iterations");
+    assert_eq!(
+        h.group.ranks()[0].active()[0].state,
+        RequestState::DisaggGenerationTransInProgress
+    );
+    // The iteration that started the receive reported progress; the last one did not.
+    let progressed: Vec<bool> = h
+        .iterations
+        .iter()
+        .map(|it| it.reports[0].stats.progressed)
+        .collect();
+    assert_eq!(progressed.first(), Some(&true), "{progressed:?}");
+    assert_eq!(progressed.last(), Some(&false), "{progressed:?}");
+    // Every iteration the harness saw is counted by the rank.
+    assert_eq!(
+        h.group.ranks()[0].totals().iterations,
+        h.iterations.len() as u64
+    );
+}
