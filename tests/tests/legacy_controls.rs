@@ -80,6 +80,9 @@ fn legacy_seats_rederive_defers_admitted_requests_for_lack_of_an_index_slot() {
         .map(|r| r.totals().deferrals_no_free_index_slot)
         .sum();
     assert!(deferred > 0, "no deferral under seats.rederive");
+    // The skew was reported once, at startup; the end-of-iteration seat check leaves
+    // the index pool alone under seats.rederive (§10), so no violation piles up.
+    assert!(legacy.violations().is_empty(), "{:?}", legacy.violations());
     let fixed = binding_case(Policy::FIXED);
     let deferred: u64 = fixed
         .group
