@@ -447,15 +447,18 @@ fn the_watchdog_names_a_rank_with_no_sign_of_life_and_spares_a_live_one() {
     use std::time::Duration;
 
     // Stuck: nothing ever reports progress; the watchdog fires, describing the rank.
+    // (A watchdog that never fires would watch forever: the rank "finishes" after a
+    // deadline of 60 s, and the test fails instead of hanging.)
     let progress = Progress::default();
     let clock = WallClock::start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut said = None;
     watch(
         &progress,
         &clock,
         Duration::from_millis(100),
         || false,
-        || false,
+        || std::time::Instant::now() > deadline,
         |why| said = Some(why),
     );
     let why = said.expect("the watchdog fired");
@@ -464,8 +467,8 @@ fn the_watchdog_names_a_rank_with_no_sign_of_life_and_spares_a_live_one() {
         "{why}"
     );
 
-    // Alive: a keep-alive arrives at every check; the watch ends when the rank is
-    // done, without firing (a bound of 60 s: only a hang would make it fire).
+    // Alive: a keep-alive arrives at every check (every 0.5 s); the watch ends when the
+    // rank is done, after three, without firing (only a stall of 5 s would fire it).
     let done = Arc::new(AtomicBool::new(false));
     let d = done.clone();
     let progress = Progress::default();
@@ -474,7 +477,7 @@ fn the_watchdog_names_a_rank_with_no_sign_of_life_and_spares_a_live_one() {
     watch(
         &progress,
         &clock,
-        Duration::from_secs(60),
+        Duration::from_secs(5),
         || {
             beats += 1;
             if beats >= 3 {
