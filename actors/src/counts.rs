@@ -181,5 +181,13 @@ mod tests {
         assert_eq!((fixed.schedulable, fixed.pad_schedulable), (0, 0));
         // 1, 2 and 5 count; the gen-side transfer states 3 and 4 do not.
         assert_eq!((legacy.schedulable, legacy.pad_schedulable), (0, 3));
+        // The per-request predicate says the same, request by request.
+        let each = |policy: &Policy| -> Vec<bool> {
+            rs.iter()
+                .map(|r| is_pad_schedulable(r, &w, policy))
+                .collect()
+        };
+        assert_eq!(each(&Policy::FIXED), [false; 5]);
+        assert_eq!(each(&Policy::LEGACY), [true, true, false, false, true]);
     }
 }
