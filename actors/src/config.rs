@@ -348,6 +348,8 @@ pub const MAX_RANKS: u32 = 4096;
 pub const MAX_PIPELINE: u32 = 64;
 /// `max_batch_size` at most.
 pub const MAX_BATCH: u32 = 65_536;
+/// `max_draft_len` at most (a step of `1 + draft` tokens must fit the counters).
+pub const MAX_DRAFT: u32 = 65_536;
 /// KV blocks over all ranks of a server at most (~24 bytes of bookkeeping each, so under
 /// 1 GiB), which caps `kv_cache_config.max_tokens` per rank far above any GPU's KV.
 pub const MAX_KV_BLOCKS_PER_SERVER: u32 = 1 << 25;
@@ -420,6 +422,14 @@ impl ServerConfig {
                 server: name.to_string(),
                 field: "max_draft_len",
                 value: self.max_draft_len,
+            });
+        }
+        if self.max_draft_len > i64::from(MAX_DRAFT) {
+            return Err(ConfigError::TooLarge {
+                server: name.to_string(),
+                field: "max_draft_len",
+                value: self.max_draft_len,
+                max: MAX_DRAFT.into(),
             });
         }
         let draft = self.max_draft_len as u32;

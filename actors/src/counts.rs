@@ -181,5 +181,49 @@ mod tests {
         assert_eq!((fixed.schedulable, fixed.pad_schedulable), (0, 0));
         // 1, 2 and 5 count; the gen-side transfer states 3 and 4 do not.
         assert_eq!((legacy.schedulable, legacy.pad_schedulable), (0, 3));
+        // The per-request predicate says the same, request by request.
+        let each = |policy: &Policy| -> Vec<bool> {
+            rs.iter()
+                .map(|r| is_pad_schedulable(r, &w, policy))
+                .collect()
+        };
+        assert_eq!(each(&Policy::FIXED), [false; 5]);
+        assert_eq!(each(&Policy::LEGACY), [true, true, false, false, true]);
+        // One request (4) is receiving its KV: the stall rule reads it (§3.2).
+        assert_eq!((fixed.receiving, fixed.live), (1, 5));
+    }
+
+    #[test]
+    fn counts_of_disjoint_sets_add_field_by_field() {
+        let a = RankCounts {
+            live: 7,
+            routable: 5,
+            routable_prompt_tokens: 500,
+            retiring: 2,
+            schedulable: 4,
+            pad_schedulable: 3,
+            receiving: 1,
+        };
+        let b = RankCounts {
+            live: 1,
+            routable: 2,
+            routable_prompt_tokens: 30,
+            retiring: 3,
+            schedulable: 5,
+            pad_schedulable: 6,
+            receiving: 4,
+        };
+        assert_eq!(
+            a.plus(b),
+            RankCounts {
+                live: 8,
+                routable: 7,
+                routable_prompt_tokens: 530,
+                retiring: 5,
+                schedulable: 9,
+                pad_schedulable: 9,
+                receiving: 5,
+            }
+        );
     }
 }

@@ -5,8 +5,6 @@
 //! random bytes rarely get past the TOML grammar. (The trace parsers have their own
 //! properties in `cluster/src/workload/tests.rs`.)
 
-use std::time::{Duration, Instant};
-
 use lockstep_cluster::fleet::Fleet;
 use lockstep_cluster::scenario::Scenario;
 use proptest::prelude::*;
@@ -158,7 +156,6 @@ proptest! {
         ),
         stray_set in "[a-z.=\"\\[\\]0-9 ]{0,20}",
     ) {
-        let started = Instant::now();
         let mut all = sets.clone();
         all.push(stray_set);
         for sets in [&sets[..], &all[..]] {
@@ -167,10 +164,5 @@ proptest! {
                 prop_assert!(!message.trim().is_empty());
             }
         }
-        prop_assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "startup checks took {:?}",
-            started.elapsed()
-        );
     }
 }

@@ -149,7 +149,7 @@ fn run_across(
 fn ctx_gen_text(n: u32) -> String {
     disagg_fleet_text(
         "ctx-gen",
-        &[("ctx0", "ctx", 2, 4), ("gen0", "gen", 2, 16)],
+        &[("ctx0", "ctx", 2, 16), ("gen0", "gen", 2, 16)],
         n,
     )
 }

@@ -136,20 +136,22 @@ impl RankExecutor {
         // Pausing and receive starts change requests in place; indices stay valid.
         // Receives start FCFS within the transport budget (§8): the first deferred one
         // stops the walk.
+        let mut started_this_walk = 0usize;
         for &i in &out.disagg_gen_init {
             let blocks = self
                 .kv
                 .blocks_for_tokens(self.resident.active[i].spec.prompt_len);
+            let walk = &out.disagg_gen_init[..started_this_walk];
             let in_flight = self
                 .resident
                 .active
                 .iter()
-                .filter(|r| r.state == RequestState::DisaggGenerationTransInProgress)
-                .map(|r| {
-                    (
-                        self.kv.blocks_of(r.id()),
-                        r.transfer_started_ns.unwrap_or(0),
-                    )
+                .enumerate()
+                .filter(|(_, r)| r.state == RequestState::DisaggGenerationTransInProgress)
+                .map(|(j, r)| crate::transfer_budget::InFlight {
+                    blocks: self.kv.blocks_of(r.id()),
+                    started_ns: r.transfer_started_ns.unwrap_or(0),
+                    this_walk: walk.contains(&j),
                 });
             match crate::transfer_budget::decide(
                 self.setup.sizes.transfer_budget_blocks,
@@ -157,7 +159,10 @@ impl RankExecutor {
                 self.iter.now_ns,
                 blocks,
             ) {
-                crate::transfer_budget::BudgetDecision::Admit => self.start_receive(i),
+                crate::transfer_budget::BudgetDecision::Admit => {
+                    self.start_receive(i);
+                    started_this_walk += 1;
+                }
                 crate::transfer_budget::BudgetDecision::Defer { blocked_by_active } => {
                     self.totals.transfer_budget_deferred += 1;
                     if blocked_by_active {
@@ -279,12 +284,19 @@ impl RankExecutor {
             "request {id}: kv_room {} overstates its blocks",
             self.resident.active[index].kv_room
         );
+        let path = crate::group::token_path(
+            self.setup.role,
+            self.rank,
+            self.resident.next_batch,
+            self.resident.active[index].spec.kv_source,
+        );
         Some(ForwardEntry {
             id,
             seq: self.resident.active[index].seq,
             kind,
             kv_tokens,
             position,
+            path,
             is_dummy: false,
         })
     }
@@ -453,6 +465,7 @@ fn dummy_entry(d: &Request) -> ForwardEntry {
         kind,
         kv_tokens: d.kv_tokens,
         position: 0,
+        path: 0,
         is_dummy: true,
     }
 }
