@@ -54,10 +54,6 @@ pub struct Client {
 /// The failure of a request the client could not send: the fleet had stopped.
 const FRONT_STOPPED: &str = "not served: every server had stopped before the request was sent";
 
-/// The failure of a request sent that the front never took: it stopped first (it lost
-/// the fleet).
-const FRONT_LEFT: &str = "not served: the front stopped before it took the request";
-
 /// What the client saw.
 pub struct ClientResult {
     /// One record per request.
@@ -127,12 +123,8 @@ impl Client {
         if let Some(rec) = refused.and_then(|id| self.records.get_mut(&id)) {
             fail(rec, &mut self.workload);
         }
-        // Requests the front never took (after a normal end there are none: the front
-        // ends once every request has).
-        for rec in self.records.values_mut().filter(|r| r.end_ns.is_none()) {
-            rec.end(now, false, Some(FRONT_LEFT.into()));
-            self.workload.on_finished(rec.id, now, false);
-        }
+        // Requests still open stay open: the report fails them as "still open when the
+        // run ended (OUTCOME)", as the simulator's does.
         while let Some(t) = self.workload.next_arrival_ns() {
             let Some(a) = self.workload.pop_due(t) else {
                 break;
