@@ -174,6 +174,20 @@ else
   stage_times+=("== browser test: skipped")
 fi
 
+# The official `openai` Python client against `lockstep serve`: the package from PyPI when
+# missing. Best effort: without it that one test is skipped (and said so).
+have_openai() {
+  python3 -c 'import openai' >/dev/null 2>&1
+}
+echo "== openai client test"
+if have_openai || { python3 -m pip install -q openai >/dev/null 2>&1 && have_openai; }; then
+  stage "openai client test" logged cargo test -p lockstep-cluster --test serve -- --ignored the_official_openai_client
+else
+  echo "SKIPPED: serve::the_official_openai_client_talks_to_it (the openai package could not be installed)" >&2
+  skipped_tests+=("serve::the_official_openai_client_talks_to_it (no openai package)")
+  stage_times+=("== openai client test: skipped")
+fi
+
 stage "loom models" logged env RUSTFLAGS="--cfg lockstep_loom" CARGO_TARGET_DIR=target/loom \
   cargo test --release -p loom-tests --tests
 

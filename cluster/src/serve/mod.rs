@@ -79,6 +79,9 @@ pub enum ServeError {
         /// Why.
         source: std::io::Error,
     },
+    /// The signal handler could not be set.
+    #[error("setting the SIGTERM/Ctrl-C handler: {0}")]
+    Signals(String),
     /// The HTTP server failed.
     #[error("the HTTP server: {0}")]
     Http(std::io::Error),
@@ -167,13 +170,7 @@ pub fn serve(
                         return Err(e);
                     }
                 };
-                let handle = server.handle();
-                let _ = handle_tx.send(Some(handle.clone()));
-                actix_web::rt::spawn(async move {
-                    shutdown_signal().await;
-                    tracing::info!("stopping: no new connections; draining in-flight requests");
-                    handle.stop(true).await;
-                });
+                let _ = handle_tx.send(Some(server.handle()));
                 server.await
             });
             // Nothing more will come from the handlers.
@@ -194,6 +191,26 @@ pub fn serve(
             .into()),
         };
     };
+    // SIGTERM or Ctrl-C (or SIGHUP): stop accepting, answer what is in flight. The
+    // handler is set before the address is announced, so no signal is missed.
+    let (signal_tx, signal_rx) = crossbeam_channel::bounded::<()>(1);
+    ctrlc::set_handler(move || {
+        let _ = signal_tx.try_send(());
+    })
+    .map_err(|e| ServeError::Signals(e.to_string()))?;
+    let on_signal = handle.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if signal_rx.recv().is_ok() {
+                tracing::info!("stopping: no new connections; draining in-flight requests");
+                actix_web::rt::System::new().block_on(on_signal.stop(true));
+            }
+        })
+        .map_err(|source| RuntimeError::Spawn {
+            what: "the signal thread".into(),
+            source,
+        })?;
     announce(addr);
     let outcome = run_hosts(
         scenario,
@@ -214,28 +231,4 @@ pub fn serve(
     let (ranks, requests) = outcome?;
     http.map_err(ServeError::Http)?;
     Ok(ServeSummary { requests, ranks })
-}
-
-/// Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
