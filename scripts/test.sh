@@ -13,7 +13,9 @@
 #   5. the multi-host tests (scripts/multihost.sh test: the MPI driver across three
 #      network-namespace "hosts", cluster/tests/multihost.rs); SKIPPED, and counted as
 #      skipped, where namespaces cannot be made (not root, no iproute2);
-#   6. the loom models (a separate build with --cfg lockstep_loom, in target/loom).
+#   6. the official `openai` Python client against `lockstep serve` (installed from PyPI
+#      when missing; SKIPPED by name when it cannot be);
+#   7. the loom models (a separate build with --cfg lockstep_loom, in target/loom).
 # A failing stage does not stop the later ones. At the end it prints how long each stage
 # took, which stages failed or were skipped, and one closing line summed over every test
 # runner:
@@ -199,6 +201,20 @@ else
   echo "== multi-host tests"
   echo "!! multi-host tests NOT RUN: the MPI driver did not build (see above); this run fails" >&2
   stage_times+=("== multi-host tests: not run")
+fi
+
+# The official `openai` Python client against `lockstep serve`: the package from PyPI when
+# missing. Best effort: without it that one test is skipped (and said so).
+have_openai() {
+  python3 -c 'import openai' >/dev/null 2>&1
+}
+echo "== openai client test"
+if have_openai || { python3 -m pip install -q openai >/dev/null 2>&1 && have_openai; }; then
+  stage "openai client test" logged cargo test -p lockstep-cluster --test serve -- --ignored the_official_openai_client
+else
+  echo "SKIPPED: serve::the_official_openai_client_talks_to_it (the openai package could not be installed)" >&2
+  skipped_tests+=("serve::the_official_openai_client_talks_to_it (no openai package)")
+  stage_times+=("== openai client test: skipped")
 fi
 
 stage "loom models" logged env RUSTFLAGS="--cfg lockstep_loom" CARGO_TARGET_DIR=target/loom \

@@ -190,6 +190,47 @@ enum Command {
         #[arg(short, long, value_name = "PATH", default_value = "report.html")]
         out: PathBuf,
     },
+    /// Serve the scenario's fleet over HTTP with an OpenAI-compatible API
+    /// (`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`, `/metrics`)
+    /// until SIGTERM or Ctrl-C, which stop accepting and answer the requests in flight.
+    /// The scenario's workload is not played: the requests are the HTTP clients'.
+    Serve {
+        #[command(flatten)]
+        args: ScenarioArgs,
+        /// Which driver (only `threads` serves for now).
+        #[arg(long, value_parser = ["threads"], default_value = "threads")]
+        driver: String,
+        /// Address to bind; one that is not loopback needs --api-key.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Port (0: any free port; the address is printed on stdout).
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// Require `Authorization: Bearer KEY` on /v1/*.
+        #[arg(long, value_name = "KEY")]
+        api_key: Option<String>,
+        /// Wall seconds per modeled second; 0 runs the zero-cost backend.
+        #[arg(long, default_value_t = 0.0, value_parser = finite_non_negative)]
+        time_scale: f64,
+        /// Policy preset (applied before --set).
+        #[arg(long, value_parser = ["fixed", "legacy"])]
+        policy: Option<String>,
+        /// The served model's name (default: the scenario file's stem).
+        #[arg(long)]
+        model_name: Option<String>,
+        /// Largest request body in bytes (413 past it).
+        #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+        max_body_bytes: u64,
+        /// Longest prompt in tokens (400 past it).
+        #[arg(long, default_value_t = 32_768, value_parser = clap::value_parser!(u32).range(1..))]
+        max_prompt_tokens: u32,
+        /// Seconds a shutdown waits for the requests in flight.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+        drain_timeout_s: u64,
+        /// A collective waiting longer fails naming the missing ranks.
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+        timeout_ms: u64,
+    },
     /// Swarm testing: run N random valid scenarios under the fixed policy, classify each
     /// (clean, fault-only, violation, failed-without-fault, crashed, deadlocked, panic,
     /// timeout, refused, ...), shrink every bad one and write it to --out. Exits 1 if any
@@ -575,6 +616,67 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 if runs.len() == 1 { "" } else { "s" }
             );
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve {
+            args,
+            driver: _,
+            host,
+            port,
+            api_key,
+            time_scale,
+            policy,
+            model_name,
+            max_body_bytes,
+            max_prompt_tokens,
+            drain_timeout_s,
+            timeout_ms,
+        } => {
+            use lockstep_cluster::serve::{ServeOptions, bind, serve};
+            let scenario = load(&args, policy.as_deref(), None)?;
+            let model = model_name.unwrap_or_else(|| {
+                args.scenario
+                    .file_stem()
+                    .map_or("lockstep".into(), |s| s.to_string_lossy().into_owned())
+            });
+            let opts = ServeOptions {
+                host,
+                port,
+                api_key,
+                model,
+                max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
+                max_prompt_tokens,
+                drain_timeout: std::time::Duration::from_secs(drain_timeout_s),
+                workers: 2,
+            };
+            let listener = bind(&opts)?;
+            let real = RealOptions {
+                time_scale,
+                collective_timeout: std::time::Duration::from_millis(timeout_ms),
+                ..RealOptions::default()
+            };
+            let summary = serve(&scenario, &real, &opts, listener, |addr| {
+                println!("lockstep serve: model {} on http://{addr}", opts.model);
+                let _ = std::io::stdout().flush();
+            })?;
+            let failed: Vec<String> = summary
+                .ranks
+                .iter()
+                .filter(|r| !matches!(r.ending, lockstep_cluster::report::RankEnding::Drained))
+                .map(|r| format!("server {} rank {}: {:?}", r.server, r.rank, r.ending))
+                .collect();
+            println!(
+                "lockstep serve: stopped after {} requests; {} ranks ended",
+                summary.requests,
+                summary.ranks.len()
+            );
+            if failed.is_empty() {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                for f in &failed {
+                    eprintln!("error: {f}");
+                }
+                Ok(ExitCode::FAILURE)
+            }
         }
         Command::Swarm {
             runs,
