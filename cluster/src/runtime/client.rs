@@ -123,8 +123,12 @@ impl Client {
         if let Some(rec) = refused.and_then(|id| self.records.get_mut(&id)) {
             fail(rec, &mut self.workload);
         }
-        // Requests still open stay open: the report fails them as "still open when the
-        // run ended (OUTCOME)", as the simulator's does.
+        // Requests still open stay open (the report fails them as "still open when the
+        // run ended (OUTCOME)", as the simulator's does), but their clients are free, so
+        // a closed loop's remaining requests are all drawn and failed below.
+        for rec in self.records.values().filter(|r| r.end_ns.is_none()) {
+            self.workload.on_finished(rec.id, now, false);
+        }
         while let Some(t) = self.workload.next_arrival_ns() {
             let Some(a) = self.workload.pop_due(t) else {
                 break;
