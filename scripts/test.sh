@@ -7,10 +7,19 @@
 #      #[ignore]d there (they need mpirun and the MPI build);
 #   3. the MPI tests (cluster/tests/mpi.rs, the ignored ones), one at a time, through
 #      mpirun with the driver of stage 1;
-#   4. the loom models (a separate build with --cfg lockstep_loom, in target/loom).
+#   4. the browser test of the HTML report (cluster/tests/report_browser.rs, ignored in
+#      stage 2): Chromium is installed from Debian's packages when missing; when it
+#      cannot be, the test is reported SKIPPED by name, never passed;
+#   5. the multi-host tests (scripts/multihost.sh test: the MPI driver across three
+#      network-namespace "hosts", cluster/tests/multihost.rs); SKIPPED, and counted as
+#      skipped, where namespaces cannot be made (not root, no iproute2);
+#   6. the official `openai` Python client against `lockstep serve` (installed from PyPI
+#      when missing; SKIPPED by name when it cannot be);
+#   7. the loom models (a separate build with --cfg lockstep_loom, in target/loom).
 # A failing stage does not stop the later ones. At the end it prints how long each stage
-# took, which stages failed, and one closing line summed over every test runner:
-#   summary: N passed, M failed
+# took, which stages failed or were skipped, and one closing line summed over every test
+# runner:
+#   summary: N passed, M failed[, K skipped stages]
 # The exit status is 0 only when every stage succeeded (the MPI driver included) and no
 # test failed.
 set -uo pipefail
@@ -20,6 +29,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
 failed_stages=()
+skipped_stages=()
 stage_times=()
 started_all=$SECONDS
 
@@ -87,6 +97,10 @@ install_packages() {
   local need_apt=()
   command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
   command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+  # The multi-host stage: ip and tc (network namespaces, links, delay), python3 (its
+  # user-space link where the kernel has no netem).
+  command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need_apt+=(iproute2)
+  command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
   have_mpi_h || need_apt+=(libopenmpi-dev)
   have_libclang || need_apt+=(libclang-dev clang)
   if [ ${#need_apt[@]} -eq 0 ]; then
@@ -100,6 +114,23 @@ install_packages() {
   echo "installing: ${need_apt[*]}"
   apt-get update -qq &&
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+}
+
+have_browser() {
+  [ -n "${LOCKSTEP_CHROMIUM:-}" ] || command -v chromium >/dev/null 2>&1
+}
+
+# Chromium for the browser test, as the packages above: from Debian's packages, as root.
+# Best effort: without it that one test is skipped (and said so), the run goes on.
+install_browser() {
+  have_browser && return 0
+  if [ "$(id -u)" != 0 ]; then
+    echo "chromium is missing (install it or run as root)" >&2
+    return 1
+  fi
+  echo "installing: chromium"
+  apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
 }
 
 build_mpi_driver() {
@@ -144,6 +175,48 @@ else
   stage_times+=("== MPI tests: not run")
 fi
 
+skipped_tests=()
+echo "== browser test"
+if install_browser && have_browser; then
+  stage "browser test" logged cargo test -p lockstep-cluster --test report_browser -- --ignored
+else
+  echo "SKIPPED: report_browser::the_ab_report_renders_in_headless_chromium (chromium could not be installed)" >&2
+  skipped_tests+=("report_browser::the_ab_report_renders_in_headless_chromium (no chromium)")
+  stage_times+=("== browser test: skipped")
+fi
+
+# The multi-host tests: exit status 77 means skipped (it says why).
+multihost_stage() {
+  logged scripts/multihost.sh test
+  local rc=$?
+  if [ "$rc" = 77 ]; then
+    skipped_stages+=("multi-host tests ($(grep '^SKIPPED' "$log" | tail -1))")
+    return 0
+  fi
+  return "$rc"
+}
+if [ -n "${LOCKSTEP_MPI_BIN:-}" ]; then
+  stage "multi-host tests" multihost_stage
+else
+  echo "== multi-host tests"
+  echo "!! multi-host tests NOT RUN: the MPI driver did not build (see above); this run fails" >&2
+  stage_times+=("== multi-host tests: not run")
+fi
+
+# The official `openai` Python client against `lockstep serve`: the package from PyPI when
+# missing. Best effort: without it that one test is skipped (and said so).
+have_openai() {
+  python3 -c 'import openai' >/dev/null 2>&1
+}
+echo "== openai client test"
+if have_openai || { python3 -m pip install -q openai >/dev/null 2>&1 && have_openai; }; then
+  stage "openai client test" logged cargo test -p lockstep-cluster --test serve -- --ignored the_official_openai_client
+else
+  echo "SKIPPED: serve::the_official_openai_client_talks_to_it (the openai package could not be installed)" >&2
+  skipped_tests+=("serve::the_official_openai_client_talks_to_it (no openai package)")
+  stage_times+=("== openai client test: skipped")
+fi
+
 stage "loom models" logged env RUSTFLAGS="--cfg lockstep_loom" CARGO_TARGET_DIR=target/loom \
   cargo test --release -p loom-tests --tests
 
@@ -154,8 +227,23 @@ if [ ${#failed_stages[@]} -gt 0 ]; then
   echo "failed stages:"
   printf '  %s\n' "${failed_stages[@]}"
 fi
+if [ ${#skipped_tests[@]} -gt 0 ]; then
+  echo "skipped tests:"
+  printf '  SKIPPED %s\n' "${skipped_tests[@]}"
+fi
+if [ ${#skipped_stages[@]} -gt 0 ]; then
+  echo "skipped stages (not counted as passed):"
+  printf '  %s\n' "${skipped_stages[@]}"
+fi
 summary=$(summarize "$log")
-echo "$summary"
+shown="$summary"
+if [ ${#skipped_tests[@]} -gt 0 ]; then
+  shown="$shown, ${#skipped_tests[@]} skipped"
+fi
+if [ ${#skipped_stages[@]} -gt 0 ]; then
+  shown="$shown, ${#skipped_stages[@]} skipped stages"
+fi
+echo "$shown"
 
 tests_failed=$(echo "$summary" | awk '{print $4}')
 if [ ${#failed_stages[@]} -gt 0 ] || [ "$tests_failed" != 0 ]; then

@@ -191,8 +191,13 @@ pub struct AttentionDpConfig {
 pub struct CacheTransceiverConfig {
     /// Transport budget of the gen server, in tokens (§8).
     pub max_tokens_in_buffer: i64,
-    /// Per-transfer timeout.
+    /// Per-transfer timeout, from the start of each side's part (the gen rank's receive,
+    /// the ctx rank's answer to the pull).
     pub kv_transfer_timeout_ms: i64,
+    /// How long a ctx rank holds a request's KV for a gen rank that has not pulled it yet
+    /// (the request waits in the gen server's queue meanwhile); then it is released and
+    /// the request fails. vLLM's prefill instances use the same bound, 480 s.
+    pub kv_pull_timeout_ms: i64,
     /// ctx server, generation-first mode (§8): an arriving request waits in
     /// DISAGG_CONTEXT_WAIT_SCHEDULER until the front names its gen peer; the promotion
     /// is a transfer event, so every rank applies it in the same consensus phase.
@@ -204,6 +209,7 @@ impl Default for CacheTransceiverConfig {
         CacheTransceiverConfig {
             max_tokens_in_buffer: 8192,
             kv_transfer_timeout_ms: 30_000,
+            kv_pull_timeout_ms: crate::transceiver::DEFAULT_PULL_TIMEOUT_MS as i64,
             generation_first: false,
         }
     }
@@ -336,6 +342,18 @@ pub struct Derived {
     pub warning: Option<String>,
 }
 
+/// Ranks of one server at most (`tensor_parallel_size`).
+pub const MAX_RANKS: u32 = 4096;
+/// Pipeline stages at most.
+pub const MAX_PIPELINE: u32 = 64;
+/// `max_batch_size` at most.
+pub const MAX_BATCH: u32 = 65_536;
+/// `max_draft_len` at most (a step of `1 + draft` tokens must fit the counters).
+pub const MAX_DRAFT: u32 = 65_536;
+/// KV blocks over all ranks of a server at most (~24 bytes of bookkeeping each, so under
+/// 1 GiB), which caps `kv_cache_config.max_tokens` per rank far above any GPU's KV.
+pub const MAX_KV_BLOCKS_PER_SERVER: u32 = 1 << 25;
+
 fn positive(server: &str, field: &'static str, value: i64) -> Result<u32, ConfigError> {
     const MAX: i64 = 1 << 30;
     if value <= 0 {
@@ -394,11 +412,24 @@ impl ServerConfig {
             "cache_transceiver_config.kv_transfer_timeout_ms",
             self.cache_transceiver_config.kv_transfer_timeout_ms,
         )?;
+        positive(
+            name,
+            "cache_transceiver_config.kv_pull_timeout_ms",
+            self.cache_transceiver_config.kv_pull_timeout_ms,
+        )?;
         if self.max_draft_len < 0 {
             return Err(ConfigError::NotPositive {
                 server: name.to_string(),
                 field: "max_draft_len",
                 value: self.max_draft_len,
+            });
+        }
+        if self.max_draft_len > i64::from(MAX_DRAFT) {
+            return Err(ConfigError::TooLarge {
+                server: name.to_string(),
+                field: "max_draft_len",
+                value: self.max_draft_len,
+                max: MAX_DRAFT.into(),
             });
         }
         let draft = self.max_draft_len as u32;
@@ -431,6 +462,51 @@ impl ServerConfig {
                     1 + draft
                 ),
             });
+        }
+        // A prefill chunk is a whole number of KV blocks: a budget below one block would
+        // round every chunk down to nothing, and a long prompt would never start (§4).
+        if self.enable_chunked_prefill && t < tpb {
+            return Err(ConfigError::Inconsistent {
+                server: name.to_string(),
+                message: format!(
+                    "max_num_tokens = {t} is smaller than one KV block \
+                     (kv_cache_config.tokens_per_block = {tpb}): with chunked prefill a chunk \
+                     is a whole number of blocks, so no chunk could ever run"
+                ),
+            });
+        }
+        // Every rank is a thread or a process and holds its pools in memory: sizes far
+        // beyond any deployment are refused naming the key, before anything allocates.
+        let too_large = |field: &'static str, value: i64, max: i64| ConfigError::TooLarge {
+            server: name.to_string(),
+            field,
+            value,
+            max,
+        };
+        if tp > MAX_RANKS {
+            return Err(too_large(
+                "tensor_parallel_size",
+                tp.into(),
+                MAX_RANKS.into(),
+            ));
+        }
+        if pp > MAX_PIPELINE {
+            return Err(too_large(
+                "pipeline_parallel_size",
+                pp.into(),
+                MAX_PIPELINE.into(),
+            ));
+        }
+        if b > MAX_BATCH {
+            return Err(too_large("max_batch_size", b.into(), MAX_BATCH.into()));
+        }
+        let max_kv_tokens = i64::from(MAX_KV_BLOCKS_PER_SERVER / tp.max(1)) * i64::from(tpb);
+        if i64::from(kv_tokens) > max_kv_tokens {
+            return Err(too_large(
+                "kv_cache_config.max_tokens",
+                kv_tokens.into(),
+                max_kv_tokens,
+            ));
         }
         let dp = if self.enable_attention_dp { tp } else { 1 };
         let m = (pp * b).min(t / (1 + draft));
@@ -585,4 +661,58 @@ pub fn set_policy_key(
         }
     }
     Ok(())
+}
+
+/// The sizes of a request that decide whether a server can ever serve it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestShape {
+    /// Prompt tokens.
+    pub prompt_len: u32,
+    /// Output tokens.
+    pub max_new_tokens: u32,
+    /// Draft tokens per step.
+    pub draft_len: u32,
+}
+
+/// Why a server of `role` with these sizes can never serve a request of this shape, if
+/// it cannot: one rule for the executor (which refuses the request at fetch) and for
+/// the scenario check (which refuses a workload none of whose requests could run).
+pub fn size_refusal(
+    r: &RequestShape,
+    role: Role,
+    chunked_prefill: bool,
+    capacity_policy: CapacitySchedulerPolicy,
+    s: &DerivedSizes,
+) -> Option<String> {
+    // A gen server receives the prompt's KV; only prefilling servers compute it.
+    if role != Role::Gen && !chunked_prefill && r.prompt_len + r.draft_len > s.max_num_tokens {
+        return Some(format!(
+            "prompt_len {} exceeds max_num_tokens {} with chunked prefill off",
+            r.prompt_len, s.max_num_tokens
+        ));
+    }
+    // MAX_UTILIZATION pauses a request by resetting it to a context of its prompt and
+    // what it generated so far; without chunked prefill that recompute must fit one
+    // forward, or the request would block the head of the queue forever (§4). As vLLM
+    // refuses `max_num_batched_tokens < max_model_len` without chunked prefill, a
+    // request whose recompute could not fit is refused up front.
+    let recompute = r.prompt_len + r.max_new_tokens.saturating_sub(1) + r.draft_len;
+    if capacity_policy == CapacitySchedulerPolicy::MaxUtilization
+        && !chunked_prefill
+        && recompute > s.max_num_tokens
+    {
+        return Some(format!(
+            "prompt_len {} + max_new_tokens {} could need a recompute of {recompute} tokens after a MAX_UTILIZATION pause, more than max_num_tokens {} with chunked prefill off",
+            r.prompt_len, r.max_new_tokens, s.max_num_tokens
+        ));
+    }
+    let total = u64::from(r.prompt_len) + u64::from(r.max_new_tokens);
+    let blocks = total.div_ceil(u64::from(s.tokens_per_block));
+    if blocks > u64::from(s.kv_blocks_per_rank) {
+        return Some(format!(
+            "prompt_len {} + max_new_tokens {} needs {blocks} KV blocks, a rank has {}",
+            r.prompt_len, r.max_new_tokens, s.kv_blocks_per_rank
+        ));
+    }
+    None
 }

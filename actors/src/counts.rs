@@ -58,10 +58,15 @@ pub fn is_pad_schedulable(r: &Request, window: &SchedulableWindow, policy: &Poli
 fn pad_schedulable_given(r: &Request, schedulable: bool, policy: &Policy) -> bool {
     match policy.pad.predicate {
         PadPredicate::Fixed => schedulable,
+        // The historical predicate: GENERATION_TO_COMPLETE and every later state, and
+        // DISAGG_CONTEXT_WAIT_SCHEDULER, count as schedulable; the gen-side transfer
+        // states (DISAGG_GENERATION_INIT, ..._TRANS_IN_PROGRESS) were already excluded.
+        // So a gen rank whose requests all await KV pads, and a rank holding only
+        // retiring requests does not, schedules zero, and vetoes the fleet's forward.
         PadPredicate::Legacy => {
             schedulable
-                || r.state == RequestState::GenerationToComplete
-                || r.state.is_transfer_state()
+                || r.state.has_reached(RequestState::GenerationToComplete)
+                || r.state == RequestState::DisaggContextWaitScheduler
         }
     }
 }
@@ -162,15 +167,63 @@ mod tests {
     }
 
     #[test]
-    fn legacy_pad_predicate_counts_retiring_and_transfers_as_schedulable() {
+    fn legacy_pad_predicate_counts_retiring_and_waiting_ctx_but_not_gen_transfers() {
         let w = SchedulableWindow::published(false);
         let rs = [
             req(1, RequestState::GenerationToComplete),
-            req(2, RequestState::DisaggGenerationTransInProgress),
+            req(2, RequestState::DisaggContextWaitScheduler),
+            req(3, RequestState::DisaggGenerationInit),
+            req(4, RequestState::DisaggGenerationTransInProgress),
+            req(5, RequestState::DisaggContextTransInProgress),
         ];
         let fixed = RankCounts::of(&rs, &w, &Policy::FIXED);
         let legacy = RankCounts::of(&rs, &w, &Policy::LEGACY);
         assert_eq!((fixed.schedulable, fixed.pad_schedulable), (0, 0));
-        assert_eq!((legacy.schedulable, legacy.pad_schedulable), (0, 2));
+        // 1, 2 and 5 count; the gen-side transfer states 3 and 4 do not.
+        assert_eq!((legacy.schedulable, legacy.pad_schedulable), (0, 3));
+        // The per-request predicate says the same, request by request.
+        let each = |policy: &Policy| -> Vec<bool> {
+            rs.iter()
+                .map(|r| is_pad_schedulable(r, &w, policy))
+                .collect()
+        };
+        assert_eq!(each(&Policy::FIXED), [false; 5]);
+        assert_eq!(each(&Policy::LEGACY), [true, true, false, false, true]);
+        // One request (4) is receiving its KV: the stall rule reads it (§3.2).
+        assert_eq!((fixed.receiving, fixed.live), (1, 5));
+    }
+
+    #[test]
+    fn counts_of_disjoint_sets_add_field_by_field() {
+        let a = RankCounts {
+            live: 7,
+            routable: 5,
+            routable_prompt_tokens: 500,
+            retiring: 2,
+            schedulable: 4,
+            pad_schedulable: 3,
+            receiving: 1,
+        };
+        let b = RankCounts {
+            live: 1,
+            routable: 2,
+            routable_prompt_tokens: 30,
+            retiring: 3,
+            schedulable: 5,
+            pad_schedulable: 6,
+            receiving: 4,
+        };
+        assert_eq!(
+            a.plus(b),
+            RankCounts {
+                live: 8,
+                routable: 7,
+                routable_prompt_tokens: 530,
+                retiring: 5,
+                schedulable: 9,
+                pad_schedulable: 9,
+                receiving: 5,
+            }
+        );
     }
 }

@@ -22,6 +22,9 @@ pub enum DummyKind {
 /// Which path decides the need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PadPath {
+    /// A single rank: nobody waits for it in a collective, so it never pads (padding is
+    /// an ADP mechanism, §6).
+    Never,
     /// `expected > 0 && schedulable == 0`.
     Expected,
     /// Non-overlap disaggregated: fresh intent each iteration, combined by MAX.
@@ -38,6 +41,7 @@ pub fn pad_need(
     ctx_server: bool,
 ) -> Option<DummyKind> {
     match path {
+        PadPath::Never => None,
         PadPath::Expected => (expected > 0 && pad_schedulable == 0).then_some(if ctx_server {
             DummyKind::Context
         } else {

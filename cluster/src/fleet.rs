@@ -3,7 +3,7 @@
 //! the fleet, the model profile, the front's configuration. One planner, so the
 //! simulator and the real drivers refuse the same scenarios with the same words.
 
-use lockstep_actors::config::{DerivedSizes, Role, ServerConfig};
+use lockstep_actors::config::{DerivedSizes, RequestShape, Role, ServerConfig, size_refusal};
 use lockstep_actors::front::{FrontConfig, FrontServer};
 use lockstep_actors::transceiver::{KvAddress, KvCodec};
 use lockstep_gpu::{ModelProfile, kv_contents};
@@ -30,6 +30,20 @@ pub enum PlanError {
     /// The scenario has no `[workload]`.
     #[error("the scenario has no [workload] section")]
     NoWorkload,
+    /// A scenario value out of range.
+    #[error("{key}: {message}")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// What is wrong, with the value.
+        message: String,
+    },
+    /// No request the workload can produce could ever be served.
+    #[error("no request of this workload could ever be served: {why}")]
+    Unservable {
+        /// The refusal of the easiest request, per server.
+        why: String,
+    },
     /// Aggregated and disaggregated servers mixed.
     #[error(
         "a scenario has either agg servers or ctx and gen servers, not both (server `{agg}` is agg, server `{other}` is {role})"
@@ -90,6 +104,25 @@ impl PlannedServer<'_> {
             .kv_transfer_timeout_ms
             .max(1) as u64
     }
+
+    /// `kv_pull_timeout_ms`, at least 1.
+    pub fn pull_timeout_ms(&self) -> u64 {
+        self.config
+            .cache_transceiver_config
+            .kv_pull_timeout_ms
+            .max(1) as u64
+    }
+
+    /// The transceiver of this server's rank at `me`, with the server's timeouts (every
+    /// driver builds it here).
+    pub fn transceiver(
+        &self,
+        me: lockstep_actors::transceiver::KvAddress,
+        codec: lockstep_actors::transceiver::KvCodec,
+    ) -> lockstep_actors::transceiver::Transceiver {
+        lockstep_actors::transceiver::Transceiver::new(me, self.transfer_timeout_ms(), codec)
+            .with_pull_timeout_ms(self.pull_timeout_ms())
+    }
 }
 
 /// A scenario planned for a run.
@@ -123,6 +156,12 @@ impl<'s> Fleet<'s> {
         }
         if servers.is_empty() {
             return Err(PlanError::Scenario(ScenarioError::NoServer));
+        }
+        if scenario.faults.lost_transfer_every == Some(0) {
+            return Err(PlanError::Invalid {
+                key: "faults.lost_transfer_every",
+                message: "must be at least 1 (the KV of every n-th request is lost), got 0".into(),
+            });
         }
         let agg = scenario.servers.iter().find(|s| s.role == Role::Agg);
         let other = scenario.servers.iter().find(|s| s.role != Role::Agg);
@@ -169,19 +208,71 @@ impl<'s> Fleet<'s> {
         Ok(())
     }
 
-    /// The workload, seeded.
+    /// The workload, seeded; refused if none of its requests could ever be served (a
+    /// run that could only fail every request is a configuration error, not a result).
     pub fn workload(&self) -> Result<Workload, PlanError> {
         let cfg = self
             .scenario
             .workload
             .as_ref()
             .ok_or(PlanError::NoWorkload)?;
-        Ok(Workload::new(
+        let w = Workload::new(
             cfg,
             self.tokens_per_block,
             self.seed,
             &self.scenario.base_dir,
-        )?)
+        )?;
+        let mut first_refusal = None;
+        let mut servable = false;
+        for (prompt_len, max_new_tokens) in w.request_shapes() {
+            match self.refusal(RequestShape {
+                prompt_len,
+                max_new_tokens,
+                draft_len: 0,
+            }) {
+                None => {
+                    servable = true;
+                    break;
+                }
+                Some(why) => {
+                    first_refusal.get_or_insert(why);
+                }
+            }
+        }
+        match first_refusal {
+            Some(why) if !servable => Err(PlanError::Unservable { why }),
+            _ => Ok(w),
+        }
+    }
+
+    /// Why no server could serve a request of this shape (the entry role, then for a
+    /// disaggregated fleet the gen role), if none could.
+    fn refusal(&self, r: RequestShape) -> Option<String> {
+        let roles: &[Role] = if self.disaggregated() {
+            &[Role::Ctx, Role::Gen]
+        } else {
+            &[Role::Agg]
+        };
+        for &role in roles {
+            let mut why = Vec::new();
+            let mut servable = false;
+            for p in self.servers.iter().filter(|p| p.config.role == role) {
+                match size_refusal(
+                    &r,
+                    role,
+                    p.config.enable_chunked_prefill,
+                    p.config.scheduler_config.capacity_scheduler_policy,
+                    &p.sizes,
+                ) {
+                    None => servable = true,
+                    Some(w) => why.push(format!("server `{}`: {w}", p.config.name)),
+                }
+            }
+            if !servable {
+                return Some(why.join("; "));
+            }
+        }
+        None
     }
 
     /// Whether the fleet is disaggregated (ctx and gen servers).

@@ -14,6 +14,8 @@ pub mod overhead;
 pub mod report;
 pub mod runtime;
 pub mod scenario;
+pub mod serve;
+pub mod swarm;
 pub mod validate;
 pub mod workload;
 

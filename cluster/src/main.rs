@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use lockstep_cluster::backends::RealOptions;
-use lockstep_cluster::report::{Report, ab_table};
+use lockstep_cluster::report::{Report, Slo, ab_table};
 use lockstep_cluster::scenario::Scenario;
 use lockstep_cluster::sim::{self, SimOptions};
 use lockstep_cluster::validate;
@@ -47,7 +47,7 @@ struct RealArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Wall seconds per modeled second; 0 runs the zero-cost backend.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = finite_non_negative)]
     time_scale: f64,
     /// Deliver every request before the ranks start (arrivals at iteration boundaries,
     /// for cross-driver comparisons).
@@ -56,10 +56,14 @@ struct RealArgs {
     /// Write the report as JSON (the front process under mpirun).
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// Goodput: requests per second completed within every objective given
+    /// (`ttft_ms=200,tpot_ms=20,e2e_ms=5000`, any of them).
+    #[arg(long, value_name = "KEY=MS,...")]
+    slo: Option<Slo>,
     /// A server whose iterations change nothing for this long, while requests remain
     /// and no KV transfer is in flight, is deadlocked: its requests fail and the run
     /// reports `deadlocked`.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     stall_timeout_ms: u64,
 }
 
@@ -89,13 +93,17 @@ enum Command {
         /// Write one JSON line per server iteration and rank.
         #[arg(long, value_name = "PATH")]
         iter_log: Option<PathBuf>,
+        /// Goodput: requests per second completed within every objective given
+        /// (`ttft_ms=200,tpot_ms=20,e2e_ms=5000`, any of them).
+        #[arg(long, value_name = "KEY=MS,...")]
+        slo: Option<Slo>,
         /// Deliver every request, and the client's shutdown, before the first iteration
         /// (as `run --preload` does, for comparing drivers).
         #[arg(long)]
         preload: bool,
         /// A server whose iterations change nothing for this long (virtual), while
         /// requests remain and no KV transfer is in flight, is deadlocked.
-        #[arg(long, default_value_t = 10_000)]
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
         stall_timeout_ms: u64,
     },
     /// Run the scenario's servers for real: one thread per rank (`threads`) or one
@@ -112,7 +120,7 @@ enum Command {
         #[command(flatten)]
         real: RealArgs,
         /// A collective waiting longer fails naming the missing ranks.
-        #[arg(long, default_value_t = 30_000)]
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_ms: u64,
     },
     /// One process of an MPI run: `mpirun -n N lockstep rank SCENARIO.toml ...` with N =
@@ -124,7 +132,7 @@ enum Command {
         #[command(flatten)]
         real: RealArgs,
         /// No iteration progress for this long aborts the whole job.
-        #[arg(long, default_value_t = 10_000)]
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
         watchdog_ms: u64,
         /// Fault injection (tests): RANK:ITERATION tags that rank's gather wrongly.
         #[arg(long, value_name = "RANK:ITERATION")]
@@ -138,13 +146,13 @@ enum Command {
         #[arg(long, value_parser = ["threads", "mpi", "mpi-rank"], default_value = "threads")]
         driver: String,
         /// DP ranks.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
         dp: u32,
         /// Active requests per rank.
-        #[arg(long, default_value_t = 256)]
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
         active: u32,
         /// Measured iterations.
-        #[arg(long, default_value_t = 2000)]
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
         iterations: u64,
     },
     /// List the model profiles `[model] profile` can name: their KV geometry, their
@@ -163,9 +171,95 @@ enum Command {
         /// Seed of both runs (wins over a `seed` in the scenario; default 0).
         #[arg(long)]
         seed: Option<u64>,
-        /// Write both reports as JSON: {"base": ..., "treatment": ...}.
+        /// Write both reports as JSON: {"base_name", "treatment_name", "base": ...,
+        /// "treatment": ...} (`lockstep report` plots it).
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
+        /// Goodput of both runs: requests per second completed within every objective
+        /// given (`ttft_ms=200,tpot_ms=20,e2e_ms=5000`, any of them).
+        #[arg(long, value_name = "KEY=MS,...")]
+        slo: Option<Slo>,
+    },
+    /// Write one self-contained HTML page of plots (latency CDFs, routing share and
+    /// occupancy per rank, KV usage and waiting queue over time) from a run's JSON
+    /// (`sim`/`run --json`), or of both runs of `ab --json`, overlaid.
+    Report {
+        /// The JSON report.
+        run: PathBuf,
+        /// Where the page goes.
+        #[arg(short, long, value_name = "PATH", default_value = "report.html")]
+        out: PathBuf,
+    },
+    /// Serve the scenario's fleet over HTTP with an OpenAI-compatible API
+    /// (`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`, `/metrics`)
+    /// until SIGTERM or Ctrl-C, which stop accepting and answer the requests in flight.
+    /// The scenario's workload is not played: the requests are the HTTP clients'.
+    Serve {
+        #[command(flatten)]
+        args: ScenarioArgs,
+        /// Which driver (only `threads` serves for now).
+        #[arg(long, value_parser = ["threads"], default_value = "threads")]
+        driver: String,
+        /// Address to bind; one that is not loopback needs --api-key.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Port (0: any free port; the address is printed on stdout).
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// Require `Authorization: Bearer KEY` on /v1/*.
+        #[arg(long, value_name = "KEY")]
+        api_key: Option<String>,
+        /// Wall seconds per modeled second; 0 runs the zero-cost backend.
+        #[arg(long, default_value_t = 0.0, value_parser = finite_non_negative)]
+        time_scale: f64,
+        /// Policy preset (applied before --set).
+        #[arg(long, value_parser = ["fixed", "legacy"])]
+        policy: Option<String>,
+        /// The served model's name (default: the scenario file's stem).
+        #[arg(long)]
+        model_name: Option<String>,
+        /// Largest request body in bytes (413 past it).
+        #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+        max_body_bytes: u64,
+        /// Longest prompt in tokens (400 past it).
+        #[arg(long, default_value_t = 32_768, value_parser = clap::value_parser!(u32).range(1..))]
+        max_prompt_tokens: u32,
+        /// Seconds a shutdown waits for the requests in flight.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+        drain_timeout_s: u64,
+        /// A collective waiting longer fails naming the missing ranks.
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+        timeout_ms: u64,
+    },
+    /// Swarm testing: run N random valid scenarios under the fixed policy, classify each
+    /// (clean, fault-only, violation, failed-without-fault, crashed, deadlocked, panic,
+    /// timeout, refused, ...), shrink every bad one and write it to --out. Exits 1 if any
+    /// run is neither clean nor failed only by injected faults.
+    Swarm {
+        /// Scenarios to generate and run.
+        #[arg(long, default_value_t = 100)]
+        runs: u64,
+        /// Scenario i (from 0) uses seed S+i.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Where the shrunk scenarios go.
+        #[arg(long, default_value = "target/swarm")]
+        out: PathBuf,
+        /// Also run every K-th scenario under the threads driver (0: never).
+        #[arg(long, default_value_t = 0)]
+        threads_every: u64,
+        /// Scenarios run at once (default: the machine's cores).
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Wall-clock limit of one simulator run, in seconds.
+        #[arg(long, default_value_t = 10)]
+        time_limit_s: u64,
+        /// Runs one shrink may spend (0: no shrinking).
+        #[arg(long, default_value_t = 400)]
+        shrink_budget: usize,
+        /// Also shrink and write the runs that failed only by injected faults.
+        #[arg(long)]
+        shrink_fault_only: bool,
     },
 }
 
@@ -182,7 +276,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
@@ -254,6 +348,33 @@ fn simulate(
     Ok(report)
 }
 
+/// `--time-scale`: a finite number of wall seconds per modeled second, 0 or more.
+fn finite_non_negative(text: &str) -> Result<f64, String> {
+    let v: f64 = text
+        .parse()
+        .map_err(|_| format!("expected a number, got `{text}`"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("must be a finite number >= 0, got {text}"))
+    }
+}
+
+/// An error and its causes, each said once: a cause whose text the message already
+/// contains (many library errors quote their source) is not repeated.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string().trim_end().to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        let c = c.trim_end();
+        if !text.contains(c) {
+            text.push_str(": ");
+            text.push_str(c);
+        }
+    }
+    text
+}
+
 /// The exit status says how the run ended, so scripts need not parse the report:
 /// 0 every request completed (or failed with a reason the report gives), 1 the run
 /// itself failed (a collective error, a lost device or rank), 2 the fleet crashed (a
@@ -289,17 +410,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             seed,
             json,
             iter_log,
+            slo,
             preload,
             stall_timeout_ms,
         } => {
             let scenario = load(&args, policy.as_deref(), seed)?;
-            let report = simulate(
+            let mut report = simulate(
                 &scenario,
                 seed.unwrap_or(0),
                 iter_log.as_deref(),
                 preload,
                 stall_timeout_ms,
             )?;
+            if let Some(slo) = &slo {
+                report.apply_slo(slo);
+            }
             print!("{}", report.table());
             if let Some(p) = json {
                 write_json(&p, &report)?;
@@ -316,13 +441,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 return relaunch_under_mpirun(&args, &real);
             }
             let scenario = load(&args, real.policy.as_deref(), real.seed)?;
-            let report = lockstep_cluster::backends::threads::run(
+            let mut report = lockstep_cluster::backends::threads::run(
                 &scenario,
                 &RealOptions {
                     collective_timeout: std::time::Duration::from_millis(timeout_ms),
                     ..real.options()
                 },
             )?;
+            if let Some(slo) = &real.slo {
+                report.apply_slo(slo);
+            }
             print!("{}", report.table());
             if let Some(p) = &real.json {
                 write_json(p, &report)?;
@@ -430,27 +558,182 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             treatment,
             seed,
             json,
+            slo,
         } => {
             let seed_or_0 = seed.unwrap_or(0);
-            let a = simulate(
+            let mut a = simulate(
                 &load(&args, Some(&base), seed)?,
                 seed_or_0,
                 None,
                 false,
                 10_000,
             )?;
-            let b = simulate(
+            let mut b = simulate(
                 &load(&args, Some(&treatment), seed)?,
                 seed_or_0,
                 None,
                 false,
                 10_000,
             )?;
+            if let Some(slo) = &slo {
+                a.apply_slo(slo);
+                b.apply_slo(slo);
+            }
             print!("{}", ab_table(&a, &b, &base, &treatment));
             if let Some(p) = json {
-                write_json(&p, &serde_json::json!({ "base": a, "treatment": b }))?;
+                let (base_name, treatment_name) = if base == treatment {
+                    (format!("{base} (base)"), format!("{treatment} (treatment)"))
+                } else {
+                    (base.clone(), treatment.clone())
+                };
+                write_json(
+                    &p,
+                    &serde_json::json!({
+                        "base_name": base_name,
+                        "treatment_name": treatment_name,
+                        "base": a,
+                        "treatment": b,
+                    }),
+                )?;
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Report { run, out } => {
+            let text = std::fs::read_to_string(&run)
+                .with_context(|| format!("reading {}", run.display()))?;
+            let runs = lockstep_cluster::report::html::parse_run_file(&text).with_context(|| {
+                format!(
+                    "{} is not a lockstep report (the JSON of `sim`/`run --json` or `ab --json`)",
+                    run.display()
+                )
+            })?;
+            let page = lockstep_cluster::report::html::render(&runs);
+            std::fs::write(&out, page).with_context(|| format!("writing {}", out.display()))?;
+            println!(
+                "wrote {} ({} run{})",
+                out.display(),
+                runs.len(),
+                if runs.len() == 1 { "" } else { "s" }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve {
+            args,
+            driver: _,
+            host,
+            port,
+            api_key,
+            time_scale,
+            policy,
+            model_name,
+            max_body_bytes,
+            max_prompt_tokens,
+            drain_timeout_s,
+            timeout_ms,
+        } => {
+            use lockstep_cluster::serve::{ServeOptions, bind, serve};
+            let scenario = load(&args, policy.as_deref(), None)?;
+            let model = model_name.unwrap_or_else(|| {
+                args.scenario
+                    .file_stem()
+                    .map_or("lockstep".into(), |s| s.to_string_lossy().into_owned())
+            });
+            let opts = ServeOptions {
+                host,
+                port,
+                api_key,
+                model,
+                max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
+                max_prompt_tokens,
+                drain_timeout: std::time::Duration::from_secs(drain_timeout_s),
+                workers: 2,
+            };
+            let listener = bind(&opts)?;
+            let real = RealOptions {
+                time_scale,
+                collective_timeout: std::time::Duration::from_millis(timeout_ms),
+                ..RealOptions::default()
+            };
+            let summary = serve(&scenario, &real, &opts, listener, |addr| {
+                println!("lockstep serve: model {} on http://{addr}", opts.model);
+                let _ = std::io::stdout().flush();
+            })?;
+            let failed: Vec<String> = summary
+                .ranks
+                .iter()
+                .filter(|r| !matches!(r.ending, lockstep_cluster::report::RankEnding::Drained))
+                .map(|r| format!("server {} rank {}: {:?}", r.server, r.rank, r.ending))
+                .collect();
+            println!(
+                "lockstep serve: stopped after {} requests; {} ranks ended",
+                summary.requests,
+                summary.ranks.len()
+            );
+            if failed.is_empty() {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                for f in &failed {
+                    eprintln!("error: {f}");
+                }
+                Ok(ExitCode::FAILURE)
+            }
+        }
+        Command::Swarm {
+            runs,
+            seed,
+            out,
+            threads_every,
+            jobs,
+            time_limit_s,
+            shrink_budget,
+            shrink_fault_only,
+        } => {
+            use lockstep_cluster::swarm;
+            let defaults = swarm::SwarmConfig::default();
+            let cfg = swarm::SwarmConfig {
+                runs,
+                seed,
+                out: Some(out),
+                threads_every,
+                jobs: jobs.unwrap_or(defaults.jobs),
+                limits: swarm::Limits {
+                    sim_wall: std::time::Duration::from_secs(time_limit_s),
+                    ..swarm::Limits::default()
+                },
+                shrink_budget,
+                shrink_fault_only,
+            };
+            let tty = std::io::stderr().is_terminal();
+            let progress = |done: u64, total: u64| {
+                if tty && (done.is_multiple_of(100) || done == total) {
+                    eprint!("\r{done}/{total} scenarios");
+                }
+            };
+            let summary = swarm::run_swarm(&cfg, Some(&progress))?;
+            if tty {
+                eprintln!();
+            }
+            print!("{}", summary.render());
+            if summary.timeouts_rerun > 0 {
+                println!(
+                    "{} run(s) timed out among the others and were run again alone",
+                    summary.timeouts_rerun
+                );
+            }
+            println!(
+                "swarm: {runs} scenarios from seed {seed} in {:.1} s: {}",
+                summary.elapsed.as_secs_f64(),
+                if summary.all_ok() {
+                    "every run clean or failed only by injected faults"
+                } else {
+                    "some runs are neither clean nor fault-only (shrunk files above)"
+                }
+            );
+            Ok(if summary.all_ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
     }
 }
@@ -505,6 +788,9 @@ fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result
     }
     if let Some(j) = &real.json {
         cmd.arg("--json").arg(j);
+    }
+    if let Some(slo) = &real.slo {
+        cmd.args(["--slo", &slo.to_string()]);
     }
     let status = cmd
         .status()
@@ -562,10 +848,28 @@ fn rank_command(
     };
     let outcome = run_process(&scenario, digest, &opts);
     match outcome {
-        Ok(Some(report)) => {
+        Ok(Some(front)) => {
+            let mut report = front.report;
+            if let Some(slo) = &real.slo {
+                report.apply_slo(slo);
+            }
             print!("{}", report.table());
             if let Some(p) = &real.json {
                 write_json(p, &report)?;
+            }
+            if front.abandoned {
+                // Lost ranks: finalising would wait for them. Exit now, non-zero;
+                // mpirun ends the rest of the job.
+                eprintln!(
+                    "error: {}",
+                    report
+                        .outcome_detail
+                        .as_deref()
+                        .unwrap_or("lost part of the fleet")
+                );
+                use std::io::Write as _;
+                let _ = std::io::stdout().flush();
+                std::process::exit(1);
             }
             Ok(exit_code(&report))
         }

@@ -4,10 +4,16 @@ use std::fmt::Write;
 
 use lockstep_actors::config::Derived;
 
-use crate::scenario::{Scenario, ScenarioError};
+use crate::fleet::{Fleet, PlanError};
+use crate::scenario::Scenario;
 
-/// Renders the derived sizes of every server; an error stops at the first bad server.
-pub fn render(scenario: &Scenario) -> Result<(String, Vec<String>), ScenarioError> {
+/// Renders the derived sizes of every server, after the checks a run makes (so
+/// `validate` accepts exactly what `sim` accepts: the servers, the roles, the model
+/// profile, the workload and its trace, and that some request could be served); an
+/// error stops at the first problem.
+pub fn render(scenario: &Scenario) -> Result<(String, Vec<String>), PlanError> {
+    let fleet = Fleet::plan(scenario, scenario.seed.unwrap_or(0))?;
+    fleet.workload()?;
     let derived = scenario.derive_all()?;
     let mut out = String::new();
     let legacy = scenario.policy.legacy_switches();

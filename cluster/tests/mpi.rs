@@ -37,7 +37,7 @@ fn mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_
     let mpi = mpi_report(&bin, &text, &[], "disagg");
     let sim = simulate(&parse(&text, &[]));
     assert_eq!(mpi.requests.completed, 60, "{:?}", mpi.per_request);
-    assert_eq!(mpi.per_request, sim.per_request);
+    assert_eq!(disagg_fingerprint(&mpi), disagg_fingerprint(&sim));
     let transfers = multi_token_requests(&mpi);
     for s in &mpi.servers {
         assert_eq!(
@@ -65,10 +65,17 @@ fn mpi_lost_kv_fails_exactly_the_requests_the_simulator_fails() {
     let text = disagg_text(40);
     let mpi = mpi_report(&bin, &text, &sets, "disagg-lost");
     let sim = simulate(&parse(&text, &sets));
-    let outcome = |r: &Report| -> Vec<(u64, u32, bool)> {
+    let outcome = |r: &Report| -> Vec<(u64, u32, String, bool)> {
         r.per_request
             .iter()
-            .map(|d| (d.id, d.output_tokens, d.failure.is_some()))
+            .map(|d| {
+                (
+                    d.id,
+                    d.output_tokens,
+                    d.token_digest.clone(),
+                    d.failure.is_some(),
+                )
+            })
             .collect()
     };
     assert_eq!(outcome(&mpi), outcome(&sim));
@@ -116,7 +123,7 @@ fn mpi_a_mismatched_collective_is_a_tag_error_not_a_hang() {
     let bin = mpi_bin();
     let path = temp("tag.toml");
     std::fs::write(&path, agg_text(2, true)).unwrap();
-    let started = Instant::now();
+    // A hang (rather than the tag error) runs into the deadline and fails the test.
     let out = output_within(
         mpirun(
             &bin,
@@ -133,7 +140,6 @@ fn mpi_a_mismatched_collective_is_a_tag_error_not_a_hang() {
         Duration::from_secs(60),
     );
     assert!(!out.status.success(), "a failed run exits non-zero");
-    assert!(started.elapsed() < Duration::from_secs(30));
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -173,26 +179,12 @@ fn slow_job(
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    // Find the process of that world rank (OpenMPI tells each its rank), polling until
-    // the job is up.
+    // Find the process of that world rank (OpenMPI tells each its rank) once it is
+    // inside its iterations (its watchdog thread runs), polling /proc until a deadline.
     let deadline = Instant::now() + Duration::from_secs(30);
+    let wanted = format!("OMPI_COMM_WORLD_RANK={victim}");
     loop {
-        let pids = Command::new("pgrep")
-            .args(["-f", path.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let found = String::from_utf8_lossy(&pids.stdout)
-            .lines()
-            .filter_map(|p| p.parse::<u32>().ok())
-            .find(|p| {
-                std::fs::read(format!("/proc/{p}/environ")).is_ok_and(|env| {
-                    env.split(|&b| b == 0)
-                        .any(|kv| kv == format!("OMPI_COMM_WORLD_RANK={victim}").as_bytes())
-                })
-            });
-        if let Some(pid) = found {
-            // Give the job a moment to be inside its iterations.
-            std::thread::sleep(Duration::from_millis(500));
+        if let Some(pid) = rank_process(&path, &wanted) {
             return (child, pid);
         }
         if Instant::now() >= deadline {
@@ -202,6 +194,30 @@ fn slow_job(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The pid of the process whose command line names `scenario` and whose environment
+/// holds `env` (e.g. `OMPI_COMM_WORLD_RANK=2`), once it runs a thread named `watchdog`
+/// (spawned when the rank enters its iterations); `None` before that.
+fn rank_process(scenario: &std::path::Path, env: &str) -> Option<u32> {
+    let scenario = scenario.to_str()?.as_bytes();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            cmdline.windows(scenario.len()).any(|w| w == scenario)
+                && environ.split(|&b| b == 0).any(|kv| kv == env.as_bytes())
+                && std::fs::read_dir(format!("/proc/{pid}/task"))
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|t| t.ok())
+                    .any(|t| {
+                        std::fs::read_to_string(t.path().join("comm"))
+                            .is_ok_and(|c| c.trim() == "watchdog")
+                    })
+        })
 }
 
 /// Waits for `child` to end, killing it (and failing) after `limit`.
@@ -245,16 +261,11 @@ fn mpi_the_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops() {
         .args(["-STOP", &victim.to_string()])
         .status()
         .unwrap();
-    let stopped = Instant::now();
+    // Only the watchdog ends the job: past the deadline the test fails.
     let out = wait_within(child, Duration::from_secs(20));
     let _ = Command::new("kill")
         .args(["-9", &victim.to_string()])
         .status();
-    assert!(
-        stopped.elapsed() < Duration::from_secs(20),
-        "{:?}",
-        stopped.elapsed()
-    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -269,10 +280,13 @@ fn mpi_the_watchdog_aborts_the_job_naming_the_stuck_rank_when_a_peer_stops() {
 #[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_a_stalled_server_ends_deadlocked_as_in_the_simulator() {
     let bin = mpi_bin();
+    // A legacy-only stall (as in threads.rs): judged on the routable count, rank 0 waits
+    // for input while its one retiring request needs one more iteration.
     let sets = [
-        "server.max_num_tokens=8",
-        "workload.num_requests=6",
-        "workload.concurrency=6",
+        "policy.idle.predicate=\"routable\"",
+        "workload.num_requests=1",
+        "workload.concurrency=1",
+        "workload.output_len=1",
     ];
     let text = agg_text(2, true);
     let path = temp("stall.toml");
@@ -280,7 +294,6 @@ fn mpi_a_stalled_server_ends_deadlocked_as_in_the_simulator() {
     let json = temp("stall.json");
     let mut args = vec![
         path.to_str().unwrap().to_string(),
-        "--preload".into(),
         "--stall-timeout-ms".into(),
         "300".into(),
         "--json".into(),
@@ -291,13 +304,8 @@ fn mpi_a_stalled_server_ends_deadlocked_as_in_the_simulator() {
         args.push(s.into());
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let started = Instant::now();
+    // A hang instead of the stall-out runs into the deadline and fails the test.
     let _ = output_within(mpirun(&bin, 3, &args), Duration::from_secs(60));
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "{:?}",
-        started.elapsed()
-    );
     let r: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(r.outcome, Outcome::Deadlocked, "{:?}", r.outcome_detail);
     let detail = r.outcome_detail.unwrap_or_default();
@@ -305,8 +313,11 @@ fn mpi_a_stalled_server_ends_deadlocked_as_in_the_simulator() {
         detail.contains("rank 0:") && detail.contains("rank 1:"),
         "{detail}"
     );
-    assert_eq!(r.requests.failed, 6);
-    let sim = simulate_with(&parse(&text, &sets), |o| o.stall_bound_ns = 300_000_000);
+    assert_eq!(r.requests.failed, 1);
+    let sim = simulate_with(&parse(&text, &sets), |o| {
+        o.preload = false;
+        o.stall_bound_ns = 300_000_000;
+    });
     assert_eq!(sim.outcome, Outcome::Deadlocked);
 }
 
@@ -329,7 +340,7 @@ fn mpi_generation_first_and_the_legacy_policy_complete_every_request() {
     assert_eq!(m.requests.completed, 40, "{:?}", m.per_request);
     assert!(promoted(&m) > 0);
     assert_eq!(promoted(&m), promoted(&sim));
-    assert_eq!(m.per_request, sim.per_request);
+    assert_eq!(disagg_fingerprint(&m), disagg_fingerprint(&sim));
     let legacy = ["policy.preset=\"legacy\""];
     let l = mpi_report(&bin, &text, &legacy, "disagg-legacy");
     assert!(!l.legacy_switches.is_empty());
@@ -374,7 +385,8 @@ fn mpi_with_modeled_time_latency_and_iterations_follow_the_simulator() {
     );
     let b: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_same_time_model(&a, &b);
-    for ctx in ["ctx0", "ctx1"] {
-        assert_eq!(routing(&a, ctx), routing(&b, ctx), "{ctx}");
-    }
+    assert!(
+        disagg_fingerprint(&a) == disagg_fingerprint(&b),
+        "ctx routing or token streams differ"
+    );
 }

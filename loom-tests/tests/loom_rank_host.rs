@@ -222,7 +222,7 @@ fn routable_idle_predicate_deadlocks_a_closed_loop_client() {
 #[test]
 fn routable_idle_predicate_deadlock_is_found_by_loom() {
     let exe = std::env::current_exe().expect("test binary path");
-    let out = std::process::Command::new(exe)
+    let child = std::process::Command::new(exe)
         .args([
             "routable_idle_predicate_deadlocks_a_closed_loop_client",
             "--ignored",
@@ -230,8 +230,26 @@ fn routable_idle_predicate_deadlock_is_found_by_loom() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run the negative control");
+    // A child that never ends (loom not finding the deadlock but hanging) is killed at
+    // the deadline and fails the test.
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(std::time::Duration::from_secs(300)) {
+        Ok(out) => out.expect("the control's output"),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+            panic!("the negative control ran past 300 s and was killed");
+        }
+    };
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -239,9 +239,26 @@ impl Harness {
             .collect()
     }
 
-    /// Whether every submitted request has finished.
-    pub fn all_finished(&self) -> bool {
-        self.finished.len() as u64 == self.submitted
+    /// Asserts that every submitted request *completed* (reached its length): none
+    /// failed, was cancelled or is still open. Panics naming the ones that did not.
+    #[track_caller]
+    pub fn assert_all_completed(&self) {
+        let not_completed: Vec<(&ReqId, &Finish)> = self
+            .finished
+            .iter()
+            .filter(|(_, f)| **f != Finish::Completed)
+            .collect();
+        assert!(
+            not_completed.is_empty(),
+            "requests that ended without completing: {not_completed:?}"
+        );
+        assert_eq!(
+            self.finished.len() as u64,
+            self.submitted,
+            "{} of {} requests completed; the others are still open",
+            self.finished.len(),
+            self.submitted
+        );
     }
 }
 

@@ -17,7 +17,7 @@ fn binding_case(policy: Policy) -> Harness {
     let mut h =
         Harness::new(&adp_server(2, 2, true), policy).with_client(ClosedLoop::new(64, 400, 64, 1));
     h.run(2000);
-    assert!(h.all_finished(), "{} of {}", h.finished.len(), h.submitted);
+    h.assert_all_completed();
     h
 }
 
@@ -66,7 +66,12 @@ fn legacy_seats_rederive_defers_admitted_requests_for_lack_of_an_index_slot() {
     policy.seats.rederive = true;
     let derived = adp_server(2, 2, true).derive(&policy).unwrap();
     let warning = derived.warning.expect("the skew is reported as a warning");
-    assert!(warning.contains("kv_index_pool") && warning.contains('3') && warning.contains('4'));
+    assert!(
+        warning.contains(
+            "kv_index_pool admits 3 sequences but seats (max_num_sequences) = 4; pool too small"
+        ),
+        "{warning}"
+    );
     let legacy = binding_case(policy);
     let deferred: u64 = legacy
         .group
@@ -75,6 +80,9 @@ fn legacy_seats_rederive_defers_admitted_requests_for_lack_of_an_index_slot() {
         .map(|r| r.totals().deferrals_no_free_index_slot)
         .sum();
     assert!(deferred > 0, "no deferral under seats.rederive");
+    // The skew was reported once, at startup; the end-of-iteration seat check leaves
+    // the index pool alone under seats.rederive (§10), so no violation piles up.
+    assert!(legacy.violations().is_empty(), "{:?}", legacy.violations());
     let fixed = binding_case(Policy::FIXED);
     let deferred: u64 = fixed
         .group

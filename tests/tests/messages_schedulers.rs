@@ -231,12 +231,14 @@ fn gen_arrivals_are_admitted_apart_by_blocks_to_completion_and_receives_take_no_
             RequestState::DisaggGenerationInit,
         ),
     ];
-    // Free 8: the context takes 4 to completion, request 3 takes 3, request 4 (3) stops.
+    // Free 8, of which the receive in flight keeps 2 more for its completion (§4): the
+    // context takes 4 to completion, and request 3 (3) no longer fits.
     let out = capacity(GNE, 1).schedule(&active, &kv);
     assert_eq!(ids(&active, &out.fitting), vec![2]);
-    assert_eq!(ids(&active, &out.disagg_gen_init), vec![3]);
+    assert_eq!(ids(&active, &out.disagg_gen_init), Vec::<u64>::new());
 
-    // Legacy: the receive in flight takes the only slot; gen arrivals are still apart.
+    // Legacy: the receive in flight also takes the only slot, so no context is admitted
+    // and both gen arrivals fit in the 6 blocks left.
     let legacy = CapacityScheduler::new(CapacityConfig {
         count_transfers_as_requests: true,
         ..capacity_config(GNE, 1)

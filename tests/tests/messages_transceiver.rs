@@ -11,6 +11,8 @@ use lockstep_actors::transceiver::{
 
 const MS: u64 = 1_000_000;
 const TIMEOUT_MS: u64 = 100;
+/// How long the ctx side holds KV nobody has pulled.
+const PULL_TIMEOUT_MS: u64 = 250;
 const BLOCK_BYTES: usize = 32;
 
 /// What the ctx rank's KV holds: block `index` of `request`.
@@ -45,8 +47,8 @@ const GEN: KvAddress = KvAddress {
 
 fn pair() -> (Transceiver, Transceiver) {
     (
-        Transceiver::new(CTX, TIMEOUT_MS, CODEC),
-        Transceiver::new(GEN, TIMEOUT_MS, CODEC),
+        Transceiver::new(CTX, TIMEOUT_MS, CODEC).with_pull_timeout_ms(PULL_TIMEOUT_MS),
+        Transceiver::new(GEN, TIMEOUT_MS, CODEC).with_pull_timeout_ms(PULL_TIMEOUT_MS),
     )
 }
 
@@ -105,6 +107,7 @@ fn failed(id: u64, reason: &str) -> Vec<TransferEvent> {
 }
 
 const TIMED_OUT: &str = "kv transfer timed out after 100 ms";
+const NOT_PULLED: &str = "kv not pulled within 250 ms (kv_pull_timeout_ms)";
 
 /// The blocks of a `KvBlocks` message, in order.
 fn blocks_of(out: &[Outgoing]) -> &[KvBlock] {
@@ -130,7 +133,11 @@ fn a_clean_transfer_completes_on_both_sides_with_matching_checksums() {
         if !pull_first {
             ctx.handle(0, send(5, 3));
             assert_eq!(transmitted(&mut ctx), vec![], "nobody has pulled yet");
-            assert_eq!(ctx.poll_timeout(), Some(TIMEOUT_MS * MS));
+            assert_eq!(
+                ctx.poll_timeout(),
+                Some(PULL_TIMEOUT_MS * MS),
+                "unpulled: held up to the pull timeout"
+            );
         }
         gen_side.handle(MS, receive(5, 3));
         assert_eq!(gen_side.poll_timeout(), Some((1 + TIMEOUT_MS) * MS));
@@ -188,7 +195,8 @@ fn a_clean_transfer_completes_on_both_sides_with_matching_checksums() {
             assert_eq!(side.poll_transmit(), None);
         }
         assert_eq!(gen_side.stats().durations_ns, vec![3 * MS]);
-        let ctx_started = if pull_first { 3 } else { 0 };
+        // The ctx side's transfer starts when it has both the pull and the command.
+        let ctx_started = if pull_first { 3 } else { 2 };
         assert_eq!(ctx.stats().durations_ns, vec![(5 - ctx_started) * MS]);
 
         // Nothing fires later: the deadlines went with the transfer.
@@ -209,27 +217,22 @@ fn a_lost_pull_times_out_on_each_side_exactly_at_its_announced_deadline() {
 
     let ctx_deadline = ctx.poll_timeout().expect("the send is open");
     let gen_deadline = gen_side.poll_timeout().expect("the receive is open");
-    assert_eq!(ctx_deadline, TIMEOUT_MS * MS);
-    assert_eq!(gen_deadline, (10 + TIMEOUT_MS) * MS);
+    assert_eq!(gen_deadline, (10 + TIMEOUT_MS) * MS, "the transfer timeout");
+    assert_eq!(
+        ctx_deadline,
+        PULL_TIMEOUT_MS * MS,
+        "never pulled: the pull timeout"
+    );
 
     // One nanosecond early: nothing on either side.
-    ctx.handle_timeout(ctx_deadline - 1);
+    ctx.handle_timeout(gen_deadline - 1);
     gen_side.handle_timeout(gen_deadline - 1);
     assert_eq!(events(&mut ctx), vec![]);
     assert_eq!(events(&mut gen_side), vec![]);
     assert_eq!(ctx.in_flight() + gen_side.in_flight(), 2);
 
-    // The ctx side's deadline: it fails; it never heard of the puller, so it tells
-    // nobody.
-    ctx.handle_timeout(ctx_deadline);
-    assert_eq!(events(&mut ctx), failed(7, TIMED_OUT));
-    assert_eq!(transmitted(&mut ctx), vec![]);
-    assert_eq!(ctx.poll_timeout(), None);
-    assert_eq!(ctx.stats().timed_out, 1);
-
-    // The gen side still waits for its own deadline, then fails and tells the ctx side.
-    gen_side.handle_timeout(ctx_deadline);
-    assert_eq!(events(&mut gen_side), vec![]);
+    // The gen side's deadline: it fails and tells the ctx side, which the network
+    // loses too.
     gen_side.handle_timeout(gen_deadline);
     assert_eq!(events(&mut gen_side), failed(7, TIMED_OUT));
     let told = transmitted(&mut gen_side);
@@ -243,20 +246,32 @@ fn a_lost_pull_times_out_on_each_side_exactly_at_its_announced_deadline() {
             },
         }]
     );
-    // The ctx side already ended it: the abort changes nothing there.
-    deliver(gen_deadline, told, &mut ctx);
+    assert_eq!(gen_side.poll_timeout(), None);
+
+    // The ctx side holds the KV until its own deadline, then fails; it never heard of
+    // the puller, so it tells nobody.
+    ctx.handle_timeout(ctx_deadline - 1);
+    assert_eq!(events(&mut ctx), vec![]);
+    ctx.handle_timeout(ctx_deadline);
+    assert_eq!(events(&mut ctx), failed(7, NOT_PULLED));
+    assert_eq!(transmitted(&mut ctx), vec![]);
+    assert_eq!(ctx.poll_timeout(), None);
+    assert_eq!(ctx.stats().timed_out, 1);
+
+    // The abort turns up late: it changes nothing there.
+    deliver(ctx_deadline + MS, told, &mut ctx);
     assert_eq!(events(&mut ctx), vec![]);
     assert_eq!(ctx.stats().failed + ctx.stats().timed_out, 1);
 
     // The lost pull turns up late: the ctx side answers it with an abort at once.
-    deliver(gen_deadline + MS, lost, &mut ctx);
+    deliver(ctx_deadline + 2 * MS, lost, &mut ctx);
     assert_eq!(
         transmitted(&mut ctx),
         vec![Outgoing {
             to: GEN,
             message: PeerMessage::Abort {
                 id: ReqId(7),
-                reason: TIMED_OUT.into(),
+                reason: NOT_PULLED.into(),
             },
         }]
     );
@@ -485,20 +500,29 @@ fn poll_timeout_reports_the_earliest_open_deadline_as_transfers_come_and_go() {
     ctx.handle(30 * MS, send(1, 1));
     ctx.handle(10 * MS, send(2, 1));
     ctx.handle(20 * MS, send(3, 1));
-    assert_eq!(ctx.poll_timeout(), Some(110 * MS));
-    // Request 2 completes: the next deadline is request 3's.
+    assert_eq!(
+        ctx.poll_timeout(),
+        Some(260 * MS),
+        "unpulled: the pull timeout"
+    );
+    // Request 1 is pulled: its deadline becomes the transfer timeout from the pull.
+    gen_side.handle(45 * MS, receive(1, 1));
+    deliver(45 * MS, transmitted(&mut gen_side), &mut ctx);
+    let lost = transmitted(&mut ctx);
+    assert_eq!(lost.len(), 1, "request 1's blocks, which the network loses");
+    assert_eq!(ctx.poll_timeout(), Some(145 * MS));
+    // Request 2 completes.
     gen_side.handle(40 * MS, receive(2, 1));
     deliver(40 * MS, transmitted(&mut gen_side), &mut ctx);
     deliver(41 * MS, transmitted(&mut ctx), &mut gen_side);
     deliver(42 * MS, transmitted(&mut gen_side), &mut ctx);
     assert_eq!(events(&mut ctx), done(2));
-    assert_eq!(ctx.poll_timeout(), Some(120 * MS));
-    // Firing it leaves request 1's.
-    ctx.handle_timeout(120 * MS);
-    assert_eq!(events(&mut ctx), failed(3, TIMED_OUT));
-    assert_eq!(ctx.poll_timeout(), Some(130 * MS));
-    ctx.handle_timeout(130 * MS);
+    // Firing request 1's leaves request 3's.
+    ctx.handle_timeout(145 * MS);
     assert_eq!(events(&mut ctx), failed(1, TIMED_OUT));
+    assert_eq!(ctx.poll_timeout(), Some(270 * MS));
+    ctx.handle_timeout(270 * MS);
+    assert_eq!(events(&mut ctx), failed(3, NOT_PULLED));
     assert_eq!(ctx.poll_timeout(), None);
 }
 

@@ -3,7 +3,7 @@
 //! stall-out), admission within `capacity − Σ routable`, and routing with the §10 cap
 //! check.
 
-use crate::config::Role;
+use crate::config::{RequestShape, Role};
 use crate::counts::RankCounts;
 use crate::invariants::InvariantKind;
 use crate::kv::KvCommand;
@@ -80,6 +80,7 @@ impl RankExecutor {
                 }
                 Err(reason) => {
                     // Every rank drops it the same way; rank 0 alone answers.
+                    self.replicated.peer_known.remove(&spec.id);
                     if self.rank.0 == 0 {
                         self.push_finish(spec.id, 0, Finish::Failed(reason));
                     }
@@ -254,23 +255,18 @@ impl RankExecutor {
                 spec.draft_len, s.draft_len
             ));
         }
-        // A gen server receives the prompt's KV; only prefilling servers compute it.
-        if self.setup.role != Role::Gen
-            && !self.setup.chunked_prefill
-            && spec.prompt_len + spec.draft_len > s.max_num_tokens
-        {
-            return Err(format!(
-                "prompt_len {} exceeds max_num_tokens {} with chunked prefill off",
-                spec.prompt_len, s.max_num_tokens
-            ));
-        }
-        let total = u64::from(spec.prompt_len) + u64::from(spec.max_new_tokens);
-        let blocks = total.div_ceil(u64::from(s.tokens_per_block));
-        if blocks > u64::from(s.kv_blocks_per_rank) {
-            return Err(format!(
-                "prompt_len {} + max_new_tokens {} needs {blocks} KV blocks, a rank has {}",
-                spec.prompt_len, spec.max_new_tokens, s.kv_blocks_per_rank
-            ));
+        if let Some(why) = crate::config::size_refusal(
+            &RequestShape {
+                prompt_len: spec.prompt_len,
+                max_new_tokens: spec.max_new_tokens,
+                draft_len: spec.draft_len,
+            },
+            self.setup.role,
+            self.setup.chunked_prefill,
+            self.setup.capacity_policy,
+            s,
+        ) {
+            return Err(why);
         }
         if let Some(pin) = spec.pinned
             && pin.rank.0 >= s.dp
@@ -299,7 +295,13 @@ impl RankExecutor {
         if !self.setup.generation_first {
             return;
         }
-        if self.replicated.waiting.iter().any(|s| s.id == id) {
+        // A notice for a request not accepted yet (the notice can overtake the request:
+        // it crosses the link between servers, the request the front's) or still
+        // waiting is remembered, replicated: the request arrives ready (§8). Every rank
+        // decides this from replicated state only.
+        if !self.replicated.known_ids.contains(&id)
+            || self.replicated.waiting.iter().any(|s| s.id == id)
+        {
             self.replicated.peer_known.insert(id);
         } else if let Some(i) = self.find_active(id)
             && self.resident.active[i].state == RequestState::DisaggContextWaitScheduler

@@ -270,6 +270,11 @@ pub struct ForwardEntry {
     pub kv_tokens: u32,
     /// Output position of the token this entry samples (for deterministic backends).
     pub position: u32,
+    /// Where this step's token comes from, for deterministic backends to mix into the
+    /// token ([`crate::group::token_path`]): the rank that runs it and, on an aggregated
+    /// server, the batch number; on a gen server the ctx server and rank its KV came
+    /// from. 0 for a dummy.
+    pub path: u64,
     /// A pad dummy.
     pub is_dummy: bool,
 }

@@ -42,7 +42,7 @@ mod update;
 
 use std::collections::{BTreeSet, VecDeque};
 
-use crate::config::{DerivedSizes, Role, ServerConfig};
+use crate::config::{CapacitySchedulerPolicy, DerivedSizes, Role, ServerConfig};
 use crate::counts::RankCounts;
 use crate::ids::{BatchNumber, RankId, ReqId};
 use crate::kv::{KvConfig, KvManager};
@@ -135,6 +135,8 @@ struct Setup {
     /// ctx server in generation-first mode (§8): arrivals wait for their gen peer.
     generation_first: bool,
     chunked_prefill: bool,
+    /// The capacity scheduler's policy (request validation reads it).
+    capacity_policy: CapacitySchedulerPolicy,
     window: SchedulableWindow,
     kv_full_check_every: u64,
 }
@@ -145,7 +147,7 @@ struct Replicated {
     /// The waiting queue.
     waiting: VecDeque<RequestSpec>,
     /// Every request id ever accepted, to refuse duplicates.
-    known_ids: BTreeSet<ReqId>,
+    known_ids: crate::ids::ReqIdSet,
     /// Generation-first: waiting requests whose gen peer is already named; they arrive
     /// ready to prefill.
     peer_known: BTreeSet<ReqId>,
@@ -213,6 +215,9 @@ struct Iteration {
     launched: Option<ScheduledBatch>,
     /// The output the forward step awaits.
     awaited: Option<BatchNumber>,
+    /// Under overlap, the fleet skipped the forward while this rank had scheduled work:
+    /// the previous batch stays pending, unprocessed, until a forward runs (§3).
+    deferred: bool,
     /// Something changed this iteration (see [`RankState::progressed`]).
     progressed: bool,
     /// The §9 record.
@@ -285,6 +290,10 @@ pub struct RankExecutor {
     stalled_state: Option<String>,
     /// Why the rank stopped (a fatal violation here or on a peer).
     stop: Option<StopReason>,
+    /// `(request, rank 0's clock at the iteration's fetch)` each time a request took a
+    /// seat here, i.e. was scheduled for the first time (again after a pause): the
+    /// report's queue time. 16 bytes per start; drivers read it at the end.
+    first_scheduled: Vec<(ReqId, u64)>,
 }
 
 impl RankExecutor {
@@ -316,7 +325,9 @@ impl RankExecutor {
             chunking_policy: server.scheduler_config.context_chunking_policy,
             tokens_per_block: sizes.tokens_per_block,
         });
-        let pad_path = if server.role != Role::Agg && !sizes.overlap {
+        let pad_path = if sizes.dp <= 1 {
+            PadPath::Never
+        } else if server.role != Role::Agg && !sizes.overlap {
             PadPath::Intent
         } else {
             PadPath::Expected
@@ -338,6 +349,7 @@ impl RankExecutor {
                 generation_first: server.role == Role::Ctx
                     && server.cache_transceiver_config.generation_first,
                 chunked_prefill: server.enable_chunked_prefill,
+                capacity_policy: server.scheduler_config.capacity_scheduler_policy,
                 window,
                 kv_full_check_every: default_kv_full_check_every(sizes.kv_blocks_per_rank),
             },
@@ -359,6 +371,7 @@ impl RankExecutor {
             bufs: Buffers::default(),
             stalled_state: None,
             stop: None,
+            first_scheduled: Vec::new(),
         }
     }
 
@@ -439,6 +452,12 @@ impl RankExecutor {
     /// The policy.
     pub fn policy(&self) -> &Policy {
         &self.setup.policy
+    }
+
+    /// Each time a request was first scheduled here (took a seat): the request and rank
+    /// 0's clock at that iteration's fetch, in order.
+    pub fn first_scheduled(&self) -> &[(ReqId, u64)] {
+        &self.first_scheduled
     }
 
     /// Cumulative counters.

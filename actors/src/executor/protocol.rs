@@ -391,6 +391,7 @@ impl RankExecutor {
             self.bufs.recycle(b);
         }
         it.awaited = None;
+        it.deferred = false;
         it.progressed = false;
         it.stats = super::IterationStats {
             iteration: self.iteration,

@@ -8,7 +8,8 @@ use crate::config::Role;
 use crate::ids::{BatchNumber, ReqId};
 use crate::invariants::InvariantKind;
 use crate::kv::{KvCommand, KvError};
-use crate::padding::{DummyKind, TentativeDummy, pad_need};
+use crate::padding::{DummyKind, PadPath, TentativeDummy, pad_need};
+use crate::policy::PadPredicate;
 use crate::request::{Request, RequestSpec, RequestState};
 use crate::scheduler::EntryKind;
 
@@ -21,19 +22,30 @@ impl RankExecutor {
     /// the batch size for the vote.
     pub(super) fn pad_and_schedule_batch(&mut self, global: PadIntent) -> u32 {
         let counts = self.iter.counts;
-        if self.resident.dummy.is_none()
-            && let Some(kind) = pad_need(
+        let need = if self.resident.dummy.is_none() {
+            pad_need(
                 self.setup.pad_path,
                 self.iter.expected,
                 counts.pad_schedulable,
                 global,
                 self.setup.role == Role::Ctx,
             )
-        {
+        } else {
+            None
+        };
+        // Fixed: the dummy takes its KV and seat after the real requests took theirs, so
+        // padding never starves the work it pads around (§6; e.g. a gen request whose
+        // blocks to completion would no longer fit). The legacy predicate pads first, as
+        // historically.
+        let pad_first = self.setup.policy.pad.predicate == PadPredicate::Legacy;
+        if pad_first && let Some(kind) = need {
             self.try_pad(kind);
         }
         let mut entries = self.bufs.entries();
         self.schedule_batch(&mut entries);
+        if !pad_first && let Some(kind) = need {
+            self.try_pad(kind);
+        }
         let mut batch = ScheduledBatch {
             number: BatchNumber(self.resident.next_batch),
             rank: self.rank,
@@ -41,7 +53,11 @@ impl RankExecutor {
         };
         // A rank whose batch is empty though it has schedulable work (e.g. its one
         // request does not fit in KV) pads so it does not veto the fleet (§6).
-        if batch.entries.is_empty() && self.resident.dummy.is_none() && counts.schedulable > 0 {
+        if batch.entries.is_empty()
+            && self.resident.dummy.is_none()
+            && counts.schedulable > 0
+            && self.setup.pad_path != PadPath::Never
+        {
             self.try_pad(DummyKind::Generation);
         }
         if let Some(d) = &self.resident.dummy {
@@ -120,20 +136,22 @@ impl RankExecutor {
         // Pausing and receive starts change requests in place; indices stay valid.
         // Receives start FCFS within the transport budget (§8): the first deferred one
         // stops the walk.
+        let mut started_this_walk = 0usize;
         for &i in &out.disagg_gen_init {
             let blocks = self
                 .kv
                 .blocks_for_tokens(self.resident.active[i].spec.prompt_len);
+            let walk = &out.disagg_gen_init[..started_this_walk];
             let in_flight = self
                 .resident
                 .active
                 .iter()
-                .filter(|r| r.state == RequestState::DisaggGenerationTransInProgress)
-                .map(|r| {
-                    (
-                        self.kv.blocks_of(r.id()),
-                        r.transfer_started_ns.unwrap_or(0),
-                    )
+                .enumerate()
+                .filter(|(_, r)| r.state == RequestState::DisaggGenerationTransInProgress)
+                .map(|(j, r)| crate::transfer_budget::InFlight {
+                    blocks: self.kv.blocks_of(r.id()),
+                    started_ns: r.transfer_started_ns.unwrap_or(0),
+                    this_walk: walk.contains(&j),
                 });
             match crate::transfer_budget::decide(
                 self.setup.sizes.transfer_budget_blocks,
@@ -141,7 +159,10 @@ impl RankExecutor {
                 self.iter.now_ns,
                 blocks,
             ) {
-                crate::transfer_budget::BudgetDecision::Admit => self.start_receive(i),
+                crate::transfer_budget::BudgetDecision::Admit => {
+                    self.start_receive(i);
+                    started_this_walk += 1;
+                }
                 crate::transfer_budget::BudgetDecision::Defer { blocked_by_active } => {
                     self.totals.transfer_budget_deferred += 1;
                     if blocked_by_active {
@@ -211,7 +232,10 @@ impl RankExecutor {
         }
         if self.resident.active[index].seat.is_none() {
             match self.seats.try_take() {
-                Some(seat) => self.resident.active[index].seat = Some(seat),
+                Some(seat) => {
+                    self.resident.active[index].seat = Some(seat);
+                    self.first_scheduled.push((id, self.iter.now_ns));
+                }
                 None => {
                     let detail = format!(
                         "request {id} admitted but all {} seats are held (kv index pool {}, seat pool {})",
@@ -260,12 +284,19 @@ impl RankExecutor {
             "request {id}: kv_room {} overstates its blocks",
             self.resident.active[index].kv_room
         );
+        let path = crate::group::token_path(
+            self.setup.role,
+            self.rank,
+            self.resident.next_batch,
+            self.resident.active[index].spec.kv_source,
+        );
         Some(ForwardEntry {
             id,
             seq: self.resident.active[index].seq,
             kind,
             kv_tokens,
             position,
+            path,
             is_dummy: false,
         })
     }
@@ -273,6 +304,7 @@ impl RankExecutor {
     /// MAX_UTILIZATION pause: reset to context, free KV and seat; the tokens generated so
     /// far are recomputed with the prompt.
     fn pause(&mut self, index: usize) {
+        self.totals.preemptions += 1;
         let id = self.resident.active[index].id();
         let _ = self.kv.handle(KvCommand::FreeSequence { id });
         let r = &mut self.resident.active[index];
@@ -344,6 +376,11 @@ impl RankExecutor {
             self.resolve_dummy(tentative, can_queue);
         }
         let batch = self.iter.batch.take();
+        // The §9 record counts what this rank scheduled, also when the fleet skips it.
+        if let Some(b) = &batch {
+            self.record_scheduled(b);
+        }
+        let own_work = self.iter.vote.batch_size > 0;
         let launch = if can_queue {
             self.resident.next_batch += 1;
             batch
@@ -354,7 +391,16 @@ impl RankExecutor {
             }
             None
         };
-        let awaited = if self.setup.sizes.overlap {
+        // Under overlap a skipped forward defers the previous batch on a rank that had
+        // work of its own: its tokens wait, its retiring requests stay resident into the
+        // next gather (§3; as production's `can_queue || !can_queue_this_rank`).
+        self.iter.deferred = self.setup.sizes.overlap && !can_queue && own_work;
+        if self.iter.deferred && self.resident.in_flight.is_some() {
+            self.totals.deferred_batches += 1;
+        }
+        let awaited = if self.iter.deferred {
+            None
+        } else if self.setup.sizes.overlap {
             self.resident.in_flight.as_ref().map(|b| b.number)
         } else {
             launch.as_ref().map(|b| b.number)
@@ -419,6 +465,7 @@ fn dummy_entry(d: &Request) -> ForwardEntry {
         kind,
         kv_tokens: d.kv_tokens,
         position: 0,
+        path: 0,
         is_dummy: true,
     }
 }

@@ -80,6 +80,7 @@ mod tests {
             kind,
             kv_tokens,
             position: 0,
+            path: 0,
             is_dummy,
         }
     }

@@ -17,7 +17,8 @@ pub struct IterationStats {
     pub rank: RankId,
     /// Whether the fleet ran the forward (`can_queue`).
     pub forward_ran: bool,
-    /// Real requests in this rank's batch (dummies separate).
+    /// Real requests in the batch this rank scheduled (dummies separate), also in an
+    /// iteration whose forward the fleet skipped (see `forward_ran`).
     pub num_scheduled_requests: u32,
     /// Context requests in the batch.
     pub num_ctx_requests: u32,
@@ -88,8 +89,16 @@ pub struct RankTotals {
     pub iterations: u64,
     /// Iterations whose forward ran.
     pub forward_iterations: u64,
-    /// Σ real requests scheduled over forward iterations.
+    /// Σ real requests in the batches the fleet forwarded.
     pub scheduled_requests: u64,
+    /// Σ real requests this rank scheduled, over every iteration (a vetoed iteration's
+    /// batch included, as the reference executor's log counts it).
+    #[serde(default)]
+    pub iteration_scheduled_requests: u64,
+    /// Under overlap: iterations in which this rank's previous batch was deferred by a
+    /// skipped forward (§3).
+    #[serde(default)]
+    pub deferred_batches: u64,
     /// Forward iterations in which this rank ran a dummy.
     pub dummy_iterations: u64,
     /// Iterations whose forward was vetoed by some rank.
@@ -130,4 +139,8 @@ pub struct RankTotals {
     pub output_tokens: u64,
     /// Context tokens computed on this rank.
     pub context_tokens: u64,
+    /// MAX_UTILIZATION pauses (preemptions: a started request reset to context, its KV
+    /// freed, to be recomputed).
+    #[serde(default)]
+    pub preemptions: u64,
 }

@@ -16,6 +16,11 @@ impl RankExecutor {
     /// tear down the dummy, which never outlives the iteration of its forward (§6).
     pub(super) fn process_output(&mut self, output: Option<&ForwardOutput>) {
         let launched = self.iter.launched.take();
+        if self.iter.deferred {
+            // Nothing launched, and the previous batch stays pending (§3).
+            debug_assert!(launched.is_none());
+            return;
+        }
         if self.setup.sizes.overlap {
             let prev = self.resident.in_flight.take();
             if let (Some(prev), Some(out)) = (&prev, output) {
@@ -48,7 +53,9 @@ impl RankExecutor {
         }
     }
 
-    fn record_batch(&mut self, batch: &ScheduledBatch) {
+    /// The §9 record of the batch this rank scheduled (at the vote, whether or not the
+    /// fleet runs the forward).
+    pub(super) fn record_scheduled(&mut self, batch: &ScheduledBatch) {
         let s = &mut self.iter.stats;
         for e in &batch.entries {
             if e.is_dummy {
@@ -64,6 +71,12 @@ impl RankExecutor {
                 ForwardKind::Generation { .. } => s.num_gen_requests += 1,
             }
         }
+        self.totals.iteration_scheduled_requests += u64::from(s.num_scheduled_requests);
+    }
+
+    /// Totals of a batch the fleet forwarded.
+    fn record_batch(&mut self, batch: &ScheduledBatch) {
+        let s = &self.iter.stats;
         // A forward of dummies only changes nothing but counters.
         if s.num_scheduled_requests > 0 {
             self.iter.progressed = true;
@@ -74,6 +87,10 @@ impl RankExecutor {
         if s.num_dummies > 0 {
             self.totals.dummy_iterations += 1;
         }
+        debug_assert_eq!(
+            batch.real_entries().count() as u32,
+            s.num_scheduled_requests
+        );
     }
 
     /// The transfer phase (§3.9): apply this rank's events, agreed in the allgather.

@@ -105,6 +105,13 @@ pub enum FrontIn {
     },
     /// A server's ranks left their loop (drained, or failed).
     ServerStopped(usize),
+    /// The fleet can no longer be reached (a real driver lost contact with some of its
+    /// ranks): every request in flight fails with `reason`, every server counts as
+    /// stopped, and nothing more is sent to any of them.
+    FleetLost {
+        /// Why, naming the ranks lost.
+        reason: String,
+    },
 }
 
 /// An output of the front.
@@ -213,6 +220,8 @@ pub struct Front {
     /// Round-robin pointers per role: agg, ctx, gen.
     round_robin: [usize; 3],
     client_shutdown: bool,
+    /// Set by [`FrontIn::FleetLost`]: why every later request fails.
+    lost: Option<String>,
     out: VecDeque<FrontOut>,
 }
 
@@ -246,6 +255,7 @@ impl Front {
             requests: BTreeMap::new(),
             round_robin: [0; 3],
             client_shutdown: false,
+            lost: None,
             out: VecDeque::new(),
         }
     }
@@ -294,10 +304,33 @@ impl Front {
                 self.on_submit_failed(server, id, reason)
             }
             FrontIn::ServerStopped(server) => self.on_server_stopped(server),
+            FrontIn::FleetLost { reason } => self.on_fleet_lost(&reason),
+        }
+    }
+
+    fn on_fleet_lost(&mut self, reason: &str) {
+        self.client_shutdown = true;
+        self.lost = Some(reason.to_string());
+        for s in &mut self.servers {
+            s.stopped = true;
+            s.shutdown_sent = true;
+            s.outstanding = 0;
+        }
+        // Everything queued for the servers is moot now; the client hears of every
+        // request in flight, in id order.
+        self.out.retain(|o| matches!(o, FrontOut::ToClient(_)));
+        for r in std::mem::take(&mut self.requests).into_values() {
+            self.out
+                .push_back(FrontOut::ToClient(failed(&r.spec, reason.to_string())));
         }
     }
 
     fn on_request(&mut self, spec: RequestSpec) {
+        if let Some(reason) = &self.lost {
+            self.out
+                .push_back(FrontOut::ToClient(failed(&spec, reason.clone())));
+            return;
+        }
         let roles: &[Role] = if self.has(Role::Agg) {
             &[Role::Agg]
         } else {

@@ -219,6 +219,52 @@ fn a_server_that_stops_unasked_winds_every_server_down() {
 }
 
 #[test]
+fn a_lost_fleet_fails_every_request_in_flight_and_every_later_one_with_the_reason() {
+    let mut f = front(FrontPolicy::RoundRobin, &[Role::Ctx, Role::Gen]);
+    for id in 1..=3 {
+        f.handle(0, FrontIn::Request(RequestSpec::new(id, 100, 8)));
+    }
+    // Request 2 is at the gen server already.
+    let mut first = [response(2, Some(Finish::ContextDone))];
+    f.handle_responses(0, 0, RankId(0), &mut first);
+    f.handle(
+        0,
+        FrontIn::FleetLost {
+            reason: "lost world rank 3".into(),
+        },
+    );
+    f.handle(0, FrontIn::Request(RequestSpec::new(4, 100, 8)));
+    let outs = drain(&mut f);
+    assert!(f.all_stopped());
+    assert_eq!(f.in_flight(), 0);
+    let failed: Vec<(u64, String)> = outs
+        .iter()
+        .filter_map(|o| match o {
+            FrontOut::ToClient(r) => match &r.finish {
+                Some(Finish::Failed(why)) => Some((r.id.0, why.clone())),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let why = "lost world rank 3".to_string();
+    assert_eq!(
+        failed,
+        vec![
+            (1, why.clone()),
+            (2, why.clone()),
+            (3, why.clone()),
+            (4, why)
+        ]
+    );
+    // Nothing queued for a server survives the loss.
+    assert!(
+        outs.iter().all(|o| matches!(o, FrontOut::ToClient(_))),
+        "{outs:?}"
+    );
+}
+
+#[test]
 fn a_handoff_no_gen_server_takes_fails_the_request_and_frees_the_ctx_kv() {
     let mut f = front(FrontPolicy::RoundRobin, &[Role::Ctx, Role::Gen]);
     f.handle(0, FrontIn::Request(RequestSpec::new(1, 100, 8)));

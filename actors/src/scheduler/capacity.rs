@@ -86,6 +86,7 @@ impl CapacityScheduler {
         match self.config.policy {
             CapacitySchedulerPolicy::GuaranteedNoEvict => {
                 let mut avail = i64::from(kv.free_blocks());
+                reserve_receiving(active, kv, classes, &mut avail);
                 reserve_in_progress(active, kv, classes, cap, &mut avail, out);
                 admit_new_to_completion(active, kv, classes, cap, &mut avail, out);
                 admit_disagg_gen_init(active, kv, classes, &mut avail, out);
@@ -98,7 +99,9 @@ impl CapacityScheduler {
             }
             CapacitySchedulerPolicy::StaticBatch => {
                 let mut avail = i64::from(kv.free_blocks());
-                if classes.in_progress.is_empty() {
+                reserve_receiving(active, kv, classes, &mut avail);
+                // Requests still receiving their KV belong to the batch in progress.
+                if classes.in_progress.is_empty() && classes.receiving.is_empty() {
                     // Nothing in progress: a new static batch may form. A gen-side arrival
                     // (DISAGG_GENERATION_INIT) is new work too, so it waits with the rest.
                     admit_new_to_completion(active, kv, classes, cap, &mut avail, out);
@@ -117,17 +120,19 @@ impl CapacityScheduler {
         c.in_progress.clear();
         c.new_contexts.clear();
         c.disagg_gen_init.clear();
+        c.receiving.clear();
         c.charged_slots = 0;
         for (i, r) in active.iter().enumerate() {
             match r.state {
                 // Passes the window gate separately: it needs blocks to completion (§4, §8).
                 RequestState::DisaggGenerationInit => c.disagg_gen_init.push(i),
-                // Legacy `gne.count_transfers_as_requests`: a receive in flight takes a slot.
-                // Otherwise it is outside the window and ignored.
-                RequestState::DisaggGenerationTransInProgress
-                    if self.config.count_transfers_as_requests =>
-                {
-                    c.charged_slots += 1;
+                // A receive in flight keeps its blocks to completion reserved (§4); under
+                // legacy `gne.count_transfers_as_requests` it also takes a request slot.
+                RequestState::DisaggGenerationTransInProgress => {
+                    c.receiving.push(i);
+                    if self.config.count_transfers_as_requests {
+                        c.charged_slots += 1;
+                    }
                 }
                 // Legacy `admission.charge_retiring`: the window ends at GENERATION_COMPLETE,
                 // so a retiring request takes a slot; its KV is already held, and it can
@@ -166,8 +171,21 @@ pub(crate) struct Classes {
     new_contexts: Vec<usize>,
     /// DISAGG_GENERATION_INIT arrivals.
     disagg_gen_init: Vec<usize>,
+    /// DISAGG_GENERATION_TRANS_IN_PROGRESS: receiving their KV. They hold only the
+    /// prompt's blocks so far, but were admitted for their blocks to completion.
+    receiving: Vec<usize>,
     /// Request slots taken by requests that are never batched (legacy switches).
     charged_slots: usize,
+}
+
+/// GNE and STATIC_BATCH: the blocks to completion of requests still receiving their KV stay reserved
+/// (they were admitted for them), so new work cannot be admitted into blocks they will
+/// need to decode (§4).
+fn reserve_receiving(active: &[Request], kv: &impl KvView, classes: &Classes, avail: &mut i64) {
+    for &i in &classes.receiving {
+        let r = &active[i];
+        *avail -= i64::from(kv.blocks_needed(r.id(), completion_tokens(r)));
+    }
 }
 
 /// GNE / STATIC_BATCH first loop: every in-progress request while the cap allows,

@@ -16,12 +16,16 @@
 //!    and answers [`PeerMessage::Ack`] (or [`PeerMessage::Abort`]).
 //! 6. ctx rank: on the ack, emits `Done` (its executor frees the KV).
 //!
-//! Each side has a deadline of `timeout_ms` from the start of its part (the `Send`
-//! command on the ctx side, the `Receive` command on the gen side, as production's
-//! `kv_transfer_timeout_ms` counts). A transfer not finished by then fails on that side
-//! with `"kv transfer timed out after N ms"`, and the counterpart, when known, is sent an
-//! abort so it fails too: KV is freed on both sides. Messages for a transfer that already
-//! ended here are ignored (a late pull for a failed send is answered with an abort).
+//! Each side has a deadline of `timeout_ms` from the start of its part of the transfer
+//! (the `Receive` command on the gen side, the pull on the ctx side). A transfer not
+//! finished by then fails on that side with `"kv transfer timed out after N ms"`, and the
+//! counterpart, when known, is sent an abort so it fails too: KV is freed on both sides.
+//! Before the pull, a ctx rank only holds the KV while the request waits in the gen
+//! server's queue; that wait is bounded separately, by `pull_timeout_ms` (`"kv not pulled
+//! within N ms"`), so a queue longer than the transfer timeout fails nothing while a gen
+//! side that never pulls cannot pin the ctx rank's blocks forever. Messages for a
+//! transfer that already ended here are ignored (a late pull for a failed send is
+//! answered with an abort).
 //!
 //! Inputs go through one funnel, [`Transceiver::handle`] (commands and messages, with
 //! `now`), plus [`Transceiver::handle_timeout`]; outputs are drained with
@@ -55,6 +59,11 @@ pub struct KvAddress {
 pub fn lost_on_the_wire(id: ReqId, every: Option<u64>) -> bool {
     every.is_some_and(|n| n > 0 && id.0.is_multiple_of(n))
 }
+
+/// How long a ctx rank holds a request's KV for a gen rank that has not pulled it
+/// (`cache_transceiver_config.kv_pull_timeout_ms`): 480 s, the bound vLLM's prefill
+/// instances use before they release KV that no decode instance read.
+pub const DEFAULT_PULL_TIMEOUT_MS: u64 = 480_000;
 
 /// A request's KV in transit: real blocks, or (in the simulator) only how much of it
 /// there is.
@@ -235,6 +244,8 @@ struct Sending {
     command: Option<(u32, u64)>,
     /// From the pull: who pulls and how many blocks it reserved.
     pull: Option<(KvAddress, u32)>,
+    /// When the pull arrived: the transfer's own deadline counts from here.
+    pulled_ns: Option<u64>,
     /// The front said nobody will pull.
     released: bool,
     /// A peer failed the transfer before the `Send` command arrived.
@@ -266,6 +277,8 @@ pub struct Transceiver {
     me: KvAddress,
     timeout_ns: u64,
     timeout_ms: u64,
+    pull_timeout_ns: u64,
+    pull_timeout_ms: u64,
     codec: KvCodec,
     sending: BTreeMap<ReqId, Sending>,
     receiving: BTreeMap<ReqId, Receiving>,
@@ -280,13 +293,16 @@ pub struct Transceiver {
 }
 
 impl Transceiver {
-    /// The transceiver of rank `me`, timing transfers out after `timeout_ms` (at least 1).
+    /// The transceiver of rank `me`, timing transfers out after `timeout_ms` (at least 1)
+    /// and sends nobody pulls after [`DEFAULT_PULL_TIMEOUT_MS`].
     pub fn new(me: KvAddress, timeout_ms: u64, codec: KvCodec) -> Transceiver {
         let timeout_ms = timeout_ms.max(1);
         Transceiver {
             me,
             timeout_ns: timeout_ms.saturating_mul(1_000_000),
             timeout_ms,
+            pull_timeout_ns: DEFAULT_PULL_TIMEOUT_MS.saturating_mul(1_000_000),
+            pull_timeout_ms: DEFAULT_PULL_TIMEOUT_MS,
             codec,
             sending: BTreeMap::new(),
             receiving: BTreeMap::new(),
@@ -296,6 +312,14 @@ impl Transceiver {
             outgoing: Default::default(),
             stats: TransferStats::default(),
         }
+    }
+
+    /// The same, giving up on a send nobody pulled after `pull_timeout_ms` (at least 1).
+    #[must_use]
+    pub fn with_pull_timeout_ms(mut self, pull_timeout_ms: u64) -> Transceiver {
+        self.pull_timeout_ms = pull_timeout_ms.max(1);
+        self.pull_timeout_ns = self.pull_timeout_ms.saturating_mul(1_000_000);
+        self
     }
 
     /// This rank.
@@ -351,16 +375,35 @@ impl Transceiver {
     /// When the next deadline falls (a transfer's timeout), if any transfer is open.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<u64> {
-        let receives = self.receiving.values().map(|r| r.started_ns);
-        let sends = self.sending.values().filter_map(|s| s.command.map(|c| c.1));
-        receives
-            .chain(sends)
-            .min()
-            .map(|started| started.saturating_add(self.timeout_ns))
+        let receives = self
+            .receiving
+            .values()
+            .map(|r| r.started_ns.saturating_add(self.timeout_ns));
+        let sends = self.sending.values().filter_map(|s| self.send_deadline(s));
+        receives.chain(sends).min()
+    }
+
+    /// A send's deadline: the transfer timeout from when both the command and the pull
+    /// are here, or the pull timeout from
+    /// the `Send` command while nobody has pulled.
+    fn send_deadline(&self, s: &Sending) -> Option<u64> {
+        let (_, commanded) = s.command?;
+        Some(match s.pulled_ns {
+            // The transfer starts once both the command and the pull are here.
+            Some(pulled) => pulled.max(commanded).saturating_add(self.timeout_ns),
+            None => commanded.saturating_add(self.pull_timeout_ns),
+        })
     }
 
     fn timed_out_reason(&self) -> String {
         format!("kv transfer timed out after {} ms", self.timeout_ms)
+    }
+
+    fn not_pulled_reason(&self) -> String {
+        format!(
+            "kv not pulled within {} ms (kv_pull_timeout_ms)",
+            self.pull_timeout_ms
+        )
     }
 
     /// One command of this rank's executor. A `Receive` pulls from where its request's KV
@@ -454,7 +497,9 @@ impl Transceiver {
         }
         match message {
             PeerMessage::Pull { id, puller, blocks } => {
-                self.sending.entry(id).or_default().pull = Some((puller, blocks));
+                let s = self.sending.entry(id).or_default();
+                s.pull = Some((puller, blocks));
+                s.pulled_ns.get_or_insert(now_ns);
                 self.advance_send(now_ns, id);
             }
             PeerMessage::Release { id } => {
@@ -465,9 +510,11 @@ impl Transceiver {
                 let Some(s) = self.sending.get(&id) else {
                     return;
                 };
-                let (Some(bytes), Some((_, started))) = (s.sent_bytes, s.command) else {
+                let (Some(bytes), Some((_, commanded))) = (s.sent_bytes, s.command) else {
                     return;
                 };
+                // The transfer's own time, not the wait in the gen server's queue.
+                let started = s.pulled_ns.unwrap_or(commanded).max(commanded);
                 self.sending.remove(&id);
                 self.stats.completed += 1;
                 self.stats.bytes += bytes;
@@ -513,23 +560,25 @@ impl Transceiver {
         let overdue_sends: Vec<ReqId> = self
             .sending
             .iter()
-            .filter(|(_, s)| {
-                s.command
-                    .is_some_and(|(_, started)| now_ns.saturating_sub(started) >= self.timeout_ns)
-            })
+            .filter(|(_, s)| self.send_deadline(s).is_some_and(|d| now_ns >= d))
             .map(|(id, _)| *id)
             .collect();
         for id in overdue_sends {
-            let peer = self
-                .sending
-                .remove(&id)
-                .and_then(|s| s.pull.map(|(g, _)| g));
+            let Some(s) = self.sending.remove(&id) else {
+                continue;
+            };
             self.stats.timed_out += 1;
-            let reason = self.timed_out_reason();
-            self.fail_here(now_ns, id, reason, peer);
+            let reason = if s.pulled_ns.is_some() {
+                self.timed_out_reason()
+            } else {
+                self.not_pulled_reason()
+            };
+            self.fail_here(now_ns, id, reason, s.pull.map(|(g, _)| g));
         }
+        // No message about a transfer can arrive later than its longest deadline.
+        let forget_after = self.timeout_ns.max(self.pull_timeout_ns).saturating_mul(2);
         while let Some(&(at, id)) = self.ended_order.front() {
-            if now_ns.saturating_sub(at) < self.timeout_ns.saturating_mul(2) {
+            if now_ns.saturating_sub(at) < forget_after {
                 break;
             }
             self.ended_order.pop_front();

@@ -31,8 +31,8 @@ fn addr(server: u32, rank: u32) -> KvAddress {
 
 fn pair() -> (Transceiver, Transceiver) {
     (
-        Transceiver::new(addr(0, 1), 100, CODEC),
-        Transceiver::new(addr(1, 2), 100, CODEC),
+        Transceiver::new(addr(0, 1), 100, CODEC).with_pull_timeout_ms(300),
+        Transceiver::new(addr(1, 2), 100, CODEC).with_pull_timeout_ms(300),
     )
 }
 
@@ -155,31 +155,67 @@ fn lost_blocks_time_out_on_both_sides_and_late_blocks_are_ignored() {
 }
 
 #[test]
-fn the_ctx_side_times_out_from_its_send_and_aborts_a_later_pull() {
+fn the_ctx_side_holds_an_unpulled_send_up_to_the_pull_timeout_and_aborts_a_later_pull() {
     let (mut ctx, mut gen_side) = pair();
     let id = ReqId(3);
     ctx.on_command(0, &TransferCommand::Send { id, blocks: 1 });
-    ctx.on_tick(100 * MS);
+    // Waiting in the gen server's queue longer than the transfer timeout fails nothing.
+    ctx.on_tick(299 * MS);
+    assert!(ctx.take_events().is_empty());
+    assert_eq!(ctx.in_flight(), 1);
+    ctx.on_tick(300 * MS);
     assert!(matches!(
         &ctx.take_events()[..],
-        [TransferEvent {
-            outcome: TransferOutcome::Failed(_),
-            ..
-        }]
+        [TransferEvent { outcome: TransferOutcome::Failed(r), .. }]
+            if r == "kv not pulled within 300 ms (kv_pull_timeout_ms)"
     ));
     gen_side.on_command(
-        150 * MS,
+        350 * MS,
         &TransferCommand::Receive {
             id,
             blocks: 1,
             from: Some(addr(0, 1)),
         },
     );
-    pump(150 * MS, &mut gen_side, &mut ctx);
-    pump(150 * MS, &mut ctx, &mut gen_side);
+    pump(350 * MS, &mut gen_side, &mut ctx);
+    pump(350 * MS, &mut ctx, &mut gen_side);
     assert!(matches!(
         &gen_side.take_events()[..],
-        [TransferEvent { outcome: TransferOutcome::Failed(r), .. }] if r.contains("timed out")
+        [TransferEvent { outcome: TransferOutcome::Failed(r), .. }] if r.contains("not pulled")
+    ));
+}
+
+#[test]
+fn the_ctx_side_times_out_from_the_pull_when_the_ack_never_comes() {
+    let (mut ctx, mut gen_side) = pair();
+    let id = ReqId(8);
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 1 });
+    gen_side.on_command(
+        250 * MS,
+        &TransferCommand::Receive {
+            id,
+            blocks: 1,
+            from: Some(addr(0, 1)),
+        },
+    );
+    pump(250 * MS, &mut gen_side, &mut ctx);
+    assert_eq!(
+        ctx.poll_timeout(),
+        Some(350 * MS),
+        "the pull restarts the clock"
+    );
+    assert_eq!(
+        ctx.take_outgoing().len(),
+        1,
+        "the blocks leave; the ack is lost"
+    );
+    ctx.on_tick(349 * MS);
+    assert!(ctx.take_events().is_empty());
+    ctx.on_tick(350 * MS);
+    assert!(matches!(
+        &ctx.take_events()[..],
+        [TransferEvent { outcome: TransferOutcome::Failed(r), .. }]
+            if r == "kv transfer timed out after 100 ms"
     ));
 }
 
@@ -263,7 +299,11 @@ fn the_next_deadline_is_the_oldest_open_transfer_plus_the_timeout() {
             blocks: 1,
         }),
     );
-    assert_eq!(ctx.poll_timeout(), Some(105 * MS));
+    assert_eq!(
+        ctx.poll_timeout(),
+        Some(305 * MS),
+        "unpulled: the pull timeout"
+    );
     // A pull alone (no command yet) sets no deadline on the ctx side.
     gen_side.handle(
         7 * MS,
@@ -275,10 +315,10 @@ fn the_next_deadline_is_the_oldest_open_transfer_plus_the_timeout() {
     );
     assert_eq!(gen_side.poll_timeout(), Some(107 * MS));
     pump(7 * MS, &mut gen_side, &mut ctx);
-    assert_eq!(ctx.poll_timeout(), Some(105 * MS));
+    assert_eq!(ctx.poll_timeout(), Some(305 * MS));
     // Firing the earliest deadline leaves the next one.
-    ctx.handle_timeout(105 * MS);
-    assert_eq!(ctx.poll_timeout(), Some(109 * MS));
+    ctx.handle_timeout(305 * MS);
+    assert_eq!(ctx.poll_timeout(), Some(309 * MS));
     assert!(matches!(
         ctx.poll_event(),
         Some(TransferEvent {

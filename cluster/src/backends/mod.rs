@@ -11,8 +11,11 @@ pub mod threads;
 use std::time::{Duration, Instant};
 
 use crate::fleet::Fleet;
-use crate::report::{RankSummary, Report, TimeBase, assemble_report, run_outcome, server_report};
+use crate::report::{
+    ClientLog, Outcome, RankSummary, Report, TimeBase, assemble_report, run_outcome, server_report,
+};
 use crate::runtime::client::ClientResult;
+use crate::runtime::front_host::FrontEnd;
 
 /// Options of the real drivers.
 #[derive(Debug, Clone)]
@@ -55,18 +58,24 @@ impl Default for RealOptions {
 }
 
 /// The report of a real run: the client's records and one section per server, from
-/// every rank's summary (in any order).
+/// every rank's summary (in any order). A run whose front lost contact with part of the
+/// fleet ([`FrontEnd::lost`](crate::runtime::front_host::FrontEnd)) ends `failed` with
+/// that reason, whatever the summaries that did arrive say.
 ///
 /// With modeled time (`time_scale > 0`) every time is converted to modeled time (wall ÷
 /// time scale), so the report compares with the simulator's; with the zero-cost backend
 /// the times stay wall times and the report says so.
 pub(crate) fn real_report(
     fleet: &Fleet<'_>,
-    mut summaries: Vec<RankSummary>,
+    end: FrontEnd,
     mut result: ClientResult,
     started: Instant,
     time_scale: f64,
 ) -> Report {
+    let FrontEnd {
+        mut summaries,
+        lost,
+    } = end;
     summaries.sort_by_key(|s| (s.server, s.rank));
     let time_base = if time_scale > 0.0 {
         let modeled = |ns: u64| (ns as f64 / time_scale).round() as u64;
@@ -76,24 +85,40 @@ pub(crate) fn real_report(
             r.end_ns = r.end_ns.map(modeled);
         }
         result.end_ns = modeled(result.end_ns);
+        result.itl.set_time_scale(time_scale);
+        for s in &mut summaries {
+            for (_, ns) in &mut s.first_scheduled {
+                *ns = modeled(*ns);
+            }
+            for p in &mut s.series {
+                p.t_ns = modeled(p.t_ns);
+            }
+        }
         TimeBase::Modeled { time_scale }
     } else {
         TimeBase::ZeroCost
     };
     let end_s = result.end_ns as f64 / 1e9;
+    let first_scheduled: Vec<(u64, u64)> = summaries
+        .iter()
+        .flat_map(|s| s.first_scheduled.iter().copied())
+        .collect();
     let mut by_server: Vec<Vec<RankSummary>> = fleet.servers.iter().map(|_| Vec::new()).collect();
     for s in summaries {
         if let Some(v) = by_server.get_mut(s.server as usize) {
             v.push(s);
         }
     }
-    let outcome = run_outcome(
-        fleet
-            .servers
-            .iter()
-            .zip(&by_server)
-            .map(|(p, ranks)| (p.config.name.as_str(), &ranks[..])),
-    );
+    let outcome = match lost {
+        Some(why) => Some((Outcome::Failed, why)),
+        None => run_outcome(
+            fleet
+                .servers
+                .iter()
+                .zip(&by_server)
+                .map(|(p, ranks)| (p.config.name.as_str(), &ranks[..])),
+        ),
+    };
     let servers = fleet
         .servers
         .iter()
@@ -111,8 +136,12 @@ pub(crate) fn real_report(
     let mut report = assemble_report(
         fleet.scenario,
         fleet.seed,
-        result.records,
-        result.end_ns,
+        ClientLog {
+            records: result.records,
+            itl: result.itl,
+            end_ns: result.end_ns,
+        },
+        first_scheduled,
         started.elapsed().as_secs_f64(),
         servers,
         outcome,

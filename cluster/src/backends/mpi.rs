@@ -25,7 +25,7 @@ use serde::de::DeserializeOwned;
 use lockstep_actors::executor::TransferEvent;
 use lockstep_actors::executor::{CollectiveTag, Phase, RankExecutor, Response};
 use lockstep_actors::front::{Front, IngressItem};
-use lockstep_actors::transceiver::{KvAddress, Transceiver, TransceiverIn};
+use lockstep_actors::transceiver::{KvAddress, TransceiverIn};
 use lockstep_gpu::AnalyticBackend;
 use lockstep_transport::{Collective, HEARTBEAT_CHANNEL, MpiMember, MpiPeers};
 
@@ -57,6 +57,10 @@ mod channel {
     pub const KV: i32 = 103;
     /// front → every process: the run is over, finalise.
     pub const EXIT: i32 = 104;
+    /// a rank's watchdog → the front: this process is alive and reachable (empty).
+    pub const ALIVE: i32 = 105;
+    /// a rank's watchdog → the front: this rank is stuck (its watchdog's description).
+    pub const STUCK: i32 = 106;
 }
 
 /// Options of one process.
@@ -265,25 +269,160 @@ impl Inbox<TransceiverInput> for TransceiverInbox {
     }
 }
 
-/// The front's inbox over MPI: the client's items and the servers' messages.
+/// What the front knows of every rank's liveness: each rank's watchdog thread sends it
+/// a sign of life every tenth of the watchdog bound, and says so when its rank is stuck.
+/// A rank that has not ended and is silent for 1.5 bounds, or a stuck rank's notice,
+/// ends the run: the ranks silent for half a bound or more are the ones lost.
+struct Liveness {
+    peers: MpiPeers,
+    /// When each world rank was last heard from (index 0, the front, unused).
+    heard: Vec<Instant>,
+    /// Ranks whose summary arrived: they owe nothing more.
+    ended: Vec<bool>,
+    limit: Duration,
+    /// Names the ranks.
+    layout: Layout,
+    names: Vec<String>,
+}
+
+impl Liveness {
+    fn new(layout: &Layout, names: Vec<String>, limit: Duration) -> Liveness {
+        let n = layout.world_size();
+        Liveness {
+            peers: MpiPeers::for_this_thread(),
+            heard: vec![Instant::now(); n],
+            ended: vec![false; n],
+            limit,
+            layout: layout.clone(),
+            names,
+        }
+    }
+
+    fn heard_from(&mut self, world_rank: usize) {
+        if let Some(t) = self.heard.get_mut(world_rank) {
+            *t = Instant::now();
+        }
+    }
+
+    /// Takes the signs of life and notices that arrived; the reason the run must end
+    /// now, if it must.
+    fn check(&mut self) -> Option<String> {
+        while let Some((from, _)) = self.peers.try_receive(channel::ALIVE) {
+            self.heard_from(from);
+        }
+        let now = Instant::now();
+        let silent = |this: &Liveness, bound: Duration| -> Vec<usize> {
+            (1..this.heard.len())
+                .filter(|&w| !this.ended[w] && now.duration_since(this.heard[w]) >= bound)
+                .collect()
+        };
+        if let Some((from, bytes)) = self.peers.try_receive(channel::STUCK) {
+            let lost = silent(self, self.limit / 2);
+            return Some(self.describe(
+                &lost,
+                &format!(
+                    "world rank {from} ({}) is stuck: {}",
+                    self.name(from),
+                    String::from_utf8_lossy(&bytes)
+                ),
+            ));
+        }
+        let overdue = silent(self, self.limit * 3 / 2);
+        if overdue.is_empty() {
+            return None;
+        }
+        let lost = silent(self, self.limit / 2);
+        Some(self.describe(
+            &lost,
+            &format!(
+                "the front heard nothing from them for {} ms",
+                (self.limit * 3 / 2).as_millis()
+            ),
+        ))
+    }
+
+    fn name(&self, world_rank: usize) -> String {
+        match self.layout.locate(world_rank) {
+            Some(at) => format!(
+                "server `{}` rank {}",
+                self.names[at.server as usize],
+                at.rank.index()
+            ),
+            None => "the front".into(),
+        }
+    }
+
+    fn describe(&self, lost: &[usize], why: &str) -> String {
+        if lost.is_empty() {
+            return format!("the run was abandoned: {why}");
+        }
+        let mut by_server: Vec<(String, Vec<String>)> = Vec::new();
+        for &w in lost {
+            if let Some(at) = self.layout.locate(w) {
+                let name = &self.names[at.server as usize];
+                match by_server.iter_mut().find(|(n, _)| n == name) {
+                    Some((_, ranks)) => ranks.push(at.rank.index().to_string()),
+                    None => by_server.push((name.clone(), vec![at.rank.index().to_string()])),
+                }
+            }
+        }
+        let servers: Vec<String> = by_server
+            .iter()
+            .map(|(n, r)| format!("server `{n}` rank{} {}", plural(r.len()), r.join(", ")))
+            .collect();
+        let worlds: Vec<String> = lost.iter().map(usize::to_string).collect();
+        format!(
+            "lost contact with world rank{} {} ({}): unreachable, no sign of life for {} ms or more; {why}",
+            plural(lost.len()),
+            worlds.join(", "),
+            servers.join("; "),
+            (self.limit / 2).as_millis()
+        )
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// The front's inbox over MPI: the client's items and the servers' messages, and the
+/// ranks' liveness.
 struct FrontInbox {
     peers: MpiPeers,
     client: Receiver<ClientItem>,
+    liveness: Liveness,
 }
 
 impl Inbox<FrontInbound> for FrontInbox {
     fn recv_until(&mut self, deadline: Option<Instant>) -> Received<FrontInbound> {
+        if let Some(why) = self.liveness.check() {
+            return Received::Message(FrontInbound::Lost(why));
+        }
         let mut item = None;
+        let mut lost = None;
+        let liveness = &mut self.liveness;
         let got = probe_until(&self.peers, channel::FRONT, deadline, || {
+            lost = liveness.check();
             item = self.client.try_recv().ok();
-            item.is_some()
+            lost.is_some() || item.is_some()
         });
+        if let Some(why) = lost {
+            return Received::Message(FrontInbound::Lost(why));
+        }
         if let Some(i) = item {
             return Received::Message(FrontInbound::Client(i));
         }
         match got {
             Some((from, bytes)) => match decode::<Envelope>(from, &bytes) {
-                Ok(e) => Received::Message(FrontInbound::Net(e)),
+                Ok(e) => {
+                    self.liveness.heard_from(from);
+                    if matches!(e, Envelope::RankEnded(_))
+                        && let Some(ended) = self.liveness.ended.get_mut(from)
+                    {
+                        *ended = true;
+                    }
+                    Received::Message(FrontInbound::Net(e))
+                }
                 Err(e) => {
                     tracing::warn!("{e}");
                     Received::TimedOut
@@ -294,13 +433,24 @@ impl Inbox<FrontInbound> for FrontInbox {
     }
 }
 
+/// The front process's result.
+#[derive(Debug)]
+pub struct FrontReport {
+    /// The run's report.
+    pub report: Report,
+    /// The front lost contact with part of the fleet: the report is out, but this
+    /// process must not finalise MPI (that would wait for the lost ranks): print the
+    /// report and exit at once, non-zero, so that mpirun ends the job.
+    pub abandoned: bool,
+}
+
 /// Runs this process's part of the scenario. The front process returns the report;
 /// the others `None`.
 pub fn run_process(
     scenario: &Scenario,
     scenario_text_digest: u64,
     opts: &MpiOptions,
-) -> Result<Option<Report>, RuntimeError> {
+) -> Result<Option<FrontReport>, RuntimeError> {
     let started = Instant::now();
     let fleet = Fleet::plan(scenario, opts.common.seed)?;
     fleet.check_real()?;
@@ -348,6 +498,15 @@ pub fn run_process(
         None => run_front(&fleet, &net, &layout, opts, started).map(Some),
         Some(at) => run_server_rank(&fleet, &net, &mut member, at, opts).map(|()| None),
     };
+    if let Ok(Some(FrontReport {
+        abandoned: true, ..
+    })) = &result
+    {
+        // Neither wait for the outbox (a send to a lost rank may never complete) nor
+        // finalise (MPI_Finalize waits for every process).
+        std::mem::forget(member);
+        return result;
+    }
     drop(net);
     outbox.flush();
     // The member goes last: dropping it finalises MPI.
@@ -361,7 +520,7 @@ fn run_front(
     layout: &Layout,
     opts: &MpiOptions,
     started: Instant,
-) -> Result<Report, RuntimeError> {
+) -> Result<FrontReport, RuntimeError> {
     let clock = WallClock::start();
     let workload = fleet.workload()?;
     let (client_tx, client_rx) = unbounded::<ClientItem>();
@@ -394,26 +553,33 @@ fn run_front(
             what: "the client".into(),
             source,
         })?;
+    let names = fleet
+        .servers
+        .iter()
+        .map(|p| p.config.name.clone())
+        .collect();
     let mut inbox = FrontInbox {
         peers: MpiPeers::for_this_thread(),
         client: client_rx,
+        liveness: Liveness::new(layout, names, opts.watchdog),
     };
-    let summaries = host.run(&mut inbox, opts.watchdog * 2);
-    // Every process may finalise now (or, after a failure, stop waiting).
-    for world_rank in FRONT + 1..layout.world_size() {
-        let _ = net.outbox.send((world_rank, channel::EXIT, Vec::new()));
+    let end = host.run(&mut inbox, opts.watchdog * 2);
+    let abandoned = matches!(&end, Ok(e) if e.lost.is_some());
+    if !abandoned {
+        // Every process may finalise now (or, after a failure, stop waiting). After a
+        // loss mpirun ends them: the front exits non-zero.
+        for world_rank in FRONT + 1..layout.world_size() {
+            let _ = net.outbox.send((world_rank, channel::EXIT, Vec::new()));
+        }
     }
-    let summaries = summaries?;
+    let end = end?;
     let result = client_thread.join().map_err(|_| RuntimeError::Panicked {
         what: "the client".into(),
     })??;
-    Ok(real_report(
-        fleet,
-        summaries,
-        result,
-        started,
-        opts.common.time_scale,
-    ))
+    Ok(FrontReport {
+        report: real_report(fleet, end, result, started, opts.common.time_scale),
+        abandoned,
+    })
 }
 
 fn run_server_rank(
@@ -443,6 +609,9 @@ fn run_server_rank(
                     &clock,
                     limit,
                     || {
+                        // This process is alive and reachable: the front's liveness
+                        // check hears it.
+                        peers.send_to(FRONT, channel::ALIVE, &[0u8]);
                         let mut any = false;
                         while peers.try_receive(HEARTBEAT_CHANNEL).is_some() {
                             any = true;
@@ -452,6 +621,13 @@ fn run_server_rank(
                     || finished.load(Ordering::Relaxed),
                     |why| {
                         eprintln!("lockstep watchdog: {who}: {why} — aborting the job");
+                        // The front, if it can hear this, writes the report naming the
+                        // ranks lost and ends the job; if it cannot, this process does.
+                        peers.send_to(FRONT, channel::STUCK, why.as_bytes());
+                        std::thread::sleep(limit / 2);
+                        eprintln!(
+                            "lockstep watchdog: {who}: the front did not end the job; exiting"
+                        );
                         std::process::exit(3);
                     },
                 )
@@ -470,7 +646,7 @@ fn run_server_rank(
         events: events_rx,
     });
     let transceiver_thread = if moves_kv {
-        let transceiver = Transceiver::new(at, p.transfer_timeout_ms(), fleet.real_codec());
+        let transceiver = p.transceiver(at, fleet.real_codec());
         let lose = opts
             .common
             .lose_kv_blocks_every
@@ -552,13 +728,19 @@ fn run_server_rank(
         }
         _ => Default::default(),
     };
-    let (ending, violations, count) = match outcome {
-        Ok(run) => (run.ending, run.violations, run.violation_count),
-        Err(e) => (RankEnding::Failed(e.to_string()), Vec::new(), 0),
+    let (ending, violations, count, series) = match outcome {
+        Ok(run) => (
+            run.ending,
+            run.violations,
+            run.violation_count,
+            run.series.into_points(),
+        ),
+        Err(e) => (RankEnding::Failed(e.to_string()), Vec::new(), 0, Vec::new()),
     };
     let mut summary = RankSummary::of(s, &exec, violations, count, ending);
     summary.transfers = end.stats;
     summary.lost = end.lost;
+    summary.series = series;
     if rank == 0 {
         // After its last responses (one outbox: in order).
         let _ = net.send(

@@ -22,6 +22,7 @@ use crate::report::{RankEnding, RankSummary, Report};
 use crate::runtime::client::{Client, ClientItem};
 use crate::runtime::device::DeviceHandle;
 use crate::runtime::faults::MisTagged;
+use crate::runtime::front_host::FrontEnd;
 use crate::runtime::front_host::{FrontHost, FrontInbound};
 use crate::runtime::rank_host::{Pacing, RankOptions, RankPorts, run_rank};
 use crate::runtime::transceiver_host::{TransceiverInput, TransceiverLink, run_transceiver};
@@ -137,6 +138,41 @@ impl Inbox<FrontInbound> for FrontInbox {
 /// Runs the scenario with one thread per rank (and per transceiver, and the front).
 pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeError> {
     let started = Instant::now();
+    let fleet = plan(scenario, opts)?;
+    let workload = fleet.workload()?;
+    let clock = WallClock::start();
+    let (client_tx, client_rx) = unbounded::<ClientItem>();
+    let (to_client, from_front) = unbounded::<Vec<Response>>();
+    let client = Client::new(
+        workload,
+        client_tx,
+        from_front,
+        clock,
+        opts.time_scale,
+        opts.preload,
+    )?;
+    let (end, client_result) = run_hosts(
+        scenario,
+        opts,
+        &fleet,
+        clock,
+        ClientPorts {
+            from_client: client_rx,
+            to_client,
+        },
+        move || client.run(),
+    )?;
+    Ok(real_report(
+        &fleet,
+        end,
+        client_result?,
+        started,
+        opts.time_scale,
+    ))
+}
+
+/// The scenario's fleet, checked for the real drivers (its warnings logged).
+pub fn plan<'a>(scenario: &'a Scenario, opts: &RealOptions) -> Result<Fleet<'a>, RuntimeError> {
     let fleet = Fleet::plan(scenario, opts.seed)?;
     fleet.check_real()?;
     for p in &fleet.servers {
@@ -144,8 +180,34 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
             tracing::warn!(server = %p.config.name, "{w}");
         }
     }
-    let workload = fleet.workload()?;
-    let clock = WallClock::start();
+    Ok(fleet)
+}
+
+/// The front host's ends of the channels to whatever plays the client: the workload
+/// [`Client`] of `lockstep run`, or `lockstep serve`'s bridge to HTTP handlers.
+pub struct ClientPorts {
+    /// What the client sends the front (requests, cancels, its shutdown).
+    pub from_client: Receiver<ClientItem>,
+    /// The responses the front passes on; it closes when every server has stopped.
+    pub to_client: Sender<Vec<Response>>,
+}
+
+/// Starts the front host and every server's rank (and transceiver) threads, runs
+/// `client` on the caller's thread, and returns how the front ended (every rank's summary,
+/// or the loss of the fleet) with what `client` returned once every server has stopped. Items already in `ports.from_client` reach
+/// the servers before any rank runs when `opts.preload` is set.
+pub fn run_hosts<R>(
+    scenario: &Scenario,
+    opts: &RealOptions,
+    fleet: &Fleet,
+    clock: WallClock,
+    ports: ClientPorts,
+    client: impl FnOnce() -> R,
+) -> Result<(FrontEnd, R), RuntimeError> {
+    let ClientPorts {
+        from_client: client_rx,
+        to_client,
+    } = ports;
     let (front_tx, front_rx) = unbounded::<Envelope>();
     let ingress: Vec<IngressQueue<IngressItem>> = fleet
         .servers
@@ -174,16 +236,6 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
         ingress: ingress.clone(),
         transceivers,
     };
-    let (client_tx, client_rx) = unbounded::<ClientItem>();
-    let (to_client, from_front) = unbounded::<Vec<Response>>();
-    let client = Client::new(
-        workload,
-        client_tx,
-        from_front,
-        clock,
-        opts.time_scale,
-        opts.preload,
-    )?;
     let rank_options = RankOptions {
         stall_bound: opts.stall_bound,
         keep_alive_every: opts.collective_timeout / 4,
@@ -195,7 +247,7 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
     };
     let quiet_limit = opts.collective_timeout.max(opts.stall_bound) * 2;
 
-    let (summaries, client_result) = std::thread::scope(|scope| {
+    let (end, client_result) = std::thread::scope(|scope| {
         let mut front = FrontHost::new(
             Front::new(&fleet.front_config()),
             fleet.servers.len(),
@@ -236,7 +288,7 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
                 };
                 let transceiver = inboxes[s][r].take().map(|inbox| {
                     (
-                        Transceiver::new(me, p.transfer_timeout_ms(), fleet.real_codec()),
+                        p.transceiver(me, fleet.real_codec()),
                         inbox,
                         net.transceivers[s][r].clone().expect("a sender per inbox"),
                     )
@@ -277,24 +329,18 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
                     })?;
             }
         }
-        let client_result = client.run();
+        let client_result = client();
         // Normally every server has stopped already; after a client error this lets
         // the servers drain and stop instead of waiting forever.
         for q in &ingress {
             q.close();
         }
-        let summaries = front_thread.join().map_err(|_| RuntimeError::Panicked {
+        let end = front_thread.join().map_err(|_| RuntimeError::Panicked {
             what: "the front".into(),
         })??;
-        Ok::<_, RuntimeError>((summaries, client_result))
+        Ok::<_, RuntimeError>((end, client_result))
     })?;
-    Ok(real_report(
-        &fleet,
-        summaries,
-        client_result?,
-        started,
-        opts.time_scale,
-    ))
+    Ok((end, client_result))
 }
 
 /// Everything one rank's thread owns.
@@ -403,13 +449,19 @@ fn rank_thread(t: RankThread<'_, '_>) {
         }
         _ => Default::default(),
     };
-    let (ending, violations, count) = match outcome {
-        Ok(run) => (run.ending, run.violations, run.violation_count),
-        Err(e) => (RankEnding::Failed(e.to_string()), Vec::new(), 0),
+    let (ending, violations, count, series) = match outcome {
+        Ok(run) => (
+            run.ending,
+            run.violations,
+            run.violation_count,
+            run.series.into_points(),
+        ),
+        Err(e) => (RankEnding::Failed(e.to_string()), Vec::new(), 0, Vec::new()),
     };
     let mut summary = RankSummary::of(server, &exec, violations, count, ending);
     summary.transfers = end.stats;
     summary.lost = end.lost;
+    summary.series = series;
     if rank.0 == 0 {
         // After its last responses (one channel: in order).
         let _ = net.send(

@@ -3,12 +3,17 @@
 //! ([`table`]), computed from the client's records and the ranks' summaries
 //! ([`stats`]). Every driver assembles it the same way.
 
+pub mod goodput;
+pub mod html;
+pub mod plot;
 mod records;
 pub mod schema;
+pub mod series;
 pub mod stats;
 pub mod table;
 
-pub use records::ClientRecord;
+pub use goodput::SloError;
+pub use records::{ClientLog, ClientRecord, Itl};
 pub use schema::*;
 pub use stats::{RankEnding, RankSummary, assemble_report, run_outcome, server_report};
 pub use table::ab_table;

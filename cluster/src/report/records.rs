@@ -1,14 +1,21 @@
 //! The client's record of each request, from which latencies are computed.
 
-/// The client side's record of one request, from which latencies are computed.
+/// The client side's record of one request, from which latencies are computed. Compact
+/// (about 100 bytes): it outlives the request, so it keeps only what the report needs,
+/// not the request's spec and its block hashes.
 #[derive(Debug, Clone)]
 pub struct ClientRecord {
-    /// What was submitted.
-    pub spec: lockstep_actors::request::RequestSpec,
+    /// The request.
+    pub id: lockstep_actors::ids::ReqId,
+    /// Its prompt length (the report's token throughput counts it).
+    pub prompt_len: u32,
     /// When it arrived.
     pub arrival_ns: u64,
     /// When the first output token reached the client.
     pub first_token_ns: Option<u64>,
+    /// When the latest output tokens reached the client (the start of the next
+    /// inter-token gap).
+    pub last_token_ns: u64,
     /// When it ended.
     pub end_ns: Option<u64>,
     /// Output tokens received.
@@ -23,11 +30,13 @@ pub struct ClientRecord {
 
 impl ClientRecord {
     /// A request that arrived at `arrival_ns`.
-    pub fn new(spec: lockstep_actors::request::RequestSpec, arrival_ns: u64) -> ClientRecord {
+    pub fn new(spec: &lockstep_actors::request::RequestSpec, arrival_ns: u64) -> ClientRecord {
         ClientRecord {
-            spec,
+            id: spec.id,
+            prompt_len: spec.prompt_len,
             arrival_ns,
             first_token_ns: None,
+            last_token_ns: 0,
             end_ns: None,
             output_tokens: 0,
             completed: false,
@@ -36,10 +45,20 @@ impl ClientRecord {
         }
     }
 
-    /// Records the tokens of one response received at `now_ns`.
-    pub fn on_tokens(&mut self, r: &lockstep_actors::executor::Response, now_ns: u64) {
+    /// Records the tokens of one response received at `now_ns`; the gap since the
+    /// previous delivery goes to `itl`.
+    pub fn on_tokens(
+        &mut self,
+        r: &lockstep_actors::executor::Response,
+        now_ns: u64,
+        itl: &mut Itl,
+    ) {
         if r.new_tokens > 0 {
+            if self.first_token_ns.is_some() {
+                itl.record(self.id, now_ns.saturating_sub(self.last_token_ns));
+            }
             self.first_token_ns.get_or_insert(now_ns);
+            self.last_token_ns = now_ns;
             self.output_tokens += r.new_tokens;
             // The stream's identity, so drivers can be compared token for token.
             self.token_digest = lockstep_actors::kv::mix(
@@ -50,9 +69,14 @@ impl ClientRecord {
 
     /// Applies one response received at `now_ns` (aggregated servers: a completion ends
     /// the request; disaggregated drivers handle `ContextDone` themselves).
-    pub fn on_response(&mut self, r: &lockstep_actors::executor::Response, now_ns: u64) {
+    pub fn on_response(
+        &mut self,
+        r: &lockstep_actors::executor::Response,
+        now_ns: u64,
+        itl: &mut Itl,
+    ) {
         use lockstep_actors::executor::Finish;
-        self.on_tokens(r, now_ns);
+        self.on_tokens(r, now_ns, itl);
         match &r.finish {
             None | Some(Finish::ContextDone) => {}
             Some(Finish::Completed) => self.end(now_ns, true, None),
@@ -68,5 +92,109 @@ impl ClientRecord {
             self.completed = completed;
             self.failure = failure;
         }
+    }
+}
+
+/// Inter-token latency (ITL): every gap between two successive deliveries of output
+/// tokens to the client, over the measured requests (warm-up ones left out), as
+/// vLLM's benchmark counts it. Memory is bounded whatever the run's length: an HDR
+/// histogram (three significant digits) plus an exact sum for the mean.
+#[derive(Debug, Clone)]
+pub struct Itl {
+    hist: hdrhistogram::Histogram<u64>,
+    sum_ns: u128,
+    warmup: u64,
+    scale: f64,
+}
+
+impl Itl {
+    /// A recorder that leaves out requests `1..=warmup` (the warm-up requests).
+    pub fn new(warmup: u64) -> Itl {
+        Itl {
+            hist: hdrhistogram::Histogram::new(3).expect("3 significant digits is valid"),
+            sum_ns: 0,
+            warmup,
+            scale: 1.0,
+        }
+    }
+
+    /// Reports every gap divided by `time_scale` (a real driver's wall seconds per
+    /// modeled second), as the other times of a modeled report are.
+    pub fn set_time_scale(&mut self, time_scale: f64) {
+        if time_scale > 0.0 {
+            self.scale = time_scale;
+        }
+    }
+
+    /// One gap of `gap_ns` in the token stream of `id`.
+    pub fn record(&mut self, id: lockstep_actors::ids::ReqId, gap_ns: u64) {
+        if id.0 > self.warmup {
+            // The histogram grows to the value (`saturating_record` would clamp it to
+            // the current range).
+            if self.hist.record(gap_ns).is_err() {
+                self.hist.saturating_record(gap_ns);
+            }
+            self.sum_ns += u128::from(gap_ns);
+        }
+    }
+
+    /// Gaps recorded.
+    pub fn samples(&self) -> u64 {
+        self.hist.len()
+    }
+
+    /// Mean and percentiles in milliseconds (on the report's clock); zeros when no gap
+    /// was recorded.
+    pub fn percentiles(&self) -> super::schema::Percentiles {
+        let scale = self.scale;
+        let n = self.hist.len();
+        if n == 0 {
+            return super::schema::Percentiles::default();
+        }
+        let ms = |ns: f64| ns / 1e6 / scale;
+        let at = |q: f64| ms(self.hist.value_at_quantile(q) as f64);
+        super::schema::Percentiles {
+            samples: n,
+            mean: ms(self.sum_ns as f64 / n as f64),
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+        }
+    }
+}
+
+/// What the client side hands to the report: its records, the ITL recorder, and the
+/// time of the run's end (all on the client's clock).
+#[derive(Debug, Clone)]
+pub struct ClientLog {
+    /// One record per request.
+    pub records: Vec<ClientRecord>,
+    /// Inter-token gaps.
+    pub itl: Itl,
+    /// The run's end.
+    pub end_ns: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_actors::ids::ReqId;
+
+    #[test]
+    fn itl_percentiles_follow_the_gaps_and_leave_out_warm_up() {
+        let mut itl = Itl::new(1);
+        for ms in 1..=100u64 {
+            itl.record(ReqId(2), ms * 1_000_000);
+        }
+        itl.record(ReqId(1), 10_000_000_000);
+        let p = itl.percentiles();
+        assert_eq!(p.samples, 100);
+        assert!((p.mean - 50.5).abs() < 1e-9, "{p:?}");
+        assert!((p.p50 - 50.0).abs() < 0.1, "{p:?}");
+        assert!((p.p90 - 90.0).abs() < 0.1, "{p:?}");
+        assert!((p.p99 - 99.0).abs() < 0.1, "{p:?}");
+        itl.set_time_scale(2.0);
+        assert!((itl.percentiles().p50 - 25.0).abs() < 0.1);
+        assert_eq!(Itl::new(0).percentiles().samples, 0);
     }
 }

@@ -40,9 +40,14 @@ pub struct RequestCounts {
     pub completed: u64,
     /// Failed (with a reason) or cancelled.
     pub failed: u64,
+    /// Of the submitted, warm-up requests (`workload.warmup_requests`), left out of
+    /// latency and throughput.
+    #[serde(default)]
+    pub warmup: u64,
 }
 
-/// Throughput over the virtual time.
+/// Throughput of the measured load (after any warm-up), from its first arrival to the
+/// end of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Throughput {
     /// (prompt + output) tokens of completed requests per second.
@@ -51,6 +56,10 @@ pub struct Throughput {
     pub output_tokens_per_s: f64,
     /// Completed requests per second.
     pub requests_per_s: f64,
+    /// Seconds the rates above divide by: from the measured load's first arrival to the
+    /// end of the run.
+    #[serde(default)]
+    pub duration_s: f64,
 }
 
 /// Which clock a report's times are on.
@@ -96,6 +105,10 @@ pub struct Latency {
     pub tpot: Percentiles,
     /// End to end.
     pub e2e: Percentiles,
+    /// Inter-token latency: every gap between two successive deliveries of output
+    /// tokens to the client (HDR histogram, three significant digits).
+    #[serde(default)]
+    pub itl: Percentiles,
 }
 
 /// One rank of a server.
@@ -204,10 +217,18 @@ pub struct ServerReport {
     pub forward_iterations: u64,
     /// Iterations whose forward some rank vetoed.
     pub vetoed_iterations: u64,
-    /// Real requests per rank per forward iteration.
+    /// Real requests per rank per *forward* iteration (what the forwards carried).
     pub mean_scheduled_requests: f64,
-    /// `mean_scheduled_requests / max_batch_size`.
+    /// `mean_scheduled_requests / max_batch_size`: the forwarded occupancy.
     pub occupancy: f64,
+    /// Real requests per rank per iteration, skipped ones included (what the ranks
+    /// scheduled, as the reference executor's log counts it; a request deferred by a
+    /// skip counts in the skipped iteration and again in the forward).
+    #[serde(default)]
+    pub scheduled_per_iteration: f64,
+    /// Under overlap: rank-iterations whose previous batch a skipped forward deferred.
+    #[serde(default)]
+    pub deferred_batches: u64,
     /// Virtual time the server spent iterating.
     pub busy_time_s: f64,
     /// Per rank.
@@ -224,6 +245,60 @@ pub struct ServerReport {
     pub violations: Vec<Violation>,
     /// Violations in all.
     pub violation_count: u64,
+    /// Preemptions: MAX_UTILIZATION pauses (a started request reset to context, its KV
+    /// freed, its tokens recomputed later), all ranks.
+    #[serde(default)]
+    pub preemptions: u64,
+    /// KV usage, waiting queue, running requests and preemptions over time, sampled
+    /// at iteration ends (fewer than 2,000 points, evenly spaced in iterations).
+    #[serde(default)]
+    pub timeseries: Vec<SeriesPoint>,
+}
+
+/// One point of a server's time series.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct SeriesPoint {
+    /// The iteration.
+    pub iteration: u64,
+    /// When it ended, on the report's clock (`time_base`), in seconds.
+    pub t_s: f64,
+    /// KV blocks held by sequences, all ranks.
+    pub kv_blocks_used: u64,
+    /// `kv_blocks_used` / every rank's KV blocks.
+    pub kv_usage: f64,
+    /// The server's waiting queue: admitted by the front, not yet routed to a rank.
+    pub waiting: u64,
+    /// Real requests scheduled this iteration, all ranks.
+    pub running: u64,
+    /// Preemptions so far, all ranks.
+    pub preemptions: u64,
+}
+
+/// Service-level objectives for goodput (`--slo ttft_ms=…,tpot_ms=…,e2e_ms=…`): a
+/// request is good when it completed and meets every objective given.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Slo {
+    /// Time to first token at most this (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// Time per output token at most this (ms); a request with one output token has
+    /// TPOT 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpot_ms: Option<f64>,
+    /// End-to-end latency at most this (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e2e_ms: Option<f64>,
+}
+
+/// Goodput under an [`Slo`], as vLLM's benchmark defines it.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Goodput {
+    /// The objectives.
+    pub slo: Slo,
+    /// Measured requests that completed and met every objective.
+    pub good_requests: u64,
+    /// `good_requests` per second of the measured load (`throughput.duration_s`).
+    pub requests_per_s: f64,
 }
 
 /// The whole report.
@@ -252,15 +327,20 @@ pub struct Report {
     pub throughput: Throughput,
     /// Latency.
     pub latency_ms: Latency,
+    /// Goodput, when the run was given `--slo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<Goodput>,
     /// Servers in scenario order.
     pub servers: Vec<ServerReport>,
-    /// Per request, in id order: output tokens, the token stream's digest, and the
-    /// failure reason if any (for comparing drivers and runs request by request).
+    /// Per request, in id order: output tokens, the token stream's digest, the failure
+    /// reason if any (for comparing drivers and runs request by request), and its times.
     pub per_request: Vec<RequestDetail>,
 }
 
-/// One request's outcome.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One request's outcome and times. Times are milliseconds on the report's clock
+/// (`time_base`) from the run's start; equality compares the outcome only (id, tokens,
+/// digest, failure), what every driver must agree on, since each driver has its clock.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RequestDetail {
     /// Request id.
     pub id: u64,
@@ -270,4 +350,55 @@ pub struct RequestDetail {
     pub token_digest: String,
     /// Completed, or the failure reason.
     pub failure: Option<String>,
+    /// Prompt tokens.
+    #[serde(default)]
+    pub prompt_tokens: u32,
+    /// When the client sent it.
+    #[serde(default)]
+    pub arrival_ms: f64,
+    /// When a rank first scheduled it (took a seat for it), on the clock of the server's
+    /// rank 0 at that iteration's fetch.
+    #[serde(default)]
+    pub first_scheduled_ms: Option<f64>,
+    /// When its first output token reached the client.
+    #[serde(default)]
+    pub first_token_ms: Option<f64>,
+    /// When it completed or failed at the client.
+    #[serde(default)]
+    pub end_ms: Option<f64>,
+    /// Queue time: `first_scheduled_ms - arrival_ms` (front, ingress, waiting queue and
+    /// routing, until a rank scheduled it).
+    #[serde(default)]
+    pub queue_ms: Option<f64>,
+}
+
+impl PartialEq for RequestDetail {
+    fn eq(&self, other: &RequestDetail) -> bool {
+        self.id == other.id
+            && self.output_tokens == other.output_tokens
+            && self.token_digest == other.token_digest
+            && self.failure == other.failure
+    }
+}
+
+impl RequestDetail {
+    /// TTFT (ms), when a token arrived.
+    pub fn ttft_ms(&self) -> Option<f64> {
+        self.first_token_ms.map(|t| t - self.arrival_ms)
+    }
+
+    /// End to end (ms), when it ended.
+    pub fn e2e_ms(&self) -> Option<f64> {
+        self.end_ms.map(|t| t - self.arrival_ms)
+    }
+
+    /// TPOT (ms): 0 with one output token, as vLLM counts it for goodput.
+    pub fn tpot_ms(&self) -> Option<f64> {
+        let (first, end) = (self.first_token_ms?, self.end_ms?);
+        Some(if self.output_tokens > 1 {
+            (end - first) / f64::from(self.output_tokens - 1)
+        } else {
+            0.0
+        })
+    }
 }

@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 use lockstep_actors::invariants::Violation;
 use lockstep_actors::transceiver::TransferStats;
 
-use super::records::ClientRecord;
+use super::records::ClientLog;
 use super::schema::*;
+use super::series::{RankSample, server_series};
 
 impl Percentiles {
     /// Linear interpolation between closest ranks (numpy's default); zeros when empty.
@@ -81,6 +82,12 @@ pub struct RankSummary {
     pub lost: u64,
     /// How the loop ended.
     pub ending: RankEnding,
+    /// Each first scheduling here: (request id, ns on the server's rank 0 clock).
+    #[serde(default)]
+    pub first_scheduled: Vec<(u64, u64)>,
+    /// Samples for the server's time series (see [`super::series::Sampler`]).
+    #[serde(default)]
+    pub series: Vec<RankSample>,
 }
 
 impl RankSummary {
@@ -104,6 +111,12 @@ impl RankSummary {
             transfers: TransferStats::default(),
             lost: 0,
             ending,
+            first_scheduled: exec
+                .first_scheduled()
+                .iter()
+                .map(|&(id, ns)| (id.0, ns))
+                .collect(),
+            series: Vec::new(),
         }
     }
 }
@@ -157,6 +170,17 @@ pub fn server_report(
     } else {
         0.0
     };
+    let iterations = ranks.first().map_or(0, |r| r.iterations);
+    let scheduled_every: u64 = ranks
+        .iter()
+        .map(|r| r.totals.iteration_scheduled_requests)
+        .sum();
+    let mean_every = if iterations > 0 {
+        scheduled_every as f64 / (iterations as f64 * f64::from(dp))
+    } else {
+        0.0
+    };
+    let deferred_batches = ranks.iter().map(|r| r.totals.deferred_batches).sum();
     let mut deferrals = Deferrals::default();
     let mut dummies = Dummies::default();
     let mut kv = KvReport::default();
@@ -217,6 +241,7 @@ pub fn server_report(
             }
         })
         .collect();
+    let timeseries = server_series(ranks.iter().map(|r| &r.series[..]));
     let times = Percentiles::of(&mut durations_ms);
     transfers.mean_ms = times.mean;
     transfers.p99_ms = times.p99;
@@ -225,11 +250,13 @@ pub fn server_report(
         role: role.name().to_string(),
         dp,
         max_batch_size,
-        iterations: ranks.first().map_or(0, |r| r.iterations),
+        iterations,
         forward_iterations: forward,
         vetoed_iterations: ranks.first().map_or(0, |r| r.totals.vetoed_iterations),
         mean_scheduled_requests: mean,
         occupancy: mean / f64::from(max_batch_size.max(1)),
+        scheduled_per_iteration: mean_every,
+        deferred_batches,
         busy_time_s,
         ranks: rank_reports,
         deferrals,
@@ -238,39 +265,62 @@ pub fn server_report(
         transfers,
         violations,
         violation_count,
+        preemptions: ranks.iter().map(|r| r.totals.preemptions).sum(),
+        timeseries,
     }
 }
 
-/// Builds the whole report from the client records and the servers' reports.
-/// Requests still open when the run ended count as failed (a crashed or deadlocked run
-/// fails what it held).
+/// Builds the whole report from the client's log, the first scheduling of each request
+/// (request id, ns; from every rank, on the report's clock: the earliest counts) and the
+/// servers' reports. Requests still open when the run ended count as failed (a crashed
+/// or deadlocked run fails what it held).
 pub fn assemble_report(
     scenario: &crate::scenario::Scenario,
     seed: u64,
-    records: Vec<ClientRecord>,
-    end_ns: u64,
+    client: ClientLog,
+    first_scheduled: impl IntoIterator<Item = (u64, u64)>,
     wall_time_s: f64,
     servers: Vec<ServerReport>,
     outcome: Option<(Outcome, String)>,
 ) -> Report {
+    let ClientLog {
+        records,
+        itl,
+        end_ns,
+    } = client;
     let (outcome, outcome_detail) = match outcome {
         Some((o, d)) => (o, Some(d)),
         None => (Outcome::Completed, None),
     };
+    let mut scheduled: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    for (id, ns) in first_scheduled {
+        let e = scheduled.entry(id).or_insert(ns);
+        *e = (*e).min(ns);
+    }
+    let ms = |ns: u64| ns as f64 / 1e6;
     let per_request = records
         .iter()
-        .map(|r| RequestDetail {
-            id: r.spec.id.0,
-            output_tokens: r.output_tokens,
-            token_digest: format!("{:016x}", r.token_digest),
-            failure: match (r.end_ns, r.completed) {
-                (Some(_), true) => None,
-                (Some(_), false) => Some(r.failure.clone().unwrap_or_else(|| "failed".into())),
-                (None, _) => Some(format!(
-                    "still open when the run ended ({})",
-                    outcome.name()
-                )),
-            },
+        .map(|r| {
+            let first_scheduled_ms = scheduled.get(&r.id.0).map(|&ns| ms(ns));
+            RequestDetail {
+                id: r.id.0,
+                output_tokens: r.output_tokens,
+                token_digest: format!("{:016x}", r.token_digest),
+                failure: match (r.end_ns, r.completed) {
+                    (Some(_), true) => None,
+                    (Some(_), false) => Some(r.failure.clone().unwrap_or_else(|| "failed".into())),
+                    (None, _) => Some(format!(
+                        "still open when the run ended ({})",
+                        outcome.name()
+                    )),
+                },
+                prompt_tokens: r.prompt_len,
+                arrival_ms: ms(r.arrival_ns),
+                first_scheduled_ms,
+                first_token_ms: r.first_token_ns.map(ms),
+                end_ms: r.end_ns.map(ms),
+                queue_ms: first_scheduled_ms.map(|s| (s - ms(r.arrival_ns)).max(0.0)),
+            }
         })
         .collect();
     let mut counts = RequestCounts {
@@ -279,12 +329,27 @@ pub fn assemble_report(
     };
     let (mut ttft, mut tpot, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
     let (mut total_tokens, mut output_tokens) = (0u64, 0u64);
+    // Warm-up requests (ids 1..=W, sent first) count in the totals; latency and
+    // throughput cover the measured load, from its first arrival.
+    let warmup = scenario
+        .workload
+        .as_ref()
+        .map_or(0, |w| u64::from(w.warmup_requests));
+    counts.warmup = records.iter().filter(|r| r.id.0 <= warmup).count() as u64;
+    let load_start_ns = records
+        .iter()
+        .filter(|r| r.id.0 > warmup)
+        .map(|r| r.arrival_ns)
+        .min()
+        .unwrap_or(0);
     for r in &records {
+        let measured = r.id.0 > warmup;
         match (r.end_ns, r.completed) {
+            (Some(_), true) if !measured => counts.completed += 1,
             (Some(end), true) => {
                 counts.completed += 1;
                 output_tokens += u64::from(r.output_tokens);
-                total_tokens += u64::from(r.output_tokens) + u64::from(r.spec.prompt_len);
+                total_tokens += u64::from(r.output_tokens) + u64::from(r.prompt_len);
                 e2e.push(end.saturating_sub(r.arrival_ns) as f64 / 1e6);
                 if let Some(first) = r.first_token_ns {
                     ttft.push(first.saturating_sub(r.arrival_ns) as f64 / 1e6);
@@ -299,7 +364,8 @@ pub fn assemble_report(
         }
     }
     let secs = end_ns as f64 / 1e9;
-    let per_s = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
+    let load_secs = end_ns.saturating_sub(load_start_ns) as f64 / 1e9;
+    let per_s = |x: f64| if load_secs > 0.0 { x / load_secs } else { 0.0 };
     Report {
         scenario: scenario.name.clone(),
         legacy_switches: scenario
@@ -319,12 +385,15 @@ pub fn assemble_report(
             total_tokens_per_s: per_s(total_tokens as f64),
             output_tokens_per_s: per_s(output_tokens as f64),
             requests_per_s: per_s(counts.completed as f64),
+            duration_s: load_secs,
         },
         latency_ms: Latency {
             ttft: Percentiles::of(&mut ttft),
             tpot: Percentiles::of(&mut tpot),
             e2e: Percentiles::of(&mut e2e),
+            itl: itl.percentiles(),
         },
+        goodput: None,
         servers,
         per_request,
     }

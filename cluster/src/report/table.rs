@@ -72,9 +72,14 @@ impl Report {
             ),
             TimeBase::ZeroCost => format!("wall {:.3} s (zero-cost backend)", self.wall_time_s),
         };
+        let warmup = if r.warmup > 0 {
+            format!(" (warm-up {}, not in the figures below)", r.warmup)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             o,
-            "requests submitted {} completed {} failed {}   {clock}",
+            "requests submitted {} completed {} failed {}{warmup}   {clock}",
             r.submitted, r.completed, r.failed
         );
         let t = &self.throughput;
@@ -94,10 +99,20 @@ impl Report {
         latency_row(&mut o, "ttft", &self.latency_ms.ttft);
         latency_row(&mut o, "tpot", &self.latency_ms.tpot);
         latency_row(&mut o, "e2e", &self.latency_ms.e2e);
+        latency_row(&mut o, "itl", &self.latency_ms.itl);
+        if let Some(g) = &self.goodput {
+            let _ = writeln!(
+                o,
+                "goodput {:.3} req/s ({} measured requests completed within {})",
+                g.requests_per_s,
+                g.good_requests,
+                g.slo.describe()
+            );
+        }
         for s in &self.servers {
             let _ = writeln!(
                 o,
-                "server {} ({}, dp {}, B {}): iterations {} forward {} vetoed {}  occupancy {:.3} ({:.2} of B)  deferrals index {} blocks {}  dummies {}/{}/{} (added/committed/rolled back)  violations {}",
+                "server {} ({}, dp {}, B {}): iterations {} forward {} vetoed {}  occupancy {:.3} ({:.2} of B per forward; {:.2} scheduled per iteration)  deferrals index {} blocks {}  dummies {}/{}/{} (added/committed/rolled back)  violations {}",
                 s.name,
                 s.role,
                 s.dp,
@@ -107,6 +122,7 @@ impl Report {
                 s.vetoed_iterations,
                 s.occupancy,
                 s.mean_scheduled_requests,
+                s.scheduled_per_iteration,
                 s.deferrals.no_free_index_slot,
                 s.deferrals.out_of_blocks,
                 s.dummies.added,
@@ -114,6 +130,9 @@ impl Report {
                 s.dummies.rolled_back,
                 s.violation_count
             );
+            if s.preemptions > 0 {
+                let _ = writeln!(o, "  preemptions {}", s.preemptions);
+            }
             let kv = &s.kv;
             if kv.reuse_hits > 0 {
                 let looked_up = kv.reuse_hits + kv.allocations;
@@ -214,7 +233,8 @@ pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: 
         let counted = name.contains("requests ")
             || name.ends_with("iterations")
             || name.ends_with("deferrals")
-            || name.ends_with("violations");
+            || name.ends_with("violations")
+            || name.ends_with("batches");
         if counted {
             let _ = writeln!(o, "{name:<36} {a:>14.0} {b:>14.0} {delta:>10}");
         } else {
@@ -269,6 +289,14 @@ pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: 
         mean(&treatment.latency_ms.tpot),
     );
     row(
+        "itl mean (ms)",
+        mean(&base.latency_ms.itl),
+        mean(&treatment.latency_ms.itl),
+    );
+    if let (Some(a), Some(b)) = (&base.goodput, &treatment.goodput) {
+        row("goodput (req/s)", a.requests_per_s, b.requests_per_s);
+    }
+    row(
         "e2e p99 (ms)",
         base.latency_ms.e2e.p99,
         treatment.latency_ms.e2e.p99,
@@ -276,6 +304,16 @@ pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: 
     for (a, b) in base.servers.iter().zip(&treatment.servers) {
         let n = &a.name;
         row(&format!("{n}: occupancy"), a.occupancy, b.occupancy);
+        row(
+            &format!("{n}: scheduled per iteration"),
+            a.scheduled_per_iteration,
+            b.scheduled_per_iteration,
+        );
+        row(
+            &format!("{n}: rank 0 routing share"),
+            a.ranks.first().map_or(0.0, |r| r.routing_share),
+            b.ranks.first().map_or(0.0, |r| r.routing_share),
+        );
         row(
             &format!("{n}: forward iterations"),
             a.forward_iterations as f64,
@@ -285,6 +323,11 @@ pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: 
             &format!("{n}: vetoed iterations"),
             a.vetoed_iterations as f64,
             b.vetoed_iterations as f64,
+        );
+        row(
+            &format!("{n}: deferred batches"),
+            a.deferred_batches as f64,
+            b.deferred_batches as f64,
         );
         row(
             &format!("{n}: no-free-index-slot deferrals"),

@@ -11,7 +11,7 @@ use lockstep_actors::ids::ReqId;
 use lockstep_actors::request::RequestSpec;
 
 use super::clock::{Clock, WallClock};
-use crate::report::ClientRecord;
+use crate::report::{ClientRecord, Itl};
 use crate::workload::Workload;
 
 /// What the client tells the front.
@@ -41,6 +41,7 @@ pub enum ClientError {
 pub struct Client {
     workload: Workload,
     records: BTreeMap<ReqId, ClientRecord>,
+    itl: Itl,
     to_front: Sender<ClientItem>,
     responses: Receiver<Vec<Response>>,
     clock: WallClock,
@@ -57,6 +58,8 @@ const FRONT_STOPPED: &str = "not served: every server had stopped before the req
 pub struct ClientResult {
     /// One record per request.
     pub records: Vec<ClientRecord>,
+    /// Inter-token gaps (wall time).
+    pub itl: Itl,
     /// Wall time from the client's start to the last response.
     pub end_ns: u64,
 }
@@ -83,7 +86,7 @@ impl Client {
                 let Some(a) = workload.pop_due(t) else {
                     break;
                 };
-                records.insert(a.spec.id, ClientRecord::new(a.spec.clone(), 0));
+                records.insert(a.spec.id, ClientRecord::new(&a.spec, 0));
                 to_front
                     .send(ClientItem::Request(a.spec))
                     .map_err(|_| ClientError::FrontGone)?;
@@ -93,6 +96,7 @@ impl Client {
                 .map_err(|_| ClientError::FrontGone)?;
         }
         Ok(Client {
+            itl: Itl::new(workload.warmup_requests()),
             workload,
             records,
             to_front,
@@ -114,18 +118,24 @@ impl Client {
         let now = self.clock.now_ns();
         let fail = |rec: &mut ClientRecord, workload: &mut Workload| {
             rec.end(now, false, Some(FRONT_STOPPED.into()));
-            workload.on_finished(rec.spec.id, now, false);
+            workload.on_finished(rec.id, now, false);
         };
         if let Some(rec) = refused.and_then(|id| self.records.get_mut(&id)) {
             fail(rec, &mut self.workload);
+        }
+        // Requests still open stay open (the report fails them as "still open when the
+        // run ended (OUTCOME)", as the simulator's does), but their clients are free, so
+        // a closed loop's remaining requests are all drawn and failed below.
+        for rec in self.records.values().filter(|r| r.end_ns.is_none()) {
+            self.workload.on_finished(rec.id, now, false);
         }
         while let Some(t) = self.workload.next_arrival_ns() {
             let Some(a) = self.workload.pop_due(t) else {
                 break;
             };
-            let mut rec = ClientRecord::new(a.spec, now);
+            let mut rec = ClientRecord::new(&a.spec, now);
             fail(&mut rec, &mut self.workload);
-            self.records.insert(rec.spec.id, rec);
+            self.records.insert(rec.id, rec);
         }
     }
 
@@ -146,8 +156,7 @@ impl Client {
                     };
                     let now = self.clock.now_ns();
                     let id = a.spec.id;
-                    self.records
-                        .insert(id, ClientRecord::new(a.spec.clone(), now));
+                    self.records.insert(id, ClientRecord::new(&a.spec, now));
                     if self.send(ClientItem::Request(a.spec)).is_err() {
                         self.front_stopped(Some(id));
                         break;
@@ -180,7 +189,7 @@ impl Client {
                     for resp in &batch {
                         if let Some(rec) = self.records.get_mut(&resp.id) {
                             let was_open = rec.end_ns.is_none();
-                            rec.on_response(resp, now);
+                            rec.on_response(resp, now, &mut self.itl);
                             if was_open && rec.end_ns.is_some() {
                                 self.workload.on_finished(resp.id, now, rec.completed);
                             }
@@ -197,6 +206,7 @@ impl Client {
         let end_ns = self.clock.now_ns();
         Ok(ClientResult {
             records: self.records.into_values().collect(),
+            itl: self.itl,
             end_ns,
         })
     }

@@ -25,6 +25,20 @@ pub enum FrontInbound {
     Client(ClientItem),
     /// From a server.
     Net(Envelope),
+    /// The driver lost contact with some of the fleet's ranks (the MPI driver's
+    /// liveness check): the run ends now, every request in flight failing with this
+    /// reason, which names the ranks lost.
+    Lost(String),
+}
+
+/// How the front's run ended.
+#[derive(Debug)]
+pub struct FrontEnd {
+    /// The summaries of the ranks that reported their end (all of them, unless the
+    /// fleet was lost).
+    pub summaries: Vec<RankSummary>,
+    /// Set when the fleet was lost ([`FrontInbound::Lost`]): why.
+    pub lost: Option<String>,
 }
 
 /// The front's host.
@@ -38,6 +52,7 @@ pub struct FrontHost<'a> {
     summaries: Vec<RankSummary>,
     ranks: usize,
     client_done: bool,
+    lost: Option<String>,
 }
 
 impl<'a> FrontHost<'a> {
@@ -59,12 +74,14 @@ impl<'a> FrontHost<'a> {
             summaries: Vec::with_capacity(ranks),
             ranks,
             client_done: false,
+            lost: None,
         }
     }
 
-    /// Whether every server stopped and every rank's summary arrived.
+    /// Whether every server stopped and every rank's summary arrived (or the fleet was
+    /// lost).
     pub fn finished(&self) -> bool {
-        self.front.all_stopped() && self.summaries.len() >= self.ranks
+        self.front.all_stopped() && (self.summaries.len() >= self.ranks || self.lost.is_some())
     }
 
     /// Handles one input and sends what it produced.
@@ -110,6 +127,16 @@ impl<'a> FrontHost<'a> {
                     .handle(now, FrontIn::ServerStopped(server as usize));
             }
             FrontInbound::Net(Envelope::RankEnded(summary)) => self.summaries.push(*summary),
+            FrontInbound::Lost(reason) => {
+                self.stopped.iter_mut().for_each(|s| *s = true);
+                self.front.handle(
+                    now,
+                    FrontIn::FleetLost {
+                        reason: reason.clone(),
+                    },
+                );
+                self.lost = Some(reason);
+            }
             FrontInbound::Net(other @ (Envelope::Ingress(_) | Envelope::Peer(_))) => {
                 tracing::warn!(?other, "the front got a message meant for a server");
             }
@@ -204,7 +231,7 @@ impl<'a> FrontHost<'a> {
         mut self,
         inbox: &mut dyn Inbox<FrontInbound>,
         quiet_limit: Duration,
-    ) -> Result<Vec<RankSummary>, RuntimeError> {
+    ) -> Result<FrontEnd, RuntimeError> {
         while !self.finished() {
             let deadline = self.client_done.then(|| Instant::now() + quiet_limit);
             match inbox.recv_until(deadline) {
@@ -224,6 +251,9 @@ impl<'a> FrontHost<'a> {
         }
         // Closing the client's channel ends the client.
         self.to_client = None;
-        Ok(self.summaries)
+        Ok(FrontEnd {
+            summaries: self.summaries,
+            lost: self.lost,
+        })
     }
 }

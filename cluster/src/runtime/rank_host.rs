@@ -100,6 +100,8 @@ pub struct RankRun {
     pub violation_count: u64,
     /// Wall time of each iteration, when [`RankOptions::time_iterations`] asked.
     pub iteration_times: Vec<Duration>,
+    /// Samples for the server's time series.
+    pub series: crate::report::series::Sampler,
 }
 
 /// Runs `exec` until the server drains (or stops, or `max_iterations`).
@@ -116,6 +118,7 @@ pub fn run_rank<C: Collective + ?Sized>(
         violations: Vec::new(),
         violation_count: 0,
         iteration_times: Vec::new(),
+        series: Default::default(),
     };
     let mut iterations = 0u64;
     let mut iteration_started = Instant::now();
@@ -142,6 +145,9 @@ pub fn run_rank<C: Collective + ?Sized>(
             rank,
             source,
         };
+        // Read before `poll` borrows the executor (an iteration's pauses happen while it
+        // schedules, before it ends).
+        let preemptions = exec.totals().preemptions;
         match exec.poll() {
             Io::Exchange(x) => {
                 let phase = x.tag().phase;
@@ -242,9 +248,9 @@ pub fn run_rank<C: Collective + ?Sized>(
                     }
                 }
                 iterations += 1;
-                ports
-                    .progress
-                    .iteration_done(iterations, ports.clock.now_ns());
+                let now = ports.clock.now_ns();
+                run.series.record(&report.stats, now, preemptions);
+                ports.progress.iteration_done(iterations, now);
                 if opts.time_iterations {
                     run.iteration_times.push(iteration_started.elapsed());
                 }

@@ -180,7 +180,24 @@ pub struct WorkloadConfig {
     /// Seeds the workload stream instead of the run's seed.
     #[serde(default)]
     pub seed: Option<u64>,
+    /// Requests sent one at a time, each after the previous one ended, before the
+    /// measured load starts (as benchmark clients warm a server up). They count in the
+    /// request totals and are reported apart: latency and throughput cover the measured
+    /// load only. Synthetic lengths (`input_len`, `output_len`); a trace's first record.
+    #[serde(default)]
+    pub warmup_requests: u32,
+    /// Seconds over which the measured load ramps up: closed-loop clients start evenly
+    /// spread over them; open-loop and trace arrivals are stretched so the arrival rate
+    /// rises linearly from 0 to full over them (no request is dropped). 0: all at once.
+    #[serde(default)]
+    pub ramp_s: f64,
 }
+
+/// Requests one run can hold (about 200 bytes of record each).
+pub const MAX_REQUESTS: u64 = 100_000_000;
+
+/// Warm-up requests at most.
+pub const MAX_WARMUP: u64 = 10_000;
 
 pub(crate) fn invalid(field: &'static str, message: String) -> WorkloadError {
     WorkloadError::Invalid { field, message }
@@ -200,6 +217,31 @@ impl WorkloadConfig {
             return Err(invalid(
                 "workload.num_requests",
                 "must be at least 1, got 0".into(),
+            ));
+        }
+        // The workload plans its requests up front (conversations, the report's records):
+        // a count no run could finish is refused instead of allocated.
+        if let Some(n) = self.num_requests
+            && n > MAX_REQUESTS
+        {
+            return Err(invalid(
+                "workload.num_requests",
+                format!("{n} is more than the {MAX_REQUESTS} one run can hold"),
+            ));
+        }
+        if u64::from(self.warmup_requests) > MAX_WARMUP {
+            return Err(invalid(
+                "workload.warmup_requests",
+                format!(
+                    "{} is more than {MAX_WARMUP} (they are sent one at a time)",
+                    self.warmup_requests
+                ),
+            ));
+        }
+        if !(self.ramp_s.is_finite() && self.ramp_s >= 0.0) {
+            return Err(invalid(
+                "workload.ramp_s",
+                format!("must be a finite number >= 0, got {}", self.ramp_s),
             ));
         }
         if !(self.think_time_ms.is_finite() && self.think_time_ms >= 0.0) {

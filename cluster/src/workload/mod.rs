@@ -91,6 +91,8 @@ enum Pending {
     ConvNext { conv: ConvId },
     /// Trace record `index`.
     Trace { index: usize },
+    /// A warm-up request (sent alone, before the measured load).
+    Warmup,
 }
 
 /// A conversation between rounds: what the next round builds on.
@@ -128,9 +130,14 @@ pub struct Workload {
     convs: BTreeMap<ConvId, ConvState>,
     /// Issued and not finished: the conversation each belongs to.
     in_flight: BTreeMap<ReqId, Option<ConvId>>,
-    /// Open loop: arrival time of the latest Poisson arrival.
+    /// Open loop: arrival time of the latest Poisson arrival, on the unramped clock
+    /// (relative to the measured load's start).
     last_open_ns: u64,
     records: Vec<TraceRecord>,
+    /// Warm-up requests still to send.
+    warmup_left: u32,
+    /// When the measured load started (after the warm-up), `None` before.
+    load_start_ns: Option<u64>,
 }
 
 impl Workload {
@@ -162,41 +169,105 @@ impl Workload {
             in_flight: BTreeMap::new(),
             last_open_ns: 0,
             records: Vec::new(),
+            warmup_left: cfg.warmup_requests,
+            load_start_ns: None,
         };
         if cfg.kind == WorkloadKind::Trace {
             let tcfg = cfg.trace.as_ref().expect("validated");
             w.records = trace::load(tcfg, base_dir, cfg.num_requests)?;
             w.total = w.records.len() as u64;
-            // Records are non-decreasing in time, so one pending record at a time keeps
-            // them in order.
-            w.submit(w.records[0].at_ns, Pending::Trace { index: 0 });
-            return Ok(w);
-        }
-        let n = cfg.num_requests.expect("validated");
-        w.total = n;
-        if let Some(conv) = &cfg.conversation {
-            let mut left = n;
-            while left > 0 {
-                let r = u64::from(conv.rounds.draw(&mut w.rng)).min(left);
-                w.conv_queue.push_back(r as u32);
-                left -= r;
+        } else {
+            let n = cfg.num_requests.expect("validated");
+            w.total = n;
+            if let Some(conv) = &cfg.conversation {
+                let mut left = n;
+                while left > 0 {
+                    let r = u64::from(conv.rounds.draw(&mut w.rng)).min(left);
+                    w.conv_queue.push_back(r as u32);
+                    left -= r;
+                }
             }
         }
-        match cfg.kind {
+        w.total += u64::from(cfg.warmup_requests);
+        if w.warmup_left > 0 {
+            w.warmup_left -= 1;
+            w.submit(0, Pending::Warmup);
+        } else {
+            w.start_load(0);
+        }
+        Ok(w)
+    }
+
+    /// Starts the measured load at `t0`.
+    fn start_load(&mut self, t0: u64) {
+        self.load_start_ns = Some(t0);
+        match self.cfg.kind {
+            WorkloadKind::Trace => {
+                // Records are non-decreasing in time, so one pending record at a time
+                // keeps them in order.
+                let at = self.load_time(self.records[0].at_ns);
+                self.submit(at, Pending::Trace { index: 0 });
+            }
             WorkloadKind::ClosedLoop => {
-                let c = cfg.concurrency.expect("validated");
-                for _ in 0..c {
-                    if !w.schedule_fresh(0) {
+                let c = self.cfg.concurrency.expect("validated");
+                let ramp_ns = self.cfg.ramp_s * 1e9;
+                for i in 0..c {
+                    // Client i starts i/c of the way through the ramp.
+                    let offset = (ramp_ns * i as f64 / c as f64).round() as u64;
+                    if !self.schedule_fresh(t0.saturating_add(offset)) {
                         break;
                     }
                 }
             }
-            WorkloadKind::OpenLoop => {
-                w.schedule_open();
-            }
-            WorkloadKind::Trace => unreachable!("handled above"),
+            WorkloadKind::OpenLoop => self.schedule_open(),
         }
-        Ok(w)
+    }
+
+    /// The arrival time of an event `u_ns` into the measured load at full rate, with the
+    /// ramp: the rate rises linearly over `ramp_s`, so the cumulative arrivals by time t
+    /// are `rate·t²/2R` (t < R), then `rate·(t − R/2)`; inverting keeps every arrival.
+    fn load_time(&self, u_ns: u64) -> u64 {
+        let t0 = self.load_start_ns.unwrap_or(0);
+        let r = self.cfg.ramp_s * 1e9;
+        let u = u_ns as f64;
+        let t = if r <= 0.0 {
+            u
+        } else if u < r / 2.0 {
+            (2.0 * r * u).sqrt()
+        } else {
+            u + r / 2.0
+        };
+        t0.saturating_add(t.round() as u64)
+    }
+
+    /// Requests of the measured load (the total without the warm-up).
+    fn load_total(&self) -> u64 {
+        self.total - u64::from(self.cfg.warmup_requests)
+    }
+
+    /// The (prompt, output) lengths this workload's requests can take, as few as tell
+    /// whether any of them could be served: synthetic requests are easiest at the
+    /// shortest prompt and output (one shape); a trace gives each record's.
+    pub fn request_shapes(&self) -> Box<dyn Iterator<Item = (u32, u32)> + '_> {
+        match self.cfg.kind {
+            WorkloadKind::Trace => {
+                Box::new(self.records.iter().map(|r| (r.prompt_len, r.output_len)))
+            }
+            _ => Box::new(std::iter::once((
+                self.cfg.input_len.min(),
+                self.cfg.output_len.min(),
+            ))),
+        }
+    }
+
+    /// Warm-up requests, sent first: ids `1..=warmup_requests()`.
+    pub fn warmup_requests(&self) -> u64 {
+        u64::from(self.cfg.warmup_requests)
+    }
+
+    /// When the measured load started (after the warm-up); `None` before.
+    pub fn load_start_ns(&self) -> Option<u64> {
+        self.load_start_ns
     }
 
     /// Total requests this workload will submit. Always known up front: `num_requests`
@@ -252,24 +323,38 @@ impl Workload {
                 spec
             }
             Pending::ConvNext { conv } => self.next_round(id, conv),
+            Pending::Warmup => {
+                let spec = match self.cfg.kind {
+                    WorkloadKind::Trace => self.trace_spec(id, 0),
+                    _ => self.fresh_spec(id, None),
+                };
+                self.in_flight.insert(spec.id, None);
+                spec
+            }
             Pending::Trace { index } => {
-                let rec = &self.records[index];
-                let mut spec = RequestSpec::new(id, rec.prompt_len, rec.output_len);
-                let bt = self
-                    .cfg
-                    .trace
-                    .as_ref()
-                    .map_or(DEFAULT_TRACE_BLOCK_TOKENS, TraceConfig::block_tokens);
-                spec.block_hashes =
-                    trace::expand_hashes(&rec.hash_ids, rec.prompt_len, bt, self.tokens_per_block);
+                let spec = self.trace_spec(id, index);
                 if let Some(next) = self.records.get(index + 1) {
-                    let at = next.at_ns;
+                    let at = self.load_time(next.at_ns);
                     self.submit(at, Pending::Trace { index: index + 1 });
                 }
                 spec
             }
         };
         Some(Arrival { at_ns, spec })
+    }
+
+    /// Trace record `index` as request `id`.
+    fn trace_spec(&self, id: u64, index: usize) -> RequestSpec {
+        let rec = &self.records[index];
+        let mut spec = RequestSpec::new(id, rec.prompt_len, rec.output_len);
+        let bt = self
+            .cfg
+            .trace
+            .as_ref()
+            .map_or(DEFAULT_TRACE_BLOCK_TOKENS, TraceConfig::block_tokens);
+        spec.block_hashes =
+            trace::expand_hashes(&rec.hash_ids, rec.prompt_len, bt, self.tokens_per_block);
+        spec
     }
 
     /// The simulator reports a request's end (`completed` false: it failed). Closed loop:
@@ -281,6 +366,16 @@ impl Workload {
         let Some(conv) = self.in_flight.remove(&id) else {
             return;
         };
+        if self.load_start_ns.is_none() {
+            // A warm-up request ended: the next one, or the measured load, starts now.
+            if self.warmup_left > 0 {
+                self.warmup_left -= 1;
+                self.submit(now_ns, Pending::Warmup);
+            } else {
+                self.start_load(now_ns);
+            }
+            return;
+        }
         let at = now_ns.saturating_add(self.think_ns);
         match conv {
             None => {
@@ -307,6 +402,12 @@ impl Workload {
     /// later arrivals that wait on earlier requests finishing. `None`: they can.
     pub fn preload_blocker(&self) -> Option<String> {
         let cfg = &self.cfg;
+        if cfg.warmup_requests > 0 {
+            return Some(format!(
+                "workload.warmup_requests = {} are sent one at a time before the load; run without --preload",
+                cfg.warmup_requests
+            ));
+        }
         if cfg.conversation.is_some() {
             return Some(
                 "a conversation's later rounds arrive only after the earlier ones finish; run without --preload"
@@ -340,7 +441,7 @@ impl Workload {
                 None => return false,
             }
         } else {
-            if self.scheduled >= self.total {
+            if self.scheduled >= self.load_total() {
                 return false;
             }
             self.scheduled += 1;
@@ -355,7 +456,7 @@ impl Workload {
         let more = if self.cfg.conversation.is_some() {
             !self.conv_queue.is_empty()
         } else {
-            self.scheduled < self.total
+            self.scheduled < self.load_total()
         };
         if !more {
             return;
@@ -364,7 +465,8 @@ impl Workload {
         let u: f64 = self.rng.random();
         let gap_ns = (-(1.0 - u).ln() / rate * 1e9).round() as u64;
         self.last_open_ns = self.last_open_ns.saturating_add(gap_ns);
-        self.schedule_fresh(self.last_open_ns);
+        let at = self.load_time(self.last_open_ns);
+        self.schedule_fresh(at);
     }
 
     /// A synthetic request with a drawn prompt: shared prefix blocks first, then blocks

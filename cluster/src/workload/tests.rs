@@ -659,3 +659,158 @@ fn the_bundled_traces_parse_with_the_documented_counts_and_spans() {
     assert_eq!(last.at_ns, 3_501_721_937_000);
     assert!((last.at_ns as f64 / 1e9 - 3501.7).abs() < 0.1);
 }
+
+// ---- warm-up and ramp ----
+
+/// Pops every arrival due by `now`.
+fn due(w: &mut Workload, now: u64) -> Vec<Arrival> {
+    std::iter::from_fn(|| w.pop_due(now)).collect()
+}
+
+#[test]
+fn warm_up_requests_go_one_at_a_time_before_the_load() {
+    let mut w =
+        build("kind = \"closed_loop\"\nconcurrency = 4\nnum_requests = 8\nwarmup_requests = 2\n");
+    assert_eq!(w.total(), Some(10));
+    assert_eq!(w.warmup_requests(), 2);
+    // Only the first warm-up is pending, whatever the time.
+    let first = due(&mut w, u64::MAX / 2);
+    assert_eq!(first.iter().map(|a| a.spec.id.0).collect::<Vec<_>>(), [1]);
+    assert_eq!(w.load_start_ns(), None);
+    w.on_finished(ReqId(1), 1_000, true);
+    let second = due(&mut w, u64::MAX / 2);
+    assert_eq!(second.iter().map(|a| a.spec.id.0).collect::<Vec<_>>(), [2]);
+    assert_eq!(second[0].at_ns, 1_000);
+    w.on_finished(ReqId(2), 5_000, true);
+    // The load starts when the last warm-up ends: all four clients at once.
+    assert_eq!(w.load_start_ns(), Some(5_000));
+    let load = due(&mut w, 5_000);
+    assert_eq!(
+        load.iter()
+            .map(|a| (a.spec.id.0, a.at_ns))
+            .collect::<Vec<_>>(),
+        [(3, 5_000), (4, 5_000), (5, 5_000), (6, 5_000)]
+    );
+    assert!(w.preload_blocker().unwrap().contains("warmup_requests"));
+}
+
+#[test]
+fn a_ramp_spreads_closed_loop_clients_evenly() {
+    let mut w =
+        build("kind = \"closed_loop\"\nconcurrency = 4\nnum_requests = 8\nramp_s = 0.002\n");
+    let starts: Vec<u64> = due(&mut w, u64::MAX / 2).iter().map(|a| a.at_ns).collect();
+    assert_eq!(starts, [0, 500_000, 1_000_000, 1_500_000]);
+}
+
+#[test]
+fn a_ramp_stretches_open_loop_arrivals_without_dropping_any() {
+    let text = "kind = \"open_loop\"\nrate = 1000.0\nnum_requests = 400\n";
+    let flat: Vec<u64> = due(&mut build(text), u64::MAX / 2)
+        .iter()
+        .map(|a| a.at_ns)
+        .collect();
+    let ramped: Vec<u64> = due(&mut build(&format!("{text}ramp_s = 0.1\n")), u64::MAX / 2)
+        .iter()
+        .map(|a| a.at_ns)
+        .collect();
+    assert_eq!(flat.len(), 400);
+    assert_eq!(ramped.len(), 400);
+    let r = 0.1e9;
+    for (&u, &t) in flat.iter().zip(&ramped) {
+        // t = sqrt(2 R u) while u < R/2, then u + R/2 (the same draws, warped).
+        let want = if (u as f64) < r / 2.0 {
+            (2.0 * r * u as f64).sqrt()
+        } else {
+            u as f64 + r / 2.0
+        };
+        assert!(
+            (t as f64 - want).abs() <= 1.0,
+            "u {u} -> t {t}, want {want}"
+        );
+    }
+    // The rate rises linearly: the first half of the ramp holds a quarter of what the
+    // ramp holds at full rate.
+    let in_first_half = ramped.iter().filter(|&&t| (t as f64) < r / 2.0).count();
+    assert!((5..=25).contains(&in_first_half), "{in_first_half}");
+}
+
+#[test]
+fn a_bad_ramp_names_the_key() {
+    let e = err_of("kind = \"closed_loop\"\nconcurrency = 1\nnum_requests = 1\nramp_s = -1.0\n");
+    assert!(e.contains("workload.ramp_s") && e.contains("-1"), "{e}");
+}
+
+// ---- the trace parsers never panic ----
+
+mod fuzz {
+    use super::super::trace::{parse_azure, parse_mooncake};
+    use proptest::prelude::*;
+
+    /// Lines that look like the formats, mangled: the parsers meet real-looking garbage,
+    /// not only random bytes.
+    fn mooncake_line() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            (any::<i64>(), any::<i64>(), any::<i64>(), prop::collection::vec(any::<i64>(), 0..6)).prop_map(
+                |(t, i, o, h)| format!(
+                    r#"{{"timestamp": {t}, "input_length": {i}, "output_length": {o}, "hash_ids": {h:?}}}"#
+                )
+            ),
+            (any::<f64>(), "[a-z_]{0,12}", any::<u32>()).prop_map(|(t, k, v)| format!(
+                r#"{{"timestamp": {t}, "{k}": {v}, "input_length": 1e400}}"#
+            )),
+        ]
+    }
+
+    fn azure_line() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            ("[0-9: .-]{0,30}", any::<i64>(), any::<i64>())
+                .prop_map(|(t, c, g)| format!("{t},{c},{g}")),
+            (
+                any::<u8>(),
+                any::<u8>(),
+                any::<u8>(),
+                any::<i64>(),
+                any::<i64>()
+            )
+                .prop_map(|(d, h, m, c, g)| format!(
+                    "2023-11-{d:02} {h:02}:{m:02}:00.0000000,{c},{g}"
+                )),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn mooncake_input_is_parsed_or_refused_never_a_panic(
+            lines in prop::collection::vec(mooncake_line(), 0..8),
+            scale in prop_oneof![Just(1.0), Just(1e-300), Just(1e300), any::<f64>()],
+            block in 1u32..2048,
+        ) {
+            let text = lines.join("\n");
+            if let Ok(records) = parse_mooncake(&text, "fuzz.jsonl", scale, block, 1000) {
+                // Accepted records are usable: positive lengths, ordered arrivals.
+                for w in records.windows(2) {
+                    prop_assert!(w[0].at_ns <= w[1].at_ns);
+                }
+                prop_assert!(records.iter().all(|r| r.prompt_len > 0 && r.output_len > 0));
+            }
+        }
+
+        #[test]
+        fn azure_input_is_parsed_or_refused_never_a_panic(
+            lines in prop::collection::vec(azure_line(), 0..8),
+            header in prop_oneof![
+                Just("TIMESTAMP,ContextTokens,GeneratedTokens".to_string()),
+                any::<String>()
+            ],
+        ) {
+            let text = format!("{header}\n{}", lines.join("\r\n"));
+            if let Ok(records) = parse_azure(&text, "fuzz.csv", 1.0, 1000) {
+                prop_assert!(records.iter().all(|r| r.prompt_len > 0 && r.output_len > 0));
+            }
+        }
+    }
+}

@@ -40,11 +40,33 @@ output_len = [1, 40]
 }
 
 /// Two ctx servers (dp 2 and 1) and two gen servers (dp 2 and 1), `n` requests all
-/// arriving at once.
+/// arriving at once. The ctx servers' B of 16 gives them 32 seats and KV index slots a
+/// rank, more than a ctx rank ever holds here, so no prefill waits for an index slot
+/// that a finished send frees: at zero cost a real driver's sends end in thread time,
+/// and such a wait would make the ctx routing (and the tokens, which mix in the ctx
+/// rank) timing.
 pub fn disagg_text(n: u32) -> String {
-    let server = |name: &str, role: &str, dp: u32, b: u32| {
-        format!(
-            r#"
+    disagg_fleet_text(
+        "disagg-2x2",
+        &[
+            ("ctx0", "ctx", 2, 16),
+            ("ctx1", "ctx", 1, 16),
+            ("gen0", "gen", 2, 16),
+            ("gen1", "gen", 1, 16),
+        ],
+        n,
+    )
+}
+
+/// A disaggregated fleet of `(name, role, dp, max_batch_size)` servers (ctx servers
+/// without the overlap scheduler, gen servers with it) behind a `load_balancing` front,
+/// `n` requests all arriving at once.
+pub fn disagg_fleet_text(name: &str, servers: &[(&str, &str, u32, u32)], n: u32) -> String {
+    let servers: String = servers
+        .iter()
+        .map(|(name, role, dp, b)| {
+            format!(
+                r#"
 [[server]]
 name = "{name}"
 role = "{role}"
@@ -56,26 +78,23 @@ disable_overlap_scheduler = {no_overlap}
 tokens_per_block = 16
 max_tokens = 65536
 "#,
-            no_overlap = role == "ctx"
-        )
-    };
+                no_overlap = *role == "ctx"
+            )
+        })
+        .collect();
     format!(
         r#"
-name = "disagg-2x2"
+name = "{name}"
 [front]
 policy = "load_balancing"
-{}{}{}{}
+{servers}
 [workload]
 kind = "closed_loop"
 concurrency = {n}
 num_requests = {n}
 input_len = [16, 600]
 output_len = [1, 24]
-"#,
-        server("ctx0", "ctx", 2, 4),
-        server("ctx1", "ctx", 1, 4),
-        server("gen0", "gen", 2, 16),
-        server("gen1", "gen", 1, 16),
+"#
     )
 }
 
@@ -150,7 +169,14 @@ pub fn agg_fingerprint(r: &Report) -> (u64, u64, Vec<String>, String) {
         s.iterations,
         s.forward_iterations,
         s.ranks.iter().map(|k| k.routing_digest.clone()).collect(),
-        serde_json::to_string(&r.per_request).unwrap(),
+        // The outcome of each request (its times are on each driver's clock).
+        format!(
+            "{:?}",
+            r.per_request
+                .iter()
+                .map(|d| (d.id, d.output_tokens, &d.token_digest, &d.failure))
+                .collect::<Vec<_>>()
+        ),
     )
 }
 
@@ -224,7 +250,7 @@ pub fn output_within(mut c: Command, limit: Duration) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("mpirun starts (OpenMPI installed?)");
+        .expect("the child process starts (for mpirun: OpenMPI installed?)");
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -255,9 +281,10 @@ pub fn processes(s: &Scenario) -> u32 {
         .sum::<u32>()
 }
 
-/// Runs scenario `text` (with `--set` overrides) under mpirun, preloaded with seed 3,
-/// and returns its report; the run must succeed.
-pub fn mpi_report(bin: &PathBuf, text: &str, sets: &[&str], name: &str) -> Report {
+/// `lockstep rank`'s arguments for scenario `text` (written to a scratch file named after
+/// `name`), preloaded with seed 3, with `--set` overrides, and the path its JSON report
+/// goes to.
+pub fn rank_args(text: &str, sets: &[&str], name: &str) -> (Vec<String>, PathBuf) {
     let path = temp(&format!("{name}.toml"));
     std::fs::write(&path, text).unwrap();
     let json = temp(&format!("{name}.json"));
@@ -273,6 +300,13 @@ pub fn mpi_report(bin: &PathBuf, text: &str, sets: &[&str], name: &str) -> Repor
         args.push("--set".into());
         args.push((*s).into());
     }
+    (args, json)
+}
+
+/// Runs scenario `text` (with `--set` overrides) under mpirun, preloaded with seed 3,
+/// and returns its report; the run must succeed.
+pub fn mpi_report(bin: &PathBuf, text: &str, sets: &[&str], name: &str) -> Report {
+    let (args, json) = rank_args(text, sets, name);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let n = processes(&parse(text, sets));
     let started = Instant::now();
@@ -286,10 +320,20 @@ pub fn mpi_report(bin: &PathBuf, text: &str, sets: &[&str], name: &str) -> Repor
     serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
 }
 
-/// The same time model: per-request tokens equal, mean TTFT and TPOT within 10 %, every
-/// server's iterations within 3 %.
+/// The same time model: every request completed alike with as many tokens, mean TTFT
+/// and TPOT within 10 %, every server's iterations within 10 %. (Paced in wall time on
+/// a shared machine, a late wake-up merges two iterations: a server's count has been
+/// seen 8 % short under load, so the bound is the latencies' 10 %. Not the token
+/// streams: an aggregated server's tokens mix in the iteration; callers compare streams
+/// where the path agrees.)
 pub fn assert_same_time_model(a: &Report, b: &Report) {
-    assert_eq!(a.per_request, b.per_request);
+    let lengths = |r: &Report| -> Vec<(u64, u32, bool)> {
+        r.per_request
+            .iter()
+            .map(|d| (d.id, d.output_tokens, d.failure.is_none()))
+            .collect()
+    };
+    assert_eq!(lengths(a), lengths(b));
     let (la, lb) = (&a.latency_ms, &b.latency_ms);
     assert!(
         within(la.ttft.mean, lb.ttft.mean, 10.0),
@@ -305,11 +349,70 @@ pub fn assert_same_time_model(a: &Report, b: &Report) {
     );
     for (sa, sb) in a.servers.iter().zip(&b.servers) {
         assert!(
-            close_counts(sa.iterations, sb.iterations, 3),
+            within(sa.iterations as f64, sb.iterations as f64, 10.0),
             "{}: {} iterations simulated, {} run",
             sa.name,
             sa.iterations,
             sb.iterations
         );
     }
+}
+
+/// What must be identical across drivers for a disaggregated run with preloaded
+/// requests: every request's outcome and token stream (whose tokens mix in the ctx
+/// server and rank that computed each prompt, `token_path`), and every ctx server's
+/// per-rank routing digests (the ids routed to each rank, in order). A gen server's
+/// routing is left out: which requests reach its ingress together depends on when their
+/// prefills ended, which at zero cost is thread timing (its tokens still carry the ctx
+/// rank they came from).
+pub fn disagg_fingerprint(r: &Report) -> (String, Vec<(String, Vec<String>)>) {
+    (
+        // The outcome of each request, not its times (each driver has its own clock).
+        r.per_request
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} {} {} {:?}",
+                    d.id, d.output_tokens, d.token_digest, d.failure
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        r.servers
+            .iter()
+            .filter(|s| s.role == "ctx")
+            .map(|s| (s.name.clone(), routing(r, &s.name)))
+            .collect(),
+    )
+}
+
+/// Every server's per-rank routing digests, gen servers included: what must differ when
+/// a run routes differently (compared within one driver).
+pub fn all_routing(r: &Report) -> Vec<(String, Vec<String>)> {
+    r.servers
+        .iter()
+        .map(|s| (s.name.clone(), routing(r, &s.name)))
+        .collect()
+}
+
+/// The simulator (seed 3; `preload` as given) with its `--iter-log`: the report and one
+/// JSON object per server iteration and rank (§9).
+pub fn simulate_logged(s: &Scenario, preload: bool) -> (Report, Vec<serde_json::Value>) {
+    let mut log: Vec<u8> = Vec::new();
+    let r = sim::run(
+        s,
+        SimOptions {
+            seed: 3,
+            preload,
+            iter_log: Some(&mut log),
+            ..SimOptions::default()
+        },
+    )
+    .expect("the simulation starts");
+    let lines = String::from_utf8(log)
+        .expect("the iteration log is UTF-8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    (r, lines)
 }

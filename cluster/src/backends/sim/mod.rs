@@ -26,12 +26,12 @@ use lockstep_actors::executor::Response;
 use lockstep_actors::front::{Front, FrontIn, FrontOut, IngressItem};
 use lockstep_actors::ids::RankId;
 use lockstep_actors::transceiver::{
-    KvAddress, Outgoing, PeerMessage, Transceiver, TransceiverIn, lost_on_the_wire,
+    KvAddress, Outgoing, PeerMessage, TransceiverIn, lost_on_the_wire,
 };
 use lockstep_gpu::AnalyticBackend;
 
 use crate::fleet::{Fleet, PlanError};
-use crate::report::{ClientRecord, Outcome, Report, assemble_report, run_outcome};
+use crate::report::{ClientLog, ClientRecord, Itl, Outcome, Report, assemble_report, run_outcome};
 use crate::scenario::Scenario;
 use crate::workload::Workload;
 
@@ -134,6 +134,7 @@ struct Sim<'s, 'o> {
     net: SimNet,
     workload: Workload,
     records: ById<ClientRecord>,
+    itl: Itl,
     backend: AnalyticBackend,
     finished: u64,
     shutdown_sent: bool,
@@ -147,6 +148,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
     let started = Instant::now();
     let fleet = Fleet::plan(scenario, opts.seed)?;
     let workload = fleet.workload()?;
+    let workload_warmup = workload.warmup_requests();
     let mut servers = Vec::with_capacity(fleet.servers.len());
     for (s, p) in fleet.servers.iter().enumerate() {
         if let Some(w) = &p.warning {
@@ -160,10 +162,8 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
                     server: s as u32,
                     rank: RankId(r),
                 };
-                server.transceivers[r as usize] = Some((
-                    Transceiver::new(me, p.transfer_timeout_ms(), fleet.modeled_codec()),
-                    None,
-                ));
+                server.transceivers[r as usize] =
+                    Some((p.transceiver(me, fleet.modeled_codec()), None));
             }
         }
         servers.push(server);
@@ -180,6 +180,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         servers,
         workload,
         records: ById::new(),
+        itl: Itl::new(workload_warmup),
         finished: 0,
         shutdown_sent: false,
         outcome: None,
@@ -194,8 +195,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
             let Some(a) = sim.workload.pop_due(t) else {
                 break;
             };
-            sim.records
-                .insert(a.spec.id, ClientRecord::new(a.spec.clone(), 0));
+            sim.records.insert(a.spec.id, ClientRecord::new(&a.spec, 0));
             sim.front.handle(0, FrontIn::Request(a.spec));
         }
         sim.front.handle(0, FrontIn::Shutdown);
@@ -280,10 +280,8 @@ impl Sim<'_, '_> {
                 // Arrivals of one instant reach the front together, and its outputs go
                 // out as one batch per server.
                 while let Some(arrival) = self.workload.pop_due(now) {
-                    self.records.insert(
-                        arrival.spec.id,
-                        ClientRecord::new(arrival.spec.clone(), now),
-                    );
+                    self.records
+                        .insert(arrival.spec.id, ClientRecord::new(&arrival.spec, now));
                     self.front.handle(now, FrontIn::Request(arrival.spec));
                 }
                 self.dispatch_front()?;
@@ -489,7 +487,7 @@ impl Sim<'_, '_> {
                 for r in slice.iter() {
                     if let Some(rec) = self.records.get_mut(&r.id) {
                         let was_open = rec.end_ns.is_none();
-                        rec.on_response(r, now);
+                        rec.on_response(r, now, &mut self.itl);
                         if was_open && rec.end_ns.is_some() {
                             let completed = rec.completed;
                             self.finished += 1;
@@ -542,7 +540,7 @@ impl Sim<'_, '_> {
         let now = self.now;
         if let Some(rec) = self.records.get_mut(&r.id) {
             let was_open = rec.end_ns.is_none();
-            rec.on_response(r, now);
+            rec.on_response(r, now, &mut self.itl);
             if was_open && rec.end_ns.is_some() {
                 let completed = rec.completed;
                 self.finished += 1;
@@ -715,8 +713,12 @@ impl Sim<'_, '_> {
         assemble_report(
             self.fleet.scenario,
             self.fleet.seed,
-            self.records.values().cloned().collect(),
-            self.now,
+            ClientLog {
+                records: self.records.values().cloned().collect(),
+                itl: self.itl.clone(),
+                end_ns: self.now,
+            },
+            self.servers.iter().flat_map(|s| s.first_scheduled()),
             wall_time_s,
             self.servers.iter().map(|s| s.report()).collect(),
             outcome,

@@ -22,6 +22,7 @@ use lockstep_actors::transceiver::Transceiver;
 use lockstep_gpu::{AnalyticBackend, Backend};
 
 use crate::fleet::PlannedServer;
+use crate::report::series::Sampler;
 use crate::report::{RankEnding, RankSummary, ServerReport, server_report};
 
 use super::iterlog::IterLogLine;
@@ -87,6 +88,8 @@ pub struct SimServer {
     busy_ns: u64,
     violations: Vec<Violation>,
     violation_count: u64,
+    /// Per rank: samples for the time series.
+    samplers: Vec<Sampler>,
     pub log_enabled: bool,
 }
 
@@ -118,6 +121,7 @@ impl SimServer {
             busy_ns: 0,
             violations: Vec::new(),
             violation_count: 0,
+            samplers: vec![Sampler::default(); dp],
             log_enabled: false,
         })
     }
@@ -228,7 +232,13 @@ impl SimServer {
         let (t0, _, _) = self.current.unwrap_or((now, 0, 0));
         self.iterations += 1;
         self.busy_ns += now.saturating_sub(t0);
-        for report in self.group.reports() {
+        for ((report, rank), sampler) in self
+            .group
+            .reports()
+            .zip(self.group.ranks())
+            .zip(&mut self.samplers)
+        {
+            sampler.record(&report.stats, now, rank.totals().preemptions);
             for v in &report.violations {
                 self.violation_count += 1;
                 if self.violations.len() < 100 {
@@ -280,6 +290,7 @@ impl SimServer {
                     s.transfers = t.stats().clone();
                 }
                 s.lost = self.lost[i];
+                s.series = self.samplers[i].clone().into_points();
                 s
             })
             .collect();
@@ -293,6 +304,14 @@ impl SimServer {
         report.violations = self.violations.clone();
         report.violation_count = self.violation_count;
         report
+    }
+
+    /// Each first scheduling on any rank: (request id, virtual ns).
+    pub fn first_scheduled(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.group
+            .ranks()
+            .iter()
+            .flat_map(|r| r.first_scheduled().iter().map(|&(id, ns)| (id.0, ns)))
     }
 
     /// Every rank's ending (for the run's outcome).

@@ -1,0 +1,174 @@
+//! The time series of a server: KV usage, waiting queue, running requests and
+//! preemptions over time, sampled per iteration on each rank and decimated so a run of
+//! any length keeps fewer than [`MAX_POINTS`] points per rank (and per server).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use lockstep_actors::executor::IterationStats;
+
+use super::schema::SeriesPoint;
+
+/// A rank keeps at most this many samples: when it has this many, every other one is
+/// dropped and the sampling stride doubles.
+pub const MAX_POINTS: usize = 2000;
+
+/// One rank's sample at the end of an iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RankSample {
+    /// The iteration (the same number on every rank of a server).
+    pub iteration: u64,
+    /// When it ended, on the driver's clock (ns).
+    pub t_ns: u64,
+    /// KV blocks held by sequences.
+    pub kv_blocks_used: u32,
+    /// KV blocks free.
+    pub kv_blocks_free: u32,
+    /// The server's waiting queue (replicated on every rank).
+    pub waiting: u32,
+    /// Real requests this rank scheduled this iteration.
+    pub running: u32,
+    /// Preemptions (MAX_UTILIZATION pauses) on this rank so far.
+    pub preemptions: u64,
+}
+
+/// Samples every `stride`-th iteration (an iteration number divisible by it), halving
+/// the kept points and doubling the stride when full. The rule depends only on the
+/// iteration number, so every rank of a server keeps the same iterations.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    stride: u64,
+    points: Vec<RankSample>,
+}
+
+impl Default for Sampler {
+    fn default() -> Sampler {
+        Sampler {
+            stride: 1,
+            points: Vec::new(),
+        }
+    }
+}
+
+impl Sampler {
+    /// Records the iteration `stats` describes, ended at `t_ns`, with the rank's
+    /// preemptions so far.
+    pub fn record(&mut self, stats: &IterationStats, t_ns: u64, preemptions: u64) {
+        if !stats.iteration.is_multiple_of(self.stride) {
+            return;
+        }
+        self.points.push(RankSample {
+            iteration: stats.iteration,
+            t_ns,
+            kv_blocks_used: stats.kv_blocks_used,
+            kv_blocks_free: stats.kv_blocks_free,
+            waiting: stats.waiting,
+            running: stats.num_scheduled_requests,
+            preemptions,
+        });
+        if self.points.len() >= MAX_POINTS {
+            self.stride *= 2;
+            let stride = self.stride;
+            self.points.retain(|p| p.iteration.is_multiple_of(stride));
+        }
+    }
+
+    /// The samples kept, in iteration order.
+    pub fn into_points(self) -> Vec<RankSample> {
+        self.points
+    }
+}
+
+/// A server's series from its ranks' samples (in rank order): per sampled iteration,
+/// rank 0's time, the KV blocks and running requests summed over ranks, the waiting
+/// queue (replicated: the largest any rank saw), the preemptions summed.
+pub fn server_series<'a>(ranks: impl IntoIterator<Item = &'a [RankSample]>) -> Vec<SeriesPoint> {
+    let mut by_iteration: BTreeMap<u64, (u64, u64, u64, u32, u64, u64)> = BTreeMap::new();
+    for samples in ranks {
+        for s in samples {
+            let e = by_iteration
+                .entry(s.iteration)
+                .or_insert((s.t_ns, 0, 0, 0, 0, 0));
+            e.1 += u64::from(s.kv_blocks_used);
+            e.2 += u64::from(s.kv_blocks_free);
+            e.3 = e.3.max(s.waiting);
+            e.4 += u64::from(s.running);
+            e.5 += s.preemptions;
+        }
+    }
+    by_iteration
+        .into_iter()
+        .map(
+            |(iteration, (t, used, free, waiting, running, preemptions))| {
+                let total = used + free;
+                SeriesPoint {
+                    iteration,
+                    t_s: t as f64 / 1e9,
+                    kv_blocks_used: used,
+                    kv_usage: if total > 0 {
+                        used as f64 / total as f64
+                    } else {
+                        0.0
+                    },
+                    waiting: u64::from(waiting),
+                    running,
+                    preemptions,
+                }
+            },
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(iteration: u64) -> IterationStats {
+        IterationStats {
+            iteration,
+            kv_blocks_used: 3,
+            kv_blocks_free: 1,
+            waiting: 5,
+            num_scheduled_requests: 2,
+            ..IterationStats::default()
+        }
+    }
+
+    #[test]
+    fn a_long_run_keeps_a_bounded_evenly_spaced_series() {
+        let mut s = Sampler::default();
+        for i in 0..1_000_000 {
+            s.record(&stats(i), i * 10, 0);
+        }
+        let p = s.into_points();
+        assert!(p.len() < MAX_POINTS, "{} points", p.len());
+        assert!(p.len() >= MAX_POINTS / 4, "{} points", p.len());
+        let stride = p[1].iteration - p[0].iteration;
+        assert!(
+            p.windows(2)
+                .all(|w| w[1].iteration - w[0].iteration == stride)
+        );
+        assert_eq!(p[0].iteration, 0);
+        assert!(p.last().unwrap().iteration > 1_000_000 - 2 * stride);
+    }
+
+    #[test]
+    fn a_server_point_sums_the_ranks_and_takes_the_replicated_queue_once() {
+        let mut a = Sampler::default();
+        let mut b = Sampler::default();
+        for i in 0..10 {
+            a.record(&stats(i), i * 1_000_000_000, i);
+            b.record(&stats(i), i * 1_000_000_000 + 7, 1);
+        }
+        let (a, b) = (a.into_points(), b.into_points());
+        let s = server_series([&a[..], &b[..]]);
+        assert_eq!(s.len(), 10);
+        assert_eq!(s[4].t_s, 4.0);
+        assert_eq!(s[4].kv_blocks_used, 6);
+        assert_eq!(s[4].kv_usage, 0.75);
+        assert_eq!(s[4].waiting, 5);
+        assert_eq!(s[4].running, 4);
+        assert_eq!(s[4].preemptions, 5);
+    }
+}

@@ -1,0 +1,235 @@
+//! `lockstep serve`: an OpenAI-compatible HTTP server (actix-web on tokio) in front of
+//! the threads driver's front host and servers, aggregated or disaggregated.
+//!
+//! The ranks stay on OS threads (their collectives block): the HTTP server runs on its
+//! own thread with its own runtime, and a [`bridge`] on the caller's thread stands where
+//! the workload client stands in `lockstep run`, between the handlers (a channel in)
+//! and the front host (the same [`ClientItem`](crate::runtime::client::ClientItem)
+//! channel and response channel the workload client uses).
+//!
+//! Shutdown: SIGTERM or Ctrl-C stops the server from accepting; in-flight requests are
+//! answered (up to `drain_timeout`); then the bridge sends the front the client's
+//! shutdown, the servers drain and stop, and `serve` returns.
+
+pub mod api;
+pub mod bridge;
+pub mod http;
+pub mod metrics;
+
+use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{App, HttpServer, web};
+use crossbeam_channel::unbounded;
+
+use crate::backends::RealOptions;
+use crate::backends::threads::{ClientPorts, plan, run_hosts};
+use crate::report::RankSummary;
+use crate::runtime::{RuntimeError, WallClock};
+use crate::scenario::Scenario;
+
+/// How `lockstep serve` runs.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The address to bind (a name or an IP).
+    pub host: String,
+    /// The port (0: any free port; the bound address is announced).
+    pub port: u16,
+    /// The key `/v1/*` requires (`Authorization: Bearer KEY`).
+    pub api_key: Option<String>,
+    /// The served model's name (`/v1/models`, the `model` field).
+    pub model: String,
+    /// The largest request body, in bytes (413 past it).
+    pub max_body_bytes: usize,
+    /// The longest prompt, in tokens (400 past it).
+    pub max_prompt_tokens: u32,
+    /// How long a shutdown waits for in-flight requests.
+    pub drain_timeout: Duration,
+    /// HTTP worker threads.
+    pub workers: usize,
+}
+
+/// Why `lockstep serve` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A non-loopback address without a key.
+    #[error(
+        "--host {host}: {ip} is not a loopback address; serving beyond this machine needs --api-key KEY (or bind 127.0.0.1)"
+    )]
+    OpenWithoutKey {
+        /// As given.
+        host: String,
+        /// What it resolved to.
+        ip: IpAddr,
+    },
+    /// The address does not resolve.
+    #[error("--host {host}: cannot resolve it: {reason}")]
+    BadHost {
+        /// As given.
+        host: String,
+        /// Why.
+        reason: String,
+    },
+    /// Binding failed.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The signal handler could not be set.
+    #[error("setting the SIGTERM/Ctrl-C handler: {0}")]
+    Signals(String),
+    /// The HTTP server failed.
+    #[error("the HTTP server: {0}")]
+    Http(std::io::Error),
+    /// The fleet failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// What a serve run ended with.
+pub struct ServeSummary {
+    /// Requests taken.
+    pub requests: u64,
+    /// Every rank's summary.
+    pub ranks: Vec<RankSummary>,
+}
+
+/// Checks the address against the key rule and binds it.
+pub fn bind(opts: &ServeOptions) -> Result<TcpListener, ServeError> {
+    let addr = (opts.host.as_str(), opts.port)
+        .to_socket_addrs()
+        .map_err(|e| ServeError::BadHost {
+            host: opts.host.clone(),
+            reason: e.to_string(),
+        })?
+        .next()
+        .ok_or_else(|| ServeError::BadHost {
+            host: opts.host.clone(),
+            reason: "no address".into(),
+        })?;
+    if !addr.ip().is_loopback() && opts.api_key.is_none() {
+        return Err(ServeError::OpenWithoutKey {
+            host: opts.host.clone(),
+            ip: addr.ip(),
+        });
+    }
+    TcpListener::bind(addr).map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// Serves `scenario`'s fleet on `listener` until SIGTERM or Ctrl-C (or until every
+/// server stopped); `announce` is called with the bound address once requests can come.
+pub fn serve(
+    scenario: &Scenario,
+    real: &RealOptions,
+    opts: &ServeOptions,
+    listener: TcpListener,
+    announce: impl FnOnce(SocketAddr),
+) -> Result<ServeSummary, ServeError> {
+    let fleet = plan(scenario, real)?;
+    let clock = WallClock::start();
+    let (client_tx, client_rx) = unbounded();
+    let (to_client, from_front) = unbounded();
+    let (bridge_tx, bridge_rx) = unbounded();
+    let (metrics, registry) = metrics::Metrics::new();
+    let addr = listener.local_addr().map_err(ServeError::Http)?;
+    let state = web::Data::new(http::AppState {
+        bridge: bridge_tx.clone(),
+        model: opts.model.clone(),
+        api_key: opts.api_key.clone(),
+        max_body_bytes: opts.max_body_bytes,
+        max_prompt_tokens: opts.max_prompt_tokens,
+        registry: Arc::new(registry),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    });
+    let (handle_tx, handle_rx) = crossbeam_channel::bounded(1);
+    let workers = opts.workers.max(1);
+    let drain_s = opts.drain_timeout.as_secs().max(1);
+    let http_thread = std::thread::Builder::new()
+        .name("http".into())
+        .spawn(move || {
+            let result = actix_web::rt::System::new().block_on(async move {
+                let built = HttpServer::new(move || {
+                    App::new()
+                        .app_data(state.clone())
+                        .configure(http::configure)
+                })
+                .workers(workers)
+                .disable_signals()
+                .shutdown_timeout(drain_s)
+                .listen(listener);
+                let server = match built {
+                    Ok(s) => s.run(),
+                    Err(e) => {
+                        let _ = handle_tx.send(None);
+                        return Err(e);
+                    }
+                };
+                let _ = handle_tx.send(Some(server.handle()));
+                server.await
+            });
+            // Nothing more will come from the handlers.
+            let _ = bridge_tx.send(bridge::BridgeMsg::Shutdown);
+            result
+        })
+        .map_err(|source| RuntimeError::Spawn {
+            what: "the HTTP server".into(),
+            source,
+        })?;
+    let Some(handle) = handle_rx.recv().ok().flatten() else {
+        // The server could not start: no rank has started either.
+        return match http_thread.join() {
+            Ok(Err(e)) => Err(ServeError::Http(e)),
+            _ => Err(RuntimeError::Panicked {
+                what: "the HTTP server".into(),
+            }
+            .into()),
+        };
+    };
+    // SIGTERM or Ctrl-C (or SIGHUP): stop accepting, answer what is in flight. The
+    // handler is set before the address is announced, so no signal is missed.
+    let (signal_tx, signal_rx) = crossbeam_channel::bounded::<()>(1);
+    ctrlc::set_handler(move || {
+        let _ = signal_tx.try_send(());
+    })
+    .map_err(|e| ServeError::Signals(e.to_string()))?;
+    let on_signal = handle.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if signal_rx.recv().is_ok() {
+                tracing::info!("stopping: no new connections; draining in-flight requests");
+                actix_web::rt::System::new().block_on(on_signal.stop(true));
+            }
+        })
+        .map_err(|source| RuntimeError::Spawn {
+            what: "the signal thread".into(),
+            source,
+        })?;
+    announce(addr);
+    let outcome = run_hosts(
+        scenario,
+        real,
+        &fleet,
+        clock,
+        ClientPorts {
+            from_client: client_rx,
+            to_client,
+        },
+        move || bridge::run(bridge_rx, client_tx, from_front, &metrics),
+    );
+    // The fleet stopped on its own (every server failed): stop taking requests too.
+    actix_web::rt::System::new().block_on(handle.stop(true));
+    let http = http_thread.join().map_err(|_| RuntimeError::Panicked {
+        what: "the HTTP server".into(),
+    })?;
+    let (end, requests) = outcome?;
+    let ranks = end.summaries;
+    http.map_err(ServeError::Http)?;
+    Ok(ServeSummary { requests, ranks })
+}
