@@ -31,12 +31,12 @@ use lockstep_transport::{Collective, HEARTBEAT_CHANNEL, MpiMember, MpiPeers};
 
 use super::{RealOptions, real_report};
 use crate::fleet::Fleet;
-use crate::report::{RankEnding, RankSummary, Report};
+use crate::report::Report;
 use crate::runtime::client::{Client, ClientItem};
 use crate::runtime::device::DeviceHandle;
 use crate::runtime::faults::MisTagged;
 use crate::runtime::front_host::{FrontHost, FrontInbound};
-use crate::runtime::rank_host::{Pacing, RankOptions, RankPorts, run_rank};
+use crate::runtime::rank_host::{Pacing, RankOptions, RankPorts, rank_summary, run_rank};
 use crate::runtime::transceiver_host::{TransceiverInput, TransceiverLink, run_transceiver};
 use crate::runtime::watchdog::{Progress, watch};
 use crate::runtime::{
@@ -721,26 +721,13 @@ fn run_server_rank(
         &options,
     );
     drop(device);
-    let end = match (&link, transceiver_thread) {
-        (Some(l), Some(h)) => {
-            l.stop();
-            h.join().unwrap_or_default()
-        }
-        _ => Default::default(),
-    };
-    let (ending, violations, count, series) = match outcome {
-        Ok(run) => (
-            run.ending,
-            run.violations,
-            run.violation_count,
-            run.series.into_points(),
-        ),
-        Err(e) => (RankEnding::Failed(e.to_string()), Vec::new(), 0, Vec::new()),
-    };
-    let mut summary = RankSummary::of(s, &exec, violations, count, ending);
-    summary.transfers = end.stats;
-    summary.lost = end.lost;
-    summary.series = series;
+    if let Some(l) = &link {
+        l.stop();
+    }
+    let end = transceiver_thread
+        .and_then(|h| h.join().ok())
+        .unwrap_or_default();
+    let summary = rank_summary(s, &exec, outcome, end);
     if rank == 0 {
         // After its last responses (one outbox: in order).
         let _ = net.send(

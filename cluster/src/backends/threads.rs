@@ -18,13 +18,12 @@ use lockstep_transport::{InProcessGroup, IngressError, IngressQueue};
 
 use super::{RealOptions, real_report};
 use crate::fleet::Fleet;
-use crate::report::{RankEnding, RankSummary, Report};
+use crate::report::Report;
 use crate::runtime::client::{Client, ClientItem};
 use crate::runtime::device::DeviceHandle;
 use crate::runtime::faults::MisTagged;
-use crate::runtime::front_host::FrontEnd;
-use crate::runtime::front_host::{FrontHost, FrontInbound};
-use crate::runtime::rank_host::{Pacing, RankOptions, RankPorts, run_rank};
+use crate::runtime::front_host::{FrontEnd, FrontHost, FrontInbound};
+use crate::runtime::rank_host::{Pacing, RankOptions, RankPorts, rank_summary, run_rank};
 use crate::runtime::transceiver_host::{TransceiverInput, TransceiverLink, run_transceiver};
 use crate::runtime::watchdog::Progress;
 use crate::runtime::{
@@ -442,26 +441,13 @@ fn rank_thread(t: RankThread<'_, '_>) {
         // Later submissions fail at once instead of waiting in a queue nobody reads.
         i.0.close();
     }
-    let end = match (&link, transceiver_thread) {
-        (Some(l), Some(h)) => {
-            l.stop();
-            h.join().unwrap_or_default()
-        }
-        _ => Default::default(),
-    };
-    let (ending, violations, count, series) = match outcome {
-        Ok(run) => (
-            run.ending,
-            run.violations,
-            run.violation_count,
-            run.series.into_points(),
-        ),
-        Err(e) => (RankEnding::Failed(e.to_string()), Vec::new(), 0, Vec::new()),
-    };
-    let mut summary = RankSummary::of(server, &exec, violations, count, ending);
-    summary.transfers = end.stats;
-    summary.lost = end.lost;
-    summary.series = series;
+    if let Some(l) = &link {
+        l.stop();
+    }
+    let end = transceiver_thread
+        .and_then(|h| h.join().ok())
+        .unwrap_or_default();
+    let summary = rank_summary(server, &exec, outcome, end);
     if rank.0 == 0 {
         // After its last responses (one channel: in order).
         let _ = net.send(

@@ -24,9 +24,9 @@ use super::RuntimeError;
 use super::clock::{Clock, WallClock};
 use super::device::DeviceHandle;
 use super::net::{Endpoint, Envelope, Inbox, Net, Received};
-use super::transceiver_host::TransceiverLink;
+use super::transceiver_host::{TransceiverEnd, TransceiverLink};
 use super::watchdog::Progress;
-use crate::report::RankEnding;
+use crate::report::{RankEnding, RankSummary};
 
 /// Modeled time in the real drivers: the host's step and the device's forward take the
 /// cost model's times, scaled, as in the simulator.
@@ -105,6 +105,31 @@ pub struct RankRun {
 }
 
 /// Runs `exec` until the server drains (or stops, or `max_iterations`).
+/// A rank's summary after its loop (every real driver's): the executor's counts, how
+/// the loop ended (a host error ends it `Failed`), its time series, and what its
+/// transceiver moved.
+pub fn rank_summary(
+    server: usize,
+    exec: &RankExecutor,
+    outcome: Result<RankRun, RuntimeError>,
+    transfers: TransceiverEnd,
+) -> RankSummary {
+    let (ending, violations, count, series) = match outcome {
+        Ok(run) => (
+            run.ending,
+            run.violations,
+            run.violation_count,
+            run.series.into_points(),
+        ),
+        Err(e) => (RankEnding::Failed(e.to_string()), Vec::new(), 0, Vec::new()),
+    };
+    let mut summary = RankSummary::of(server, exec, violations, count, ending);
+    summary.transfers = transfers.stats;
+    summary.lost = transfers.lost;
+    summary.series = series;
+    summary
+}
+
 pub fn run_rank<C: Collective + ?Sized>(
     exec: &mut RankExecutor,
     coll: &mut C,
