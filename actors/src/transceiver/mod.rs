@@ -254,6 +254,15 @@ struct Sending {
     sent_bytes: Option<u64>,
 }
 
+impl Sending {
+    /// When the transfer itself started: once both the `Send` command and the pull are
+    /// here (before that the KV only waits for its gen server).
+    fn transfer_started(&self) -> Option<u64> {
+        let (_, commanded) = self.command?;
+        Some(self.pulled_ns?.max(commanded))
+    }
+}
+
 /// The gen side of one transfer.
 #[derive(Debug, Clone)]
 struct Receiving {
@@ -388,9 +397,8 @@ impl Transceiver {
     /// the `Send` command while nobody has pulled.
     fn send_deadline(&self, s: &Sending) -> Option<u64> {
         let (_, commanded) = s.command?;
-        Some(match s.pulled_ns {
-            // The transfer starts once both the command and the pull are here.
-            Some(pulled) => pulled.max(commanded).saturating_add(self.timeout_ns),
+        Some(match s.transfer_started() {
+            Some(started) => started.saturating_add(self.timeout_ns),
             None => commanded.saturating_add(self.pull_timeout_ns),
         })
     }
@@ -510,11 +518,10 @@ impl Transceiver {
                 let Some(s) = self.sending.get(&id) else {
                     return;
                 };
-                let (Some(bytes), Some((_, commanded))) = (s.sent_bytes, s.command) else {
+                // The transfer's own time, not the wait in the gen server's queue.
+                let (Some(bytes), Some(started)) = (s.sent_bytes, s.transfer_started()) else {
                     return;
                 };
-                // The transfer's own time, not the wait in the gen server's queue.
-                let started = s.pulled_ns.unwrap_or(commanded).max(commanded);
                 self.sending.remove(&id);
                 self.stats.completed += 1;
                 self.stats.bytes += bytes;
