@@ -222,10 +222,11 @@ impl<'s> Fleet<'s> {
             self.seed,
             &self.scenario.base_dir,
         )?;
+        let check = self.shape_check();
         let mut first_refusal = None;
         let mut servable = false;
         for (prompt_len, max_new_tokens) in w.request_shapes() {
-            match self.refusal(RequestShape {
+            match check.refusal(RequestShape {
                 prompt_len,
                 max_new_tokens,
                 draft_len: 0,
@@ -245,34 +246,23 @@ impl<'s> Fleet<'s> {
         }
     }
 
-    /// Why no server could serve a request of this shape (the entry role, then for a
-    /// disaggregated fleet the gen role), if none could.
-    fn refusal(&self, r: RequestShape) -> Option<String> {
-        let roles: &[Role] = if self.disaggregated() {
-            &[Role::Ctx, Role::Gen]
-        } else {
-            &[Role::Agg]
-        };
-        for &role in roles {
-            let mut why = Vec::new();
-            let mut servable = false;
-            for p in self.servers.iter().filter(|p| p.config.role == role) {
-                match size_refusal(
-                    &r,
-                    role,
-                    p.config.enable_chunked_prefill,
-                    p.config.scheduler_config.capacity_scheduler_policy,
-                    &p.sizes,
-                ) {
-                    None => servable = true,
-                    Some(w) => why.push(format!("server `{}`: {w}", p.config.name)),
-                }
-            }
-            if !servable {
-                return Some(why.join("; "));
-            }
+    /// The sizes rule of every server, owned: `lockstep serve` refuses a request no
+    /// server could ever run before it reaches the front (400, naming the limit).
+    pub fn shape_check(&self) -> ShapeCheck {
+        ShapeCheck {
+            disaggregated: self.disaggregated(),
+            servers: self
+                .servers
+                .iter()
+                .map(|p| ServerShape {
+                    name: p.config.name.clone(),
+                    role: p.config.role,
+                    chunked_prefill: p.config.enable_chunked_prefill,
+                    capacity_policy: p.config.scheduler_config.capacity_scheduler_policy,
+                    sizes: p.sizes.clone(),
+                })
+                .collect(),
         }
-        None
     }
 
     /// Whether the fleet is disaggregated (ctx and gen servers).
@@ -344,5 +334,49 @@ impl<'s> Fleet<'s> {
         KvCodec::Modeled {
             block_bytes: self.profile.kv.bytes_per_token() * u64::from(self.tokens_per_block),
         }
+    }
+}
+
+/// One server's part of a [`ShapeCheck`].
+#[derive(Debug, Clone)]
+struct ServerShape {
+    name: String,
+    role: Role,
+    chunked_prefill: bool,
+    capacity_policy: lockstep_actors::config::CapacitySchedulerPolicy,
+    sizes: DerivedSizes,
+}
+
+/// Whether some server of the fleet could serve a request of a given shape (the rule
+/// of [`size_refusal`], which the ranks apply when the request arrives).
+#[derive(Debug, Clone)]
+pub struct ShapeCheck {
+    disaggregated: bool,
+    servers: Vec<ServerShape>,
+}
+
+impl ShapeCheck {
+    /// Why no server could serve a request of this shape (the entry role, then for a
+    /// disaggregated fleet the gen role), if none could.
+    pub fn refusal(&self, r: RequestShape) -> Option<String> {
+        let roles: &[Role] = if self.disaggregated {
+            &[Role::Ctx, Role::Gen]
+        } else {
+            &[Role::Agg]
+        };
+        for &role in roles {
+            let mut why = Vec::new();
+            let mut servable = false;
+            for p in self.servers.iter().filter(|p| p.role == role) {
+                match size_refusal(&r, role, p.chunked_prefill, p.capacity_policy, &p.sizes) {
+                    None => servable = true,
+                    Some(w) => why.push(format!("server `{}`: {w}", p.name)),
+                }
+            }
+            if !servable {
+                return Some(why.join("; "));
+            }
+        }
+        None
     }
 }

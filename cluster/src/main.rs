@@ -227,6 +227,10 @@ enum Command {
         /// Seconds a shutdown waits for the requests in flight.
         #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
         drain_timeout_s: u64,
+        /// Requests accepted and not ended past which a new one is answered 429 with
+        /// `Retry-After` (the queue bound; TGI's --max-concurrent-requests).
+        #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+        max_pending: u64,
         /// A collective waiting longer fails naming the missing ranks.
         #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_ms: u64,
@@ -629,6 +633,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             max_body_bytes,
             max_prompt_tokens,
             drain_timeout_s,
+            max_pending,
             timeout_ms,
         } => {
             use lockstep_cluster::serve::{ServeOptions, bind, serve};
@@ -647,6 +652,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 max_prompt_tokens,
                 drain_timeout: std::time::Duration::from_secs(drain_timeout_s),
                 workers: 2,
+                max_pending: usize::try_from(max_pending).unwrap_or(usize::MAX),
             };
             let listener = bind(&opts)?;
             let real = RealOptions {

@@ -463,3 +463,190 @@ print("ok")
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
 }
+
+/// The latest `/metrics` samples.
+fn scrape(s: &Server) -> Vec<(String, f64)> {
+    let (code, text) = get(&s.url("/metrics"));
+    assert_eq!(code, 200);
+    prometheus_samples(&text)
+}
+
+/// Σ of every rank's sample of `metric` (its labelled series).
+fn over_ranks(samples: &[(String, f64)], metric: &str) -> f64 {
+    let prefix = format!("{metric}{{");
+    samples
+        .iter()
+        .filter(|(n, _)| n.starts_with(&prefix))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Polls `/metrics` until `done` holds (or the deadline passes: the last samples).
+fn scrape_until(s: &Server, done: impl Fn(&[(String, f64)]) -> bool) -> Vec<(String, f64)> {
+    // Ranks publish every quarter second and on going idle: 30 s is hang protection.
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let samples = scrape(s);
+        if done(&samples) || Instant::now() > end {
+            return samples;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Opens a raw connection, sends one completion request and reads the first bytes of
+/// the answer (a stream's first event, or nothing for a whole answer), then returns the
+/// connection, so the caller decides when the client leaves.
+fn start_request(s: &Server, body: &Value, read_first: bool) -> std::net::TcpStream {
+    use std::io::Write as _;
+    let addr = s.base.trim_start_matches("http://");
+    let mut c = std::net::TcpStream::connect(addr).expect("connecting");
+    let body = body.to_string();
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("sending");
+    if read_first {
+        c.set_read_timeout(Some(DEADLINE)).expect("a timeout");
+        let mut first = [0u8; 256];
+        let n = c.read(&mut first).expect("the answer starts");
+        let head = String::from_utf8_lossy(&first[..n]);
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    }
+    c
+}
+
+#[test]
+fn a_client_that_disconnects_cancels_its_request_and_its_kv_is_freed() {
+    // Paced by the model: 2,000 tokens take far longer than the test.
+    let s = Server::start("agg-balanced.toml", &["--time-scale", "1"]);
+    let long = |stream: bool| json!({"prompt": "a b c d e f g h i j k l m n o p q r s t u v w x y z", "max_tokens": 2000, "stream": stream});
+    for (stream, n) in [(true, 1.0), (false, 2.0)] {
+        let c = start_request(&s, &long(stream), stream);
+        // While it runs its rank holds KV for it (the control: the check below binds).
+        let running = scrape_until(&s, |m| {
+            over_ranks(m, "lockstep_kv_cache_used_blocks") > 0.0
+                && sample(m, "lockstep_num_requests_running") == 1.0
+        });
+        assert!(
+            over_ranks(&running, "lockstep_kv_cache_used_blocks") > 0.0,
+            "stream {stream}: no KV held while the request runs: {running:?}"
+        );
+        drop(c);
+        let after = scrape_until(&s, |m| {
+            sample(m, "lockstep_request_cancelled_total") == n
+                && over_ranks(m, "lockstep_kv_cache_used_blocks") == 0.0
+                && over_ranks(m, "lockstep_rank_requests_resident") == 0.0
+        });
+        assert_eq!(
+            sample(&after, "lockstep_request_cancelled_total"),
+            n,
+            "stream {stream}: {after:?}"
+        );
+        assert_eq!(
+            over_ranks(&after, "lockstep_kv_cache_used_blocks"),
+            0.0,
+            "stream {stream}: KV still held after the client left"
+        );
+        assert_eq!(over_ranks(&after, "lockstep_rank_requests_resident"), 0.0);
+        assert_eq!(sample(&after, "lockstep_num_requests_running"), 0.0);
+        assert_eq!(sample(&after, "lockstep_request_success_total"), 0.0);
+    }
+    // The server goes on serving.
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        r#"{"prompt": "a", "max_tokens": 2}"#,
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+}
+
+#[test]
+fn a_full_queue_answers_429_with_retry_after_at_once() {
+    let s = Server::start(
+        "agg-balanced.toml",
+        &["--time-scale", "1", "--max-pending", "1"],
+    );
+    let c = start_request(
+        &s,
+        &json!({"prompt": "a b", "max_tokens": 2000, "stream": true}),
+        true,
+    );
+    let refused = agent()
+        .post(&s.url("/v1/completions"))
+        .set("Content-Type", "application/json")
+        .send_string(r#"{"prompt": "a", "max_tokens": 2}"#);
+    let Err(ureq::Error::Status(429, r)) = refused else {
+        panic!("expected 429, got {refused:?}");
+    };
+    assert_eq!(r.header("Retry-After"), Some("1"));
+    let e = json_of(&r.into_string().expect("a body"));
+    assert_eq!(e["error"]["code"], "rate_limit_exceeded");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("--max-pending")),
+        "{e}"
+    );
+    assert_eq!(sample(&scrape(&s), "lockstep_request_rejected_total"), 1.0);
+    // Once the first leaves, its place is free again.
+    drop(c);
+    scrape_until(&s, |m| sample(m, "lockstep_request_cancelled_total") == 1.0);
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        r#"{"prompt": "a", "max_tokens": 2}"#,
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+}
+
+#[test]
+fn a_request_no_server_could_run_is_refused_naming_the_limit() {
+    let s = Server::start("agg-balanced.toml", &[]);
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        r#"{"prompt": "a b c", "max_tokens": 1000000}"#,
+        None,
+    );
+    assert_eq!(code, 400, "{body}");
+    let e = json_of(&body);
+    assert_eq!(e["error"]["param"], "max_tokens");
+    assert_eq!(e["error"]["code"], "context_length_exceeded");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("KV blocks")),
+        "{e}"
+    );
+    // Nothing reached the fleet.
+    assert_eq!(sample(&scrape(&s), "lockstep_request_failure_total"), 0.0);
+}
+
+#[test]
+fn metrics_show_every_rank_and_prefix_cache_hits_from_shared_prompts() {
+    let s = Server::start("agg-kv-aware.toml", &[]);
+    let prompt: Vec<u32> = (1..=256).collect();
+    for _ in 0..3 {
+        let (code, body) = post(
+            &s.url("/v1/completions"),
+            &json!({"prompt": prompt, "max_tokens": 2}).to_string(),
+            None,
+        );
+        assert_eq!(code, 200, "{body}");
+    }
+    let m = scrape_until(&s, |m| {
+        over_ranks(m, "lockstep_prefix_cache_hit_blocks_total") > 0.0
+    });
+    assert!(
+        over_ranks(&m, "lockstep_prefix_cache_hit_blocks_total") > 0.0,
+        "the same prompt three times reuses its blocks: {m:?}"
+    );
+    assert_eq!(over_ranks(&m, "lockstep_rank_routed_requests_total"), 3.0);
+    let ranks = m
+        .iter()
+        .filter(|(n, _)| n.starts_with("lockstep_kv_cache_usage_perc{"))
+        .count();
+    assert!(ranks >= 2, "one series per rank: {m:?}");
+}

@@ -24,6 +24,7 @@ use crate::runtime::device::DeviceHandle;
 use crate::runtime::faults::MisTagged;
 use crate::runtime::front_host::{FrontEnd, FrontHost, FrontInbound};
 use crate::runtime::rank_host::{Pacing, RankOptions, RankPorts, rank_summary, run_rank};
+use crate::runtime::status::{STATUS_EVERY, StatusBoard};
 use crate::runtime::transceiver_host::{TransceiverInput, TransceiverLink, run_transceiver};
 use crate::runtime::watchdog::Progress;
 use crate::runtime::{
@@ -158,6 +159,7 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
         ClientPorts {
             from_client: client_rx,
             to_client,
+            status: None,
         },
         move || client.run(),
     )?;
@@ -189,6 +191,9 @@ pub struct ClientPorts {
     pub from_client: Receiver<ClientItem>,
     /// The responses the front passes on; it closes when every server has stopped.
     pub to_client: Sender<Vec<Response>>,
+    /// Where the ranks' live status goes (`lockstep serve`'s `/metrics`); `None`: the
+    /// ranks publish none.
+    pub status: Option<StatusBoard>,
 }
 
 /// Starts the front host and every server's rank (and transceiver) threads, runs
@@ -206,6 +211,7 @@ pub fn run_hosts<R>(
     let ClientPorts {
         from_client: client_rx,
         to_client,
+        status,
     } = ports;
     let (front_tx, front_rx) = unbounded::<Envelope>();
     let ingress: Vec<IngressQueue<IngressItem>> = fleet
@@ -242,6 +248,7 @@ pub fn run_hosts<R>(
             backend: AnalyticBackend::new(fleet.profile.coefficients),
             time_scale: opts.time_scale,
         }),
+        status_every: status.as_ref().map(|_| STATUS_EVERY),
         ..RankOptions::default()
     };
     let quiet_limit = opts.collective_timeout.max(opts.stall_bound) * 2;
@@ -254,7 +261,8 @@ pub fn run_hosts<R>(
             &net,
             to_client,
             clock,
-        );
+        )
+        .with_status(status);
         if opts.preload {
             // Every request reaches the servers' ingress before any rank runs: the first
             // fetch sees them all, as in the other drivers.

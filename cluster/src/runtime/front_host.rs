@@ -16,6 +16,7 @@ use super::RuntimeError;
 use super::client::ClientItem;
 use super::clock::{Clock, WallClock};
 use super::net::{Endpoint, Envelope, Inbox, Net, NetError, Received};
+use super::status::StatusBoard;
 use crate::report::RankSummary;
 
 /// What reaches the front host.
@@ -53,6 +54,7 @@ pub struct FrontHost<'a> {
     ranks: usize,
     client_done: bool,
     lost: Option<String>,
+    status: Option<StatusBoard>,
 }
 
 impl<'a> FrontHost<'a> {
@@ -75,7 +77,14 @@ impl<'a> FrontHost<'a> {
             ranks,
             client_done: false,
             lost: None,
+            status: None,
         }
+    }
+
+    /// Keeps the ranks' live status on `board` (without one it is dropped).
+    pub fn with_status(mut self, board: Option<StatusBoard>) -> FrontHost<'a> {
+        self.status = board;
+        self
     }
 
     /// Whether every server stopped and every rank's summary arrived (or the fleet was
@@ -127,6 +136,11 @@ impl<'a> FrontHost<'a> {
                     .handle(now, FrontIn::ServerStopped(server as usize));
             }
             FrontInbound::Net(Envelope::RankEnded(summary)) => self.summaries.push(*summary),
+            FrontInbound::Net(Envelope::Status(status)) => {
+                if let Some(board) = &self.status {
+                    board.update(*status);
+                }
+            }
             FrontInbound::Lost(reason) => {
                 self.stopped.iter_mut().for_each(|s| *s = true);
                 self.front.handle(

@@ -13,6 +13,7 @@ pub mod faults;
 pub mod front_host;
 pub mod net;
 pub mod rank_host;
+pub mod status;
 pub mod transceiver_host;
 pub mod watchdog;
 

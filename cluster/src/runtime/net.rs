@@ -48,6 +48,8 @@ pub enum Envelope {
     },
     /// → the front: a rank's summary when its loop ended.
     RankEnded(Box<RankSummary>),
+    /// → the front: a rank's counters while it runs (`lockstep serve`'s `/metrics`).
+    Status(Box<super::status::RankStatus>),
     /// → a transceiver.
     Peer(PeerMessage),
 }

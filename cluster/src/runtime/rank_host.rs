@@ -24,6 +24,7 @@ use super::RuntimeError;
 use super::clock::{Clock, WallClock};
 use super::device::DeviceHandle;
 use super::net::{Endpoint, Envelope, Inbox, Net, Received};
+use super::status::StatusPublisher;
 use super::transceiver_host::{TransceiverEnd, TransceiverLink};
 use super::watchdog::Progress;
 use crate::report::{RankEnding, RankSummary};
@@ -57,6 +58,9 @@ pub struct RankOptions {
     pub time_iterations: bool,
     /// Modeled time (`None`: as fast as the machine goes).
     pub pacing: Option<Pacing>,
+    /// Publish the rank's status to the front this often, and on going idle
+    /// (`lockstep serve`'s `/metrics`); `None`: never.
+    pub status_every: Option<Duration>,
 }
 
 impl Default for RankOptions {
@@ -67,6 +71,7 @@ impl Default for RankOptions {
             max_iterations: None,
             time_iterations: false,
             pacing: None,
+            status_every: None,
         }
     }
 }
@@ -147,6 +152,7 @@ pub fn run_rank<C: Collective + ?Sized>(
     };
     let mut iterations = 0u64;
     let mut iteration_started = Instant::now();
+    let mut publisher = opts.status_every.map(StatusPublisher::new);
     // Modeled time: the iteration's start (its fetch), from which the host step counts.
     let mut fetched_at = 0u64;
     let mut stalled_since: Option<u64> = None;
@@ -276,6 +282,16 @@ pub fn run_rank<C: Collective + ?Sized>(
                 let now = ports.clock.now_ns();
                 run.series.record(&report.stats, now, preemptions);
                 ports.progress.iteration_done(iterations, now);
+                if let Some(status) = publisher
+                    .as_mut()
+                    .and_then(|p| p.after_iteration(server, exec))
+                {
+                    // Only metrics depend on it: a front that cannot take it loses
+                    // nothing that matters.
+                    let _ = ports
+                        .net
+                        .send(Endpoint::Front, Envelope::Status(Box::new(status)));
+                }
                 if opts.time_iterations {
                     run.iteration_times.push(iteration_started.elapsed());
                 }

@@ -51,10 +51,14 @@ pub enum Endpoint {
 }
 
 /// A checked request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Parsed {
     /// Prompt tokens by the rules above.
     pub prompt_tokens: u32,
+    /// One content hash per full block of the prompt (the fleet's `tokens_per_block`
+    /// tokens): prompts that share a prefix share these, so the KV-aware router and the
+    /// prefix cache see HTTP traffic as they see a workload's.
+    pub block_hashes: Vec<u64>,
     /// Output tokens to generate.
     pub max_tokens: u32,
     /// Server-sent events.
@@ -122,17 +126,43 @@ fn short(v: &Value) -> String {
     }
 }
 
-fn words(text: &str) -> u64 {
-    text.split_whitespace().count() as u64
+/// Appends one content key per word of `text` (a word's key hashes its bytes).
+fn words(text: &str, keys: &mut Vec<u64>) {
+    for w in text.split_whitespace() {
+        let key = w
+            .bytes()
+            .fold(lockstep_actors::kv::mix(w.len() as u64), |h, b| {
+                lockstep_actors::kv::mix(h ^ u64::from(b))
+            });
+        keys.push(key);
+    }
 }
 
-/// Checks a request body for `endpoint`; `model` is the served model's name and
-/// `max_prompt_tokens` the longest prompt taken.
+/// The content hash of each full block of `tokens_per_block` token keys (none when
+/// `tokens_per_block` is 0). Token ids and words never collide: words' keys are mixed
+/// with a tag.
+pub fn block_hashes(keys: &[u64], tokens_per_block: u32) -> Vec<u64> {
+    if tokens_per_block == 0 {
+        return Vec::new();
+    }
+    keys.chunks_exact(tokens_per_block as usize)
+        .map(|block| {
+            block
+                .iter()
+                .fold(0x000B_10C4_u64, |h, &k| lockstep_actors::kv::mix(h ^ k))
+        })
+        .collect()
+}
+
+/// Checks a request body for `endpoint`; `model` is the served model's name,
+/// `max_prompt_tokens` the longest prompt taken, `tokens_per_block` the fleet's KV block
+/// size (the prompt's block hashes are computed with it).
 pub fn parse(
     body: &[u8],
     endpoint: Endpoint,
     model: &str,
     max_prompt_tokens: u32,
+    tokens_per_block: u32,
 ) -> Result<Parsed, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::status(
@@ -168,10 +198,18 @@ pub fn parse(
             }
         }
     }
-    let (param, prompt_tokens) = match endpoint {
-        Endpoint::Completions => ("prompt", completion_prompt(obj.get("prompt"))?),
-        Endpoint::Chat => ("messages", chat_prompt(obj.get("messages"))?),
+    let mut keys = Vec::new();
+    let param = match endpoint {
+        Endpoint::Completions => {
+            completion_prompt(obj.get("prompt"), &mut keys)?;
+            "prompt"
+        }
+        Endpoint::Chat => {
+            chat_prompt(obj.get("messages"), &mut keys)?;
+            "messages"
+        }
     };
+    let prompt_tokens = keys.len() as u64;
     if prompt_tokens == 0 {
         return Err(ApiError::field(
             param,
@@ -279,13 +317,17 @@ pub fn parse(
     }
     Ok(Parsed {
         prompt_tokens: prompt_tokens as u32,
+        block_hashes: block_hashes(&keys, tokens_per_block),
         max_tokens,
         stream,
         include_usage,
     })
 }
 
-fn completion_prompt(prompt: Option<&Value>) -> Result<u64, ApiError> {
+/// Token ids are their own keys; words get a tag so that a word never reads as an id.
+const WORD_TAG: u64 = 1 << 40;
+
+fn completion_prompt(prompt: Option<&Value>, keys: &mut Vec<u64>) -> Result<(), ApiError> {
     let bad = |v: &Value| {
         ApiError::field(
             "prompt",
@@ -297,23 +339,36 @@ fn completion_prompt(prompt: Option<&Value>) -> Result<u64, ApiError> {
     };
     match prompt {
         None | Some(Value::Null) => Err(ApiError::field("prompt", "prompt is required")),
-        Some(Value::String(s)) => Ok(words(s)),
+        Some(Value::String(s)) => {
+            words(s, keys);
+            tag_words(keys);
+            Ok(())
+        }
         Some(Value::Array(items)) => {
             if let [Value::String(s)] = items.as_slice() {
-                return Ok(words(s));
+                words(s, keys);
+                tag_words(keys);
+                return Ok(());
             }
             for t in items {
-                if t.as_u64().is_none_or(|id| id > u64::from(u32::MAX)) {
-                    return Err(bad(t));
+                match t.as_u64() {
+                    Some(id) if id <= u64::from(u32::MAX) => keys.push(id),
+                    _ => return Err(bad(t)),
                 }
             }
-            Ok(items.len() as u64)
+            Ok(())
         }
         Some(v) => Err(bad(v)),
     }
 }
 
-fn chat_prompt(messages: Option<&Value>) -> Result<u64, ApiError> {
+fn tag_words(keys: &mut [u64]) {
+    for k in keys {
+        *k |= WORD_TAG;
+    }
+}
+
+fn chat_prompt(messages: Option<&Value>, keys: &mut Vec<u64>) -> Result<(), ApiError> {
     let Some(messages) = messages else {
         return Err(ApiError::field("messages", "messages is required"));
     };
@@ -326,7 +381,6 @@ fn chat_prompt(messages: Option<&Value>) -> Result<u64, ApiError> {
             ),
         ));
     };
-    let mut tokens = 0;
     for (i, m) in list.iter().enumerate() {
         let role = m.get("role").and_then(Value::as_str);
         if !matches!(
@@ -341,14 +395,13 @@ fn chat_prompt(messages: Option<&Value>) -> Result<u64, ApiError> {
                 ),
             ));
         }
-        tokens += match m.get("content") {
-            None | Some(Value::Null) => 0,
-            Some(Value::String(s)) => words(s),
+        match m.get("content") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => words(s, keys),
             Some(Value::Array(parts)) => {
-                let mut n = 0;
                 for (j, p) in parts.iter().enumerate() {
                     match p.get("text").and_then(Value::as_str) {
-                        Some(t) => n += words(t),
+                        Some(t) => words(t, keys),
                         None => {
                             return Err(ApiError::field(
                                 &format!("messages[{i}].content[{j}]"),
@@ -360,7 +413,6 @@ fn chat_prompt(messages: Option<&Value>) -> Result<u64, ApiError> {
                         }
                     }
                 }
-                n
             }
             Some(v) => {
                 return Err(ApiError::field(
@@ -371,9 +423,10 @@ fn chat_prompt(messages: Option<&Value>) -> Result<u64, ApiError> {
                     ),
                 ));
             }
-        };
+        }
     }
-    Ok(tokens)
+    tag_words(keys);
+    Ok(())
 }
 
 /// The text of `count` output tokens whose last id is `last`, the output so far holding
@@ -404,7 +457,7 @@ mod tests {
     use super::*;
 
     fn p(body: &str, e: Endpoint) -> Result<Parsed, ApiError> {
-        parse(body.as_bytes(), e, "m", 100)
+        parse(body.as_bytes(), e, "m", 100, 2)
     }
 
     #[test]
@@ -423,14 +476,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            c,
-            Parsed {
-                prompt_tokens: 3,
-                max_tokens: 2,
-                stream: true,
-                include_usage: true
-            }
+            (c.prompt_tokens, c.max_tokens, c.stream, c.include_usage),
+            (3, 2, true, true)
         );
+        // Three tokens in blocks of two: one full block.
+        assert_eq!(c.block_hashes.len(), 1);
+    }
+
+    #[test]
+    fn prompts_that_share_a_prefix_share_its_block_hashes() {
+        let hashes = |body: &str| p(body, Endpoint::Completions).unwrap().block_hashes;
+        let a = hashes(r#"{"prompt": [1, 2, 3, 4, 5]}"#);
+        let b = hashes(r#"{"prompt": [1, 2, 3, 9, 5]}"#);
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0], b[0], "the shared first block");
+        assert_ne!(a[1], b[1], "the second block differs");
+        let words = hashes(r#"{"prompt": "a b c d"}"#);
+        let same = hashes(r#"{"prompt": "a b c e"}"#);
+        assert_eq!(words[0], same[0]);
+        assert_ne!(words[1], same[1]);
+        assert!(!a.contains(&words[0]), "words never read as token ids");
+        // No block size: no hashes.
+        let none = parse(
+            br#"{"prompt": [1, 2, 3, 4]}"#,
+            Endpoint::Completions,
+            "m",
+            100,
+            0,
+        )
+        .unwrap();
+        assert!(none.block_hashes.is_empty());
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! back to its handler over a channel of its own.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, never, select};
@@ -20,17 +22,25 @@ use crate::runtime::client::ClientItem;
 /// What an HTTP handler tells the bridge.
 #[derive(Debug)]
 pub enum BridgeMsg {
-    /// A new request; its events go to `events`.
+    /// A new request; its events go to `events`. Its handler reserved a place in
+    /// [`Pending`] for it; the bridge gives the place back when the request ends.
     Submit {
+        /// Its id (the handler's, unique in this server's life).
+        id: ReqId,
         /// Prompt tokens.
         prompt_tokens: u32,
         /// Output tokens.
         max_tokens: u32,
+        /// The prompt's block hashes.
+        block_hashes: Vec<u64>,
         /// When the HTTP server received it.
         received: Instant,
         /// Where its events go.
         events: UnboundedSender<Event>,
     },
+    /// The handler of a request is gone before the request ended (its client
+    /// disconnected): the request is cancelled on its rank, and its KV freed.
+    Cancel(ReqId),
     /// The HTTP server stopped: no request will come.
     Shutdown,
 }
@@ -50,47 +60,111 @@ pub enum Event {
     /// The request reached its length.
     Completed,
     /// The request failed.
-    Failed(String),
+    Failed {
+        /// Why.
+        why: String,
+        /// The servers have stopped (503: try again later, elsewhere), rather than
+        /// the request failing on them (500).
+        unavailable: bool,
+    },
+}
+
+/// Requests accepted and not ended: handlers reserve a place before submitting (and
+/// answer 429 past the bound), the bridge frees it when the request ends.
+#[derive(Debug, Clone, Default)]
+pub struct Pending(Arc<AtomicUsize>);
+
+impl Pending {
+    /// Takes a place if fewer than `bound` are taken.
+    pub fn reserve(&self, bound: usize) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < bound).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives a place back.
+    pub fn release(&self) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Places taken.
+    pub fn taken(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 struct Open {
     events: UnboundedSender<Event>,
     received: Instant,
     first_token: bool,
+    cancelled: bool,
 }
+
+const STOPPED: &str = "the servers stopped before the request finished";
 
 /// Runs until the front closes its channel (every server stopped): requests from
 /// `http` go to the front as [`ClientItem::Request`]s, the responses from the front go
 /// to each request's handler; [`BridgeMsg::Shutdown`] (or every sender gone) sends the
 /// front the client's shutdown, after which the servers drain and stop. Returns the
-/// requests served.
+/// requests taken.
 pub fn run(
     http: Receiver<BridgeMsg>,
     to_front: Sender<ClientItem>,
     from_front: Receiver<Vec<Response>>,
     metrics: &Metrics,
+    pending: &Pending,
 ) -> u64 {
     let mut open: HashMap<ReqId, Open> = HashMap::new();
-    let mut next_id = 0u64;
+    let mut taken = 0u64;
     let mut http = Some(http);
     loop {
         let from_http = http.as_ref().map_or(never(), Clone::clone);
         select! {
             recv(from_http) -> m => match m {
-                Ok(BridgeMsg::Submit { prompt_tokens, max_tokens, received, events }) => {
-                    next_id += 1;
-                    let id = ReqId(next_id);
+                Ok(BridgeMsg::Submit {
+                    id,
+                    prompt_tokens,
+                    max_tokens,
+                    block_hashes,
+                    received,
+                    events,
+                }) => {
+                    taken += 1;
                     metrics.prompt_tokens.inc_by(u64::from(prompt_tokens));
-                    let spec = RequestSpec::new(next_id, prompt_tokens, max_tokens);
+                    let mut spec = RequestSpec::new(id.0, prompt_tokens, max_tokens);
+                    spec.block_hashes = block_hashes;
                     if to_front.send(ClientItem::Request(spec)).is_err() {
                         metrics.request_failure.inc();
-                        let _ = events.send(Event::Failed(
-                            "every server has stopped".into(),
-                        ));
+                        pending.release();
+                        let _ = events.send(Event::Failed {
+                            why: "every server has stopped".into(),
+                            unavailable: true,
+                        });
                         continue;
                     }
                     metrics.waiting.inc();
-                    open.insert(id, Open { events, received, first_token: false });
+                    open.insert(
+                        id,
+                        Open {
+                            events,
+                            received,
+                            first_token: false,
+                            cancelled: false,
+                        },
+                    );
+                }
+                Ok(BridgeMsg::Cancel(id)) => {
+                    // A request that ended meanwhile has nothing to cancel.
+                    if let Some(o) = open.get_mut(&id)
+                        && !o.cancelled
+                    {
+                        o.cancelled = true;
+                        let _ = to_front.send(ClientItem::Cancel(id));
+                    }
                 }
                 Ok(BridgeMsg::Shutdown) | Err(_) => {
                     http = None;
@@ -101,7 +175,7 @@ pub fn run(
             recv(from_front) -> batch => match batch {
                 Ok(batch) => {
                     for r in batch {
-                        deliver(&mut open, r, metrics);
+                        deliver(&mut open, r, metrics, pending);
                     }
                 }
                 Err(_) => break,
@@ -111,19 +185,21 @@ pub fn run(
     // The servers stopped: whatever is still open will never finish.
     for (_, o) in open.drain() {
         metrics.request_failure.inc();
+        pending.release();
         if o.first_token {
             metrics.running.dec();
         } else {
             metrics.waiting.dec();
         }
-        let _ = o.events.send(Event::Failed(
-            "the servers stopped before the request finished".into(),
-        ));
+        let _ = o.events.send(Event::Failed {
+            why: STOPPED.into(),
+            unavailable: true,
+        });
     }
-    next_id
+    taken
 }
 
-fn deliver(open: &mut HashMap<ReqId, Open>, r: Response, metrics: &Metrics) {
+fn deliver(open: &mut HashMap<ReqId, Open>, r: Response, metrics: &Metrics, pending: &Pending) {
     let Some(o) = open.get_mut(&r.id) else {
         return;
     };
@@ -145,22 +221,36 @@ fn deliver(open: &mut HashMap<ReqId, Open>, r: Response, metrics: &Metrics) {
     let end = match r.finish {
         None | Some(Finish::ContextDone) => return,
         Some(Finish::Completed) => Event::Completed,
-        Some(Finish::Failed(why)) => Event::Failed(why),
-        Some(Finish::Cancelled) => Event::Failed("cancelled".into()),
+        Some(Finish::Failed(why)) => Event::Failed {
+            why,
+            unavailable: false,
+        },
+        Some(Finish::Cancelled) => Event::Failed {
+            why: "cancelled".into(),
+            unavailable: false,
+        },
     };
     let Some(o) = open.remove(&r.id) else {
         return;
     };
+    pending.release();
     if o.first_token {
         metrics.running.dec();
     } else {
         metrics.waiting.dec();
     }
-    if end == Event::Completed {
-        metrics.request_success.inc();
-        metrics.e2e.observe(o.received.elapsed().as_secs_f64());
-    } else {
-        metrics.request_failure.inc();
+    match &end {
+        Event::Completed => {
+            metrics.request_success.inc();
+            metrics.e2e.observe(o.received.elapsed().as_secs_f64());
+        }
+        // Cancelled by its client, or failed on its own after the client left.
+        _ if o.cancelled => {
+            metrics.request_cancelled.inc();
+        }
+        _ => {
+            metrics.request_failure.inc();
+        }
     }
     let _ = o.events.send(end);
 }

@@ -2,10 +2,11 @@
 //! the API key, the body limit, and server-sent events.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use actix_web::http::StatusCode;
-use actix_web::http::header::{AUTHORIZATION, CONTENT_LENGTH};
+use actix_web::http::header::{AUTHORIZATION, CONTENT_LENGTH, RETRY_AFTER};
 use actix_web::web::{self, Bytes};
 use actix_web::{HttpRequest, HttpResponse};
 use crossbeam_channel::Sender;
@@ -15,7 +16,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::api::{self, ApiError, Endpoint, Parsed};
-use super::bridge::{BridgeMsg, Event};
+use super::bridge::{BridgeMsg, Event, Pending};
+use crate::fleet::ShapeCheck;
+use lockstep_actors::config::RequestShape;
+use lockstep_actors::ids::ReqId;
 
 /// What every handler shares.
 pub struct AppState {
@@ -33,6 +37,18 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     /// When the server started (`/v1/models`' `created`).
     pub created: u64,
+    /// The next request's id.
+    pub next_id: AtomicU64,
+    /// Requests accepted and not ended.
+    pub pending: Pending,
+    /// More pending than this answers 429.
+    pub max_pending: usize,
+    /// The fleet's KV block size (for the prompt's block hashes).
+    pub tokens_per_block: u32,
+    /// Whether some server could run a request of a given size.
+    pub shapes: ShapeCheck,
+    /// Counts the 429s.
+    pub rejected: prometheus_client::metrics::counter::Counter,
 }
 
 /// The routes.
@@ -45,8 +61,113 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 }
 
 fn error(e: &ApiError) -> HttpResponse {
-    HttpResponse::build(StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST))
-        .json(e.body())
+    let mut answer =
+        HttpResponse::build(StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST));
+    // Overloaded or stopping: the client may try again (another replica, or later).
+    if matches!(e.status, 429 | 503) {
+        answer.insert_header((RETRY_AFTER, RETRY_AFTER_S.to_string()));
+    }
+    answer.json(e.body())
+}
+
+/// Seconds a 429 or 503 asks the client to wait.
+const RETRY_AFTER_S: u32 = 1;
+
+/// Cancels its request when dropped armed: a handler (or a stream) dropped before its
+/// request ended means the client went away.
+struct CancelOnDrop {
+    id: ReqId,
+    bridge: Sender<BridgeMsg>,
+    armed: bool,
+}
+
+impl CancelOnDrop {
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.bridge.send(BridgeMsg::Cancel(self.id));
+        }
+    }
+}
+
+/// A duplicate of a connection's socket (set when the connection opens), through
+/// which a handler waiting for a whole answer notices that its client left: actix-web
+/// does not drop a running handler when the peer closes, and vLLM users expect an
+/// abandoned request to stop taking GPU time.
+#[derive(Clone)]
+pub struct Peer(Arc<socket2::Socket>);
+
+impl Peer {
+    /// The peer of a new connection (`HttpServer::on_connect`), if it is TCP.
+    pub fn of(connection: &dyn std::any::Any) -> Option<Peer> {
+        let tcp = connection.downcast_ref::<actix_web::rt::net::TcpStream>()?;
+        socket2::SockRef::from(tcp)
+            .try_clone()
+            .ok()
+            .map(|s| Peer(Arc::new(s)))
+    }
+
+    /// The client closed its end (or the connection broke). The socket is
+    /// non-blocking (tokio's): a peek finds data, nothing yet, or the end.
+    fn gone(&self) -> bool {
+        let mut byte = [std::mem::MaybeUninit::uninit(); 1];
+        match self.0.peek(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ),
+        }
+    }
+
+    /// Returns once the client has gone.
+    async fn departure(&self) {
+        loop {
+            tokio::time::sleep(PEER_CHECK_EVERY).await;
+            if self.gone() {
+                return;
+            }
+        }
+    }
+}
+
+/// How often a handler waiting for a whole answer checks its client is still there.
+const PEER_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Refuses a request no server could ever run (400, as vLLM refuses a prompt past
+/// `max_model_len`): the prompt alone, or with its `max_tokens`.
+fn check_size(state: &AppState, parsed: &Parsed, endpoint: Endpoint) -> Result<(), ApiError> {
+    let shape = |max_new_tokens| RequestShape {
+        prompt_len: parsed.prompt_tokens,
+        max_new_tokens,
+        draft_len: 0,
+    };
+    let prompt_param = match endpoint {
+        Endpoint::Completions => "prompt",
+        Endpoint::Chat => "messages",
+    };
+    let (param, why) = if let Some(why) = state.shapes.refusal(shape(1)) {
+        (prompt_param, why)
+    } else if let Some(why) = state.shapes.refusal(shape(parsed.max_tokens)) {
+        ("max_tokens", why)
+    } else {
+        return Ok(());
+    };
+    let mut e = ApiError::field(
+        param,
+        format!(
+            "{param}: a request of {} prompt tokens and max_tokens {} cannot run on this fleet: {why}",
+            parsed.prompt_tokens, parsed.max_tokens
+        ),
+    );
+    e.code = Some("context_length_exceeded");
+    Err(e)
 }
 
 fn now_s() -> u64 {
@@ -174,24 +295,57 @@ async fn generate(
         Ok(b) => b,
         Err(e) => return error(&e),
     };
-    let parsed = match api::parse(&body, endpoint, &state.model, state.max_prompt_tokens) {
+    let mut parsed = match api::parse(
+        &body,
+        endpoint,
+        &state.model,
+        state.max_prompt_tokens,
+        state.tokens_per_block,
+    ) {
         Ok(p) => p,
         Err(e) => return error(&e),
     };
+    if let Err(e) = check_size(&state, &parsed, endpoint) {
+        return error(&e);
+    }
+    // Never waits: past the bound the answer is 429 at once.
+    if !state.pending.reserve(state.max_pending) {
+        state.rejected.inc();
+        let mut e = ApiError::status(
+            429,
+            "rate_limit_error",
+            format!(
+                "{} requests are pending, this server's limit (--max-pending); retry after {RETRY_AFTER_S} s",
+                state.max_pending
+            ),
+        );
+        e.code = Some("rate_limit_exceeded");
+        return error(&e);
+    }
+    let id = ReqId(state.next_id.fetch_add(1, Ordering::Relaxed));
     let (events, rx) = unbounded_channel();
     let submit = BridgeMsg::Submit {
+        id,
         prompt_tokens: parsed.prompt_tokens,
         max_tokens: parsed.max_tokens,
+        block_hashes: std::mem::take(&mut parsed.block_hashes),
         received,
         events,
     };
     if state.bridge.send(submit).is_err() {
+        state.pending.release();
         return error(&ApiError::status(
             503,
             "server_error",
             "the servers have stopped",
         ));
     }
+    let guard = CancelOnDrop {
+        id,
+        bridge: state.bridge.clone(),
+        armed: true,
+    };
+    let streamed = parsed.stream;
     let shape = Shape {
         endpoint,
         id: format!(
@@ -200,20 +354,27 @@ async fn generate(
                 Endpoint::Completions => "cmpl",
                 Endpoint::Chat => "chatcmpl",
             },
-            NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            id.0
         ),
         created: now_s(),
         model: state.model.clone(),
         parsed,
     };
-    if parsed.stream {
-        stream(shape, rx)
+    if streamed {
+        stream(shape, rx, guard)
     } else {
-        whole(shape, rx).await
+        whole(shape, rx, guard, req.conn_data::<Peer>().cloned()).await
     }
 }
 
-static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+/// The error a failed request answers with.
+fn failure(why: String, unavailable: bool) -> ApiError {
+    if unavailable {
+        ApiError::status(503, "server_error", why)
+    } else {
+        ApiError::status(500, "server_error", why)
+    }
+}
 
 /// What every answer of one request repeats.
 struct Shape {
@@ -275,28 +436,55 @@ impl Shape {
     }
 }
 
-async fn whole(shape: Shape, mut rx: UnboundedReceiver<Event>) -> HttpResponse {
+/// The whole answer, once the request ended. If `peer` leaves first, `guard` cancels
+/// the request.
+async fn whole(
+    shape: Shape,
+    mut rx: UnboundedReceiver<Event>,
+    mut guard: CancelOnDrop,
+    peer: Option<Peer>,
+) -> HttpResponse {
     let mut text = String::new();
     let mut generated = 0;
+    // One watch for the whole wait (a watch per event would restart its clock at every
+    // token and never look).
+    let departure = async {
+        match &peer {
+            Some(p) => p.departure().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(departure);
     loop {
-        match rx.recv().await {
+        let event = tokio::select! {
+            e = rx.recv() => e,
+            () = &mut departure => {
+                // Nobody reads this answer; the armed guard cancels the request.
+                return HttpResponse::new(
+                    StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+                );
+            }
+        };
+        match event {
             Some(Event::Tokens { last, count, .. }) => {
                 text.push_str(&api::render(last, count, generated));
                 generated += count;
             }
             Some(Event::Completed) => break,
-            Some(Event::Failed(why)) => {
-                return error(&ApiError::status(500, "server_error", why));
+            Some(Event::Failed { why, unavailable }) => {
+                guard.disarm();
+                return error(&failure(why, unavailable));
             }
             None => {
-                return error(&ApiError::status(
-                    500,
-                    "server_error",
-                    "the servers stopped before the request finished",
+                guard.disarm();
+                return error(&failure(
+                    "the servers stopped before the request finished".into(),
+                    true,
                 ));
             }
         }
     }
+    guard.disarm();
     let choices = match shape.endpoint {
         Endpoint::Completions => json!([{
             "index": 0, "text": text, "logprobs": null, "finish_reason": "length",
@@ -320,7 +508,8 @@ fn sse(v: &Value) -> Result<Bytes, actix_web::Error> {
 }
 
 /// Server-sent events: `data: {chunk}` per step, the usage chunk if asked, `data: [DONE]`.
-fn stream(shape: Shape, rx: UnboundedReceiver<Event>) -> HttpResponse {
+/// The stream dropped before the request ended (the client disconnected) cancels it.
+fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> HttpResponse {
     struct St {
         shape: Shape,
         rx: UnboundedReceiver<Event>,
@@ -328,6 +517,7 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>) -> HttpResponse {
         first: bool,
         done: bool,
         tail: Vec<Bytes>,
+        guard: CancelOnDrop,
     }
     let st = St {
         shape,
@@ -336,6 +526,7 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>) -> HttpResponse {
         first: true,
         done: false,
         tail: Vec::new(),
+        guard,
     };
     let body = futures_util::stream::unfold(st, |mut st| async move {
         if let Some(b) = st.tail.pop() {
@@ -367,6 +558,7 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>) -> HttpResponse {
             }
             Some(Event::Completed) => {
                 st.done = true;
+                st.guard.disarm();
                 st.tail.push(done);
                 if st.shape.parsed.include_usage {
                     st.tail.push(usage(&st));
@@ -379,13 +571,16 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>) -> HttpResponse {
                 Some((sse(&chunk), st))
             }
             other => {
-                let why = match other {
-                    Some(Event::Failed(why)) => why,
-                    _ => "the servers stopped before the request finished".into(),
+                let e = match other {
+                    Some(Event::Failed { why, unavailable }) => failure(why, unavailable),
+                    _ => failure(
+                        "the servers stopped before the request finished".into(),
+                        true,
+                    ),
                 };
                 st.done = true;
+                st.guard.disarm();
                 st.tail.push(done);
-                let e = ApiError::status(500, "server_error", why);
                 Some((sse(&e.body()), st))
             }
         }

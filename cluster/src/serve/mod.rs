@@ -18,6 +18,7 @@ pub mod metrics;
 
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use actix_web::{App, HttpServer, web};
@@ -26,6 +27,7 @@ use crossbeam_channel::unbounded;
 use crate::backends::RealOptions;
 use crate::backends::threads::{ClientPorts, plan, run_hosts};
 use crate::report::RankSummary;
+use crate::runtime::status::StatusBoard;
 use crate::runtime::{RuntimeError, WallClock};
 use crate::scenario::Scenario;
 
@@ -48,6 +50,8 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     /// HTTP worker threads.
     pub workers: usize,
+    /// Requests accepted and not ended past which a new one gets 429.
+    pub max_pending: usize,
 }
 
 /// Why `lockstep serve` could not run.
@@ -134,7 +138,16 @@ pub fn serve(
     let (client_tx, client_rx) = unbounded();
     let (to_client, from_front) = unbounded();
     let (bridge_tx, bridge_rx) = unbounded();
-    let (metrics, registry) = metrics::Metrics::new();
+    let board = StatusBoard::default();
+    let (metrics, registry) = metrics::Metrics::new(
+        board.clone(),
+        fleet
+            .servers
+            .iter()
+            .map(|p| p.config.name.clone())
+            .collect(),
+    );
+    let pending = bridge::Pending::default();
     let addr = listener.local_addr().map_err(ServeError::Http)?;
     let state = web::Data::new(http::AppState {
         bridge: bridge_tx.clone(),
@@ -146,6 +159,12 @@ pub fn serve(
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        next_id: AtomicU64::new(1),
+        pending: pending.clone(),
+        max_pending: opts.max_pending,
+        tokens_per_block: fleet.tokens_per_block,
+        shapes: fleet.shape_check(),
+        rejected: metrics.request_rejected.clone(),
     });
     let (handle_tx, handle_rx) = crossbeam_channel::bounded(1);
     let workers = opts.workers.max(1);
@@ -158,6 +177,11 @@ pub fn serve(
                     App::new()
                         .app_data(state.clone())
                         .configure(http::configure)
+                })
+                .on_connect(|connection, data| {
+                    if let Some(peer) = http::Peer::of(connection) {
+                        data.insert(peer);
+                    }
                 })
                 .workers(workers)
                 .disable_signals()
@@ -220,8 +244,9 @@ pub fn serve(
         ClientPorts {
             from_client: client_rx,
             to_client,
+            status: Some(board),
         },
-        move || bridge::run(bridge_rx, client_tx, from_front, &metrics),
+        move || bridge::run(bridge_rx, client_tx, from_front, &metrics, &pending),
     );
     // The fleet stopped on its own (every server failed): stop taking requests too.
     actix_web::rt::System::new().block_on(handle.stop(true));
