@@ -35,7 +35,8 @@ use crate::report::Report;
 use crate::runtime::client::{Client, ClientItem};
 use crate::runtime::device::DeviceHandle;
 use crate::runtime::faults::MisTagged;
-use crate::runtime::front_host::{FrontHost, FrontInbound};
+use crate::runtime::front_host::{FrontEnd, FrontHost, FrontInbound};
+use crate::runtime::status::{STATUS_EVERY, StatusBoard};
 use crate::runtime::rank_host::{Pacing, RankOptions, RankPorts, rank_summary, run_rank};
 use crate::runtime::transceiver_host::{TransceiverInput, TransceiverLink, run_transceiver};
 use crate::runtime::watchdog::{Progress, watch};
@@ -444,8 +445,32 @@ pub struct FrontReport {
     pub abandoned: bool,
 }
 
-/// Runs this process's part of the scenario. The front process returns the report;
-/// the others `None`.
+/// What the front process's client is given: the ends of its channels to the front
+/// host, and the run's clock.
+pub struct ClientEnds {
+    /// To the front host.
+    pub to_front: Sender<ClientItem>,
+    /// The responses the front passes on; it closes when every server has stopped.
+    pub from_front: Receiver<Vec<Response>>,
+    /// The run's clock.
+    pub clock: WallClock,
+}
+
+/// How the front process's side of a run ended.
+#[derive(Debug)]
+pub struct FrontSide<R> {
+    /// How the front host ended.
+    pub end: FrontEnd,
+    /// What the client returned.
+    pub client: R,
+    /// The front lost contact with part of the fleet: this process must not finalise
+    /// MPI (that would wait for the lost ranks); it must exit at once, non-zero, so
+    /// that mpirun ends the job.
+    pub abandoned: bool,
+}
+
+/// Runs this process's part of the scenario, the workload client playing in the front
+/// process. The front process returns the report; the others `None`.
 pub fn run_process(
     scenario: &Scenario,
     scenario_text_digest: u64,
@@ -454,7 +479,46 @@ pub fn run_process(
     let started = Instant::now();
     let fleet = Fleet::plan(scenario, opts.common.seed)?;
     fleet.check_real()?;
-    let layout = Layout::of(&fleet);
+    let time_scale = opts.common.time_scale;
+    let preload = opts.common.preload;
+    let side = run_process_with(&fleet, scenario_text_digest, opts, None, |ends| {
+        let client = Client::new(
+            fleet.workload()?,
+            ends.to_front,
+            ends.from_front,
+            ends.clock,
+            time_scale,
+            preload,
+        )?;
+        Ok(move || client.run())
+    })?;
+    let Some(side) = side else {
+        return Ok(None);
+    };
+    Ok(Some(FrontReport {
+        report: real_report(&fleet, side.end, side.client?, started, time_scale),
+        abandoned: side.abandoned,
+    }))
+}
+
+/// Runs this process's part of `fleet`: a server rank, or the front process, where
+/// `client` makes what runs in the client's place (on its own thread) — the workload
+/// client, or `lockstep serve`'s bridge to HTTP. `status`: where the front keeps the
+/// ranks' live status (the ranks then publish it). The front process returns its side;
+/// the others `None`.
+pub fn run_process_with<R, C, F>(
+    fleet: &Fleet<'_>,
+    scenario_text_digest: u64,
+    opts: &MpiOptions,
+    status: Option<StatusBoard>,
+    client: F,
+) -> Result<Option<FrontSide<R>>, RuntimeError>
+where
+    R: Send + 'static,
+    C: FnOnce() -> R + Send + 'static,
+    F: FnOnce(ClientEnds) -> Result<C, RuntimeError>,
+{
+    let layout = Layout::of(fleet);
     let mut member = MpiMember::init().map_err(RuntimeError::Mpi)?;
     let world_rank = member.world_rank();
     if member.world_size() != layout.world_size() {
@@ -494,11 +558,12 @@ pub fn run_process(
         layout: layout.clone(),
         outbox: outbox.tx.clone().expect("a started outbox"),
     };
+    let publish = status.is_some();
     let result = match at {
-        None => run_front(&fleet, &net, &layout, opts, started).map(Some),
-        Some(at) => run_server_rank(&fleet, &net, &mut member, at, opts).map(|()| None),
+        None => run_front(fleet, &net, &layout, opts, status, client).map(Some),
+        Some(at) => run_server_rank(fleet, &net, &mut member, at, opts, publish).map(|()| None),
     };
-    if let Ok(Some(FrontReport {
+    if let Ok(Some(FrontSide {
         abandoned: true, ..
     })) = &result
     {
@@ -514,25 +579,27 @@ pub fn run_process(
     result
 }
 
-fn run_front(
+fn run_front<R, C, F>(
     fleet: &Fleet<'_>,
     net: &MpiNet,
     layout: &Layout,
     opts: &MpiOptions,
-    started: Instant,
-) -> Result<FrontReport, RuntimeError> {
+    status: Option<StatusBoard>,
+    client: F,
+) -> Result<FrontSide<R>, RuntimeError>
+where
+    R: Send + 'static,
+    C: FnOnce() -> R + Send + 'static,
+    F: FnOnce(ClientEnds) -> Result<C, RuntimeError>,
+{
     let clock = WallClock::start();
-    let workload = fleet.workload()?;
     let (client_tx, client_rx) = unbounded::<ClientItem>();
     let (to_client, from_front) = unbounded::<Vec<Response>>();
-    let client = Client::new(
-        workload,
-        client_tx,
+    let client = client(ClientEnds {
+        to_front: client_tx,
         from_front,
         clock,
-        opts.common.time_scale,
-        opts.common.preload,
-    )?;
+    })?;
     let mut host = FrontHost::new(
         Front::new(&fleet.front_config()),
         fleet.servers.len(),
@@ -540,7 +607,8 @@ fn run_front(
         net,
         to_client,
         clock,
-    );
+    )
+    .with_status(status);
     if opts.common.preload {
         // Every request goes out in the front's first turn: one ingress message per
         // server, which its rank 0's first read takes whole.
@@ -548,7 +616,7 @@ fn run_front(
     }
     let client_thread = std::thread::Builder::new()
         .name("client".into())
-        .spawn(move || client.run())
+        .spawn(client)
         .map_err(|source| RuntimeError::Spawn {
             what: "the client".into(),
             source,
@@ -573,11 +641,12 @@ fn run_front(
         }
     }
     let end = end?;
-    let result = client_thread.join().map_err(|_| RuntimeError::Panicked {
+    let client = client_thread.join().map_err(|_| RuntimeError::Panicked {
         what: "the client".into(),
-    })??;
-    Ok(FrontReport {
-        report: real_report(fleet, end, result, started, opts.common.time_scale),
+    })?;
+    Ok(FrontSide {
+        end,
+        client,
         abandoned,
     })
 }
@@ -588,6 +657,7 @@ fn run_server_rank(
     member: &mut MpiMember,
     at: KvAddress,
     opts: &MpiOptions,
+    publish_status: bool,
 ) -> Result<(), RuntimeError> {
     let s = at.server as usize;
     let p = &fleet.servers[s];
@@ -697,6 +767,7 @@ fn run_server_rank(
             backend: AnalyticBackend::new(fleet.profile.coefficients),
             time_scale: opts.common.time_scale,
         }),
+        status_every: publish_status.then_some(STATUS_EVERY),
         ..RankOptions::default()
     };
     let mistag = opts

@@ -67,6 +67,10 @@ pub enum RuntimeError {
     /// The client failed.
     #[error(transparent)]
     Client(#[from] client::ClientError),
+    /// What runs in the client's place could not start (`lockstep serve`'s HTTP
+    /// server under MPI: the address taken, say).
+    #[error("the front's client could not start: {0}")]
+    ClientStart(String),
     /// The scenario cannot run on this driver.
     #[error(transparent)]
     Plan(#[from] crate::fleet::PlanError),

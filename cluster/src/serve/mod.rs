@@ -25,6 +25,8 @@ use actix_web::{App, HttpServer, web};
 use crossbeam_channel::unbounded;
 
 use crate::backends::RealOptions;
+use crate::fleet::Fleet;
+use crate::runtime::client::ClientItem;
 use crate::backends::threads::{ClientPorts, plan, run_hosts};
 use crate::report::RankSummary;
 use crate::runtime::status::StatusBoard;
@@ -102,8 +104,9 @@ pub struct ServeSummary {
     pub ranks: Vec<RankSummary>,
 }
 
-/// Checks the address against the key rule and binds it.
-pub fn bind(opts: &ServeOptions) -> Result<TcpListener, ServeError> {
+/// Checks the address against the key rule (resolving it), without binding: what
+/// `serve --driver mpi` checks before it starts mpirun.
+pub fn check_address(opts: &ServeOptions) -> Result<SocketAddr, ServeError> {
     let addr = (opts.host.as_str(), opts.port)
         .to_socket_addrs()
         .map_err(|e| ServeError::BadHost {
@@ -121,7 +124,179 @@ pub fn bind(opts: &ServeOptions) -> Result<TcpListener, ServeError> {
             ip: addr.ip(),
         });
     }
+    Ok(addr)
+}
+
+/// Checks the address against the key rule and binds it.
+pub fn bind(opts: &ServeOptions) -> Result<TcpListener, ServeError> {
+    let addr = check_address(opts)?;
     TcpListener::bind(addr).map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// The HTTP side of a serve run, started: the server on its own thread, and what the
+/// bridge needs to stand in the client's place.
+struct HttpSide {
+    handle: actix_web::dev::ServerHandle,
+    thread: std::thread::JoinHandle<std::io::Result<()>>,
+    bridge_rx: crossbeam_channel::Receiver<bridge::BridgeMsg>,
+    metrics: metrics::Metrics,
+    pending: bridge::Pending,
+}
+
+impl HttpSide {
+    /// Starts the HTTP server for `fleet` on `listener` (its ranks' status read from
+    /// `board`), and the SIGTERM / Ctrl-C handler that stops it; `announce` gets the
+    /// address once both are in place.
+    fn start(
+        fleet: &Fleet<'_>,
+        opts: &ServeOptions,
+        listener: TcpListener,
+        board: StatusBoard,
+        announce: impl FnOnce(SocketAddr),
+    ) -> Result<HttpSide, ServeError> {
+        let (bridge_tx, bridge_rx) = unbounded();
+        let (metrics, registry) = metrics::Metrics::new(
+            board,
+            fleet.servers.iter().map(|p| p.config.name.clone()).collect(),
+        );
+        let pending = bridge::Pending::default();
+        let addr = listener.local_addr().map_err(ServeError::Http)?;
+        let state = web::Data::new(http::AppState {
+            bridge: bridge_tx.clone(),
+            model: opts.model.clone(),
+            api_key: opts.api_key.clone(),
+            max_body_bytes: opts.max_body_bytes,
+            max_prompt_tokens: opts.max_prompt_tokens,
+            registry: Arc::new(registry),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            next_id: AtomicU64::new(1),
+            pending: pending.clone(),
+            max_pending: opts.max_pending,
+            tokens_per_block: fleet.tokens_per_block,
+            shapes: fleet.shape_check(),
+            rejected: metrics.request_rejected.clone(),
+        });
+        let (handle_tx, handle_rx) = crossbeam_channel::bounded(1);
+        let workers = opts.workers.max(1);
+        let drain_s = opts.drain_timeout.as_secs().max(1);
+        let thread = std::thread::Builder::new()
+            .name("http".into())
+            .spawn(move || {
+                let result = actix_web::rt::System::new().block_on(async move {
+                    let built = HttpServer::new(move || {
+                        App::new()
+                            .app_data(state.clone())
+                            .configure(http::configure)
+                    })
+                    .on_connect(|connection, data| {
+                        if let Some(peer) = http::Peer::of(connection) {
+                            data.insert(peer);
+                        }
+                    })
+                    .workers(workers)
+                    .disable_signals()
+                    .shutdown_timeout(drain_s)
+                    .listen(listener);
+                    let server = match built {
+                        Ok(s) => s.run(),
+                        Err(e) => {
+                            let _ = handle_tx.send(None);
+                            return Err(e);
+                        }
+                    };
+                    let _ = handle_tx.send(Some(server.handle()));
+                    server.await
+                });
+                // Nothing more will come from the handlers.
+                let _ = bridge_tx.send(bridge::BridgeMsg::Shutdown);
+                result
+            })
+            .map_err(|source| RuntimeError::Spawn {
+                what: "the HTTP server".into(),
+                source,
+            })?;
+        let Some(handle) = handle_rx.recv().ok().flatten() else {
+            // The server could not start: no rank has started either.
+            return match thread.join() {
+                Ok(Err(e)) => Err(ServeError::Http(e)),
+                _ => Err(RuntimeError::Panicked {
+                    what: "the HTTP server".into(),
+                }
+                .into()),
+            };
+        };
+        // SIGTERM or Ctrl-C (or SIGHUP): stop accepting, answer what is in flight. The
+        // handler is set before the address is announced, so no signal is missed.
+        let (signal_tx, signal_rx) = crossbeam_channel::bounded::<()>(1);
+        ctrlc::set_handler(move || {
+            let _ = signal_tx.try_send(());
+        })
+        .map_err(|e| ServeError::Signals(e.to_string()))?;
+        let on_signal = handle.clone();
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                if signal_rx.recv().is_ok() {
+                    tracing::info!("stopping: no new connections; draining in-flight requests");
+                    actix_web::rt::System::new().block_on(on_signal.stop(true));
+                }
+            })
+            .map_err(|source| RuntimeError::Spawn {
+                what: "the signal thread".into(),
+                source,
+            })?;
+        announce(addr);
+        Ok(HttpSide {
+            handle,
+            thread,
+            bridge_rx,
+            metrics,
+            pending,
+        })
+    }
+
+    /// The bridge, to run in the client's place (it returns once every server stopped),
+    /// and the handle that [`HttpSide::finish`] needs.
+    fn split(
+        self,
+        to_front: crossbeam_channel::Sender<ClientItem>,
+        from_front: crossbeam_channel::Receiver<Vec<lockstep_actors::executor::Response>>,
+    ) -> (
+        impl FnOnce() -> u64 + Send + 'static,
+        (
+            actix_web::dev::ServerHandle,
+            std::thread::JoinHandle<std::io::Result<()>>,
+        ),
+    ) {
+        let HttpSide {
+            handle,
+            thread,
+            bridge_rx,
+            metrics,
+            pending,
+        } = self;
+        (
+            move || bridge::run(bridge_rx, to_front, from_front, &metrics, &pending),
+            (handle, thread),
+        )
+    }
+
+    /// The fleet stopped: stops taking requests too (if a signal has not already) and
+    /// waits for the HTTP thread.
+    fn finish(
+        (handle, thread): (
+            actix_web::dev::ServerHandle,
+            std::thread::JoinHandle<std::io::Result<()>>,
+        ),
+    ) -> Result<(), ServeError> {
+        actix_web::rt::System::new().block_on(handle.stop(true));
+        let http = thread.join().map_err(|_| RuntimeError::Panicked {
+            what: "the HTTP server".into(),
+        })?;
+        http.map_err(ServeError::Http)
+    }
 }
 
 /// Serves `scenario`'s fleet on `listener` until SIGTERM or Ctrl-C (or until every
@@ -137,105 +312,9 @@ pub fn serve(
     let clock = WallClock::start();
     let (client_tx, client_rx) = unbounded();
     let (to_client, from_front) = unbounded();
-    let (bridge_tx, bridge_rx) = unbounded();
     let board = StatusBoard::default();
-    let (metrics, registry) = metrics::Metrics::new(
-        board.clone(),
-        fleet
-            .servers
-            .iter()
-            .map(|p| p.config.name.clone())
-            .collect(),
-    );
-    let pending = bridge::Pending::default();
-    let addr = listener.local_addr().map_err(ServeError::Http)?;
-    let state = web::Data::new(http::AppState {
-        bridge: bridge_tx.clone(),
-        model: opts.model.clone(),
-        api_key: opts.api_key.clone(),
-        max_body_bytes: opts.max_body_bytes,
-        max_prompt_tokens: opts.max_prompt_tokens,
-        registry: Arc::new(registry),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        next_id: AtomicU64::new(1),
-        pending: pending.clone(),
-        max_pending: opts.max_pending,
-        tokens_per_block: fleet.tokens_per_block,
-        shapes: fleet.shape_check(),
-        rejected: metrics.request_rejected.clone(),
-    });
-    let (handle_tx, handle_rx) = crossbeam_channel::bounded(1);
-    let workers = opts.workers.max(1);
-    let drain_s = opts.drain_timeout.as_secs().max(1);
-    let http_thread = std::thread::Builder::new()
-        .name("http".into())
-        .spawn(move || {
-            let result = actix_web::rt::System::new().block_on(async move {
-                let built = HttpServer::new(move || {
-                    App::new()
-                        .app_data(state.clone())
-                        .configure(http::configure)
-                })
-                .on_connect(|connection, data| {
-                    if let Some(peer) = http::Peer::of(connection) {
-                        data.insert(peer);
-                    }
-                })
-                .workers(workers)
-                .disable_signals()
-                .shutdown_timeout(drain_s)
-                .listen(listener);
-                let server = match built {
-                    Ok(s) => s.run(),
-                    Err(e) => {
-                        let _ = handle_tx.send(None);
-                        return Err(e);
-                    }
-                };
-                let _ = handle_tx.send(Some(server.handle()));
-                server.await
-            });
-            // Nothing more will come from the handlers.
-            let _ = bridge_tx.send(bridge::BridgeMsg::Shutdown);
-            result
-        })
-        .map_err(|source| RuntimeError::Spawn {
-            what: "the HTTP server".into(),
-            source,
-        })?;
-    let Some(handle) = handle_rx.recv().ok().flatten() else {
-        // The server could not start: no rank has started either.
-        return match http_thread.join() {
-            Ok(Err(e)) => Err(ServeError::Http(e)),
-            _ => Err(RuntimeError::Panicked {
-                what: "the HTTP server".into(),
-            }
-            .into()),
-        };
-    };
-    // SIGTERM or Ctrl-C (or SIGHUP): stop accepting, answer what is in flight. The
-    // handler is set before the address is announced, so no signal is missed.
-    let (signal_tx, signal_rx) = crossbeam_channel::bounded::<()>(1);
-    ctrlc::set_handler(move || {
-        let _ = signal_tx.try_send(());
-    })
-    .map_err(|e| ServeError::Signals(e.to_string()))?;
-    let on_signal = handle.clone();
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            if signal_rx.recv().is_ok() {
-                tracing::info!("stopping: no new connections; draining in-flight requests");
-                actix_web::rt::System::new().block_on(on_signal.stop(true));
-            }
-        })
-        .map_err(|source| RuntimeError::Spawn {
-            what: "the signal thread".into(),
-            source,
-        })?;
-    announce(addr);
+    let http = HttpSide::start(&fleet, opts, listener, board.clone(), announce)?;
+    let (bridge, http) = http.split(client_tx, from_front);
     let outcome = run_hosts(
         scenario,
         real,
@@ -246,15 +325,68 @@ pub fn serve(
             to_client,
             status: Some(board),
         },
-        move || bridge::run(bridge_rx, client_tx, from_front, &metrics, &pending),
+        bridge,
     );
     // The fleet stopped on its own (every server failed): stop taking requests too.
-    actix_web::rt::System::new().block_on(handle.stop(true));
-    let http = http_thread.join().map_err(|_| RuntimeError::Panicked {
-        what: "the HTTP server".into(),
-    })?;
+    let stopped = HttpSide::finish(http);
     let (end, requests) = outcome?;
-    let ranks = end.summaries;
-    http.map_err(ServeError::Http)?;
-    Ok(ServeSummary { requests, ranks })
+    stopped?;
+    Ok(ServeSummary {
+        requests,
+        ranks: end.summaries,
+    })
+}
+
+/// How the front process of a `serve --driver mpi` run ended.
+#[cfg(feature = "mpi")]
+pub struct MpiServeSummary {
+    /// Requests taken, and every rank's summary.
+    pub summary: ServeSummary,
+    /// Why the fleet was lost, if it was: this process must then exit at once,
+    /// non-zero, without finalising MPI.
+    pub lost: Option<String>,
+}
+
+/// One process of `lockstep serve --driver mpi`: a server rank, or the front process
+/// (world rank 0), which binds the address and serves HTTP in the client's place —
+/// the same front host, bridge and handlers as the threads driver. The front process
+/// returns its summary; the others `None`.
+#[cfg(feature = "mpi")]
+pub fn serve_process(
+    scenario: &Scenario,
+    scenario_text_digest: u64,
+    mpi: &crate::backends::mpi::MpiOptions,
+    opts: &ServeOptions,
+    announce: impl FnOnce(SocketAddr),
+) -> Result<Option<MpiServeSummary>, ServeError> {
+    let fleet = plan(scenario, &mpi.common)?;
+    let board = StatusBoard::default();
+    let mut http = None;
+    let side = crate::backends::mpi::run_process_with(
+        &fleet,
+        scenario_text_digest,
+        mpi,
+        Some(board.clone()),
+        |ends| {
+            let started = bind(opts)
+                .and_then(|listener| HttpSide::start(&fleet, opts, listener, board, announce))
+                .map_err(|e| RuntimeError::ClientStart(e.to_string()))?;
+            let (bridge, handle) = started.split(ends.to_front, ends.from_front);
+            http = Some(handle);
+            Ok(bridge)
+        },
+    )?;
+    let Some(side) = side else {
+        return Ok(None);
+    };
+    if let Some(h) = http {
+        HttpSide::finish(h)?;
+    }
+    Ok(Some(MpiServeSummary {
+        summary: ServeSummary {
+            requests: side.client,
+            ranks: side.end.summaries,
+        },
+        lost: side.end.lost,
+    }))
 }
