@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use lockstep_cluster::backends::RealOptions;
+use lockstep_cluster::bench::{BenchOptions, Endpoint};
 use lockstep_cluster::report::{Report, Slo, ab_table};
 use lockstep_cluster::scenario::Scenario;
 use lockstep_cluster::sim::{self, SimOptions};
@@ -234,6 +235,49 @@ enum Command {
         /// A collective waiting longer fails naming the missing ranks.
         #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_ms: u64,
+    },
+    /// Play the scenario's workload against any OpenAI-compatible server over plain
+    /// HTTP (`lockstep serve`, vLLM, SGLang, TensorRT-LLM) and report what vLLM's
+    /// benchmark_serving reports, in the report of `sim`/`run` (`--json` for `lockstep
+    /// report`). Exit status: 0 every request completed, 1 some failed (the reasons are
+    /// printed) or the server could not be reached.
+    Bench {
+        #[command(flatten)]
+        args: ScenarioArgs,
+        /// The server's base URL: `http://HOST:PORT` (plain HTTP; a trailing /v1 is
+        /// taken off).
+        #[arg(long)]
+        url: String,
+        /// Seed of the workload (wins over a `seed` in the scenario; default 0).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// The model named in requests (default: the first of GET /v1/models).
+        #[arg(long)]
+        model: Option<String>,
+        /// Which API: /v1/completions (prompts as token ids) or /v1/chat/completions
+        /// (prompts as words).
+        #[arg(long, value_parser = ["completions", "chat"], default_value = "completions")]
+        endpoint: String,
+        /// Send `Authorization: Bearer KEY`.
+        #[arg(long, value_name = "KEY")]
+        api_key: Option<String>,
+        /// Wall seconds per workload second (0: every arrival as soon as it is released).
+        #[arg(long, default_value_t = 1.0, value_parser = finite_non_negative)]
+        time_scale: f64,
+        /// Write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+        /// Goodput: requests per second completed within every objective given
+        /// (`ttft_ms=200,tpot_ms=20,e2e_ms=5000`, any of them).
+        #[arg(long, value_name = "KEY=MS,...")]
+        slo: Option<Slo>,
+        /// Longest one request may take, from sending to the end of its stream; it fails
+        /// past it.
+        #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+        request_timeout_s: u64,
+        /// No progress bar (there is none either when stderr is not a terminal).
+        #[arg(long)]
+        no_progress: bool,
     },
     /// Swarm testing: run N random valid scenarios under the fixed policy, classify each
     /// (clean, fault-only, violation, failed-without-fault, crashed, deadlocked, panic,
@@ -684,6 +728,38 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::FAILURE)
             }
         }
+        Command::Bench {
+            args,
+            url,
+            seed,
+            model,
+            endpoint,
+            api_key,
+            time_scale,
+            json,
+            slo,
+            request_timeout_s,
+            no_progress,
+        } => bench_command(
+            &args,
+            BenchOptions {
+                url,
+                model,
+                endpoint: if endpoint == "chat" {
+                    Endpoint::Chat
+                } else {
+                    Endpoint::Completions
+                },
+                api_key,
+                time_scale,
+                request_timeout: std::time::Duration::from_secs(request_timeout_s),
+                seed: seed.unwrap_or(0),
+            },
+            seed,
+            json.as_deref(),
+            slo.as_ref(),
+            !no_progress,
+        ),
         Command::Swarm {
             runs,
             seed,
@@ -742,6 +818,58 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
     }
+}
+
+/// `lockstep bench`: plays the workload against the server, prints the table and vLLM's
+/// result block, writes the JSON; 1 if any request failed.
+fn bench_command(
+    args: &ScenarioArgs,
+    opts: BenchOptions,
+    seed: Option<u64>,
+    json: Option<&Path>,
+    slo: Option<&Slo>,
+    progress: bool,
+) -> anyhow::Result<ExitCode> {
+    let scenario = load(args, None, seed)?;
+    let bar = (progress && std::io::stderr().is_terminal()).then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} {elapsed_precise} [{bar:40}] {pos}/{len} requests",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let mut tick = |done: u64, total: u64| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    };
+    let mut report = lockstep_cluster::bench::run(&scenario, &opts, Some(&mut tick))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if let Some(slo) = slo {
+        report.apply_slo(slo);
+    }
+    print!("{}", report.table());
+    print!(
+        "{}",
+        lockstep_cluster::bench::summary::vllm_summary(&report)
+    );
+    if let Some(p) = json {
+        write_json(p, &report)?;
+    }
+    if report.requests.failed > 0 {
+        eprintln!(
+            "error: {} of {} requests failed (reasons above)",
+            report.requests.failed, report.requests.submitted
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(exit_code(&report))
 }
 
 /// `run --driver mpi` and `overhead --driver mpi` need a build with MPI; say so once,

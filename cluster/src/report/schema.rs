@@ -78,6 +78,9 @@ pub enum TimeBase {
     /// A real driver with the zero-cost backend: wall time of the control plane alone;
     /// latencies and throughput describe this machine, not a model.
     ZeroCost,
+    /// A client measuring a server over HTTP (`lockstep bench`): wall time at the
+    /// client; the report has no server sections (a client cannot see them).
+    Client,
 }
 
 /// Summary statistics of one latency, in milliseconds.
