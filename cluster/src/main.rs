@@ -38,6 +38,20 @@ struct ScenarioArgs {
     set: Vec<String>,
 }
 
+/// How `--driver mpi` starts mpirun.
+#[derive(Debug, Clone, clap::Args)]
+struct MpirunArgs {
+    /// `--driver mpi`: mpirun's hostfile (which hosts the processes go to; README
+    /// "Running on several machines").
+    #[arg(long, value_name = "PATH")]
+    hostfile: Option<PathBuf>,
+    /// `--driver mpi`: one more argument for mpirun, repeatable, e.g.
+    /// `--mpirun-arg=--map-by --mpirun-arg=ppr:3:node` or
+    /// `--mpirun-arg=--mca --mpirun-arg=btl_tcp_if_include --mpirun-arg=eth1`.
+    #[arg(long = "mpirun-arg", value_name = "ARG", allow_hyphen_values = true)]
+    mpirun_args: Vec<String>,
+}
+
 /// The options both real drivers take (`run --driver mpi` passes them on to `rank`).
 #[derive(Debug, clap::Args)]
 struct RealArgs {
@@ -120,6 +134,8 @@ enum Command {
         driver: String,
         #[command(flatten)]
         real: RealArgs,
+        #[command(flatten)]
+        mpirun: MpirunArgs,
         /// A collective waiting longer fails naming the missing ranks.
         #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_ms: u64,
@@ -198,9 +214,13 @@ enum Command {
     Serve {
         #[command(flatten)]
         args: ScenarioArgs,
-        /// Which driver (only `threads` serves for now).
-        #[arg(long, value_parser = ["threads"], default_value = "threads")]
+        /// Which driver: `threads`, or `mpi` (re-launches this binary under mpirun: the
+        /// HTTP server in the front process, world rank 0, one process per rank;
+        /// `mpi-rank` is what each of them runs).
+        #[arg(long, value_parser = ["threads", "mpi", "mpi-rank"], default_value = "threads")]
         driver: String,
+        #[command(flatten)]
+        mpirun: MpirunArgs,
         /// Address to bind; one that is not loopback needs --api-key.
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
@@ -483,10 +503,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             args,
             driver,
             real,
+            mpirun,
             timeout_ms,
         } => {
             if driver == "mpi" {
-                return relaunch_under_mpirun(&args, &real);
+                return relaunch_under_mpirun(&args, &real, &mpirun);
             }
             let scenario = load(&args, real.policy.as_deref(), real.seed)?;
             let mut report = lockstep_cluster::backends::threads::run(
@@ -667,7 +688,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Serve {
             args,
-            driver: _,
+            driver,
+            mpirun,
             host,
             port,
             api_key,
@@ -680,7 +702,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             max_pending,
             timeout_ms,
         } => {
-            use lockstep_cluster::serve::{ServeOptions, bind, serve};
+            use lockstep_cluster::serve::ServeOptions;
             let scenario = load(&args, policy.as_deref(), None)?;
             let model = model_name.unwrap_or_else(|| {
                 args.scenario
@@ -698,34 +720,32 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 workers: 2,
                 max_pending: usize::try_from(max_pending).unwrap_or(usize::MAX),
             };
-            let listener = bind(&opts)?;
             let real = RealOptions {
                 time_scale,
                 collective_timeout: std::time::Duration::from_millis(timeout_ms),
                 ..RealOptions::default()
             };
-            let summary = serve(&scenario, &real, &opts, listener, |addr| {
-                println!("lockstep serve: model {} on http://{addr}", opts.model);
-                let _ = std::io::stdout().flush();
-            })?;
-            let failed: Vec<String> = summary
-                .ranks
-                .iter()
-                .filter(|r| !matches!(r.ending, lockstep_cluster::report::RankEnding::Drained))
-                .map(|r| format!("server {} rank {}: {:?}", r.server, r.rank, r.ending))
-                .collect();
-            println!(
-                "lockstep serve: stopped after {} requests; {} ranks ended",
-                summary.requests,
-                summary.ranks.len()
-            );
-            if failed.is_empty() {
-                Ok(ExitCode::SUCCESS)
-            } else {
-                for f in &failed {
-                    eprintln!("error: {f}");
+            match driver.as_str() {
+                "mpi" => {
+                    require_mpi_build()?;
+                    // Refused here, before any process starts.
+                    lockstep_cluster::serve::check_address(&opts)?;
+                    let mut cmd = mpirun_command(processes_of(&scenario)?, &mpirun)?;
+                    cmd.arg("serve").args(serve_rank_args());
+                    Ok(status_of(run_draining_on_signal(cmd)?))
                 }
-                Ok(ExitCode::FAILURE)
+                "mpi-rank" => serve_rank(&scenario, &args, &opts, real),
+                _ => {
+                    let listener = lockstep_cluster::serve::bind(&opts)?;
+                    let summary = lockstep_cluster::serve::serve(
+                        &scenario,
+                        &real,
+                        &opts,
+                        listener,
+                        |addr| announce(&opts.model, addr),
+                    )?;
+                    Ok(serve_ended(&summary))
+                }
             }
         }
         Command::Bench {
@@ -884,29 +904,193 @@ fn require_mpi_build() -> anyhow::Result<()> {
     }
 }
 
-/// `run --driver mpi`: re-launch this binary as `mpirun -n N lockstep rank ...`, N = 1
-/// (the front process) + every server's ranks.
-fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result<ExitCode> {
-    require_mpi_build()?;
-    let scenario = load(args, real.policy.as_deref(), real.seed)?;
+/// The processes of an MPI run of `scenario`: the front process and every server's ranks.
+fn processes_of(scenario: &Scenario) -> anyhow::Result<u32> {
     let mut processes = 1;
     for server in &scenario.servers {
         processes += server.derive(&scenario.policy)?.sizes.dp;
     }
+    Ok(processes)
+}
+
+/// `mpirun -n N [--hostfile H] [ARGS...] THIS_BINARY`, the subcommand still to add.
+fn mpirun_command(processes: u32, mpirun: &MpirunArgs) -> anyhow::Result<std::process::Command> {
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new("mpirun");
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args(["--oversubscribe", "-n", &processes.to_string()])
-        .arg(exe)
-        .arg("rank")
-        .arg(&args.scenario)
-        .args([
-            "--time-scale",
-            &real.time_scale.to_string(),
-            "--stall-timeout-ms",
-            &real.stall_timeout_ms.to_string(),
-        ]);
+        .args(["--oversubscribe", "-n", &processes.to_string()]);
+    if let Some(h) = &mpirun.hostfile {
+        cmd.arg("--hostfile").arg(h);
+    }
+    cmd.args(&mpirun.mpirun_args).arg(exe);
+    Ok(cmd)
+}
+
+/// Runs mpirun for `serve --driver mpi`: in its own process group, so that a terminal's
+/// Ctrl-C reaches only this launcher, which turns SIGTERM / Ctrl-C into SIGUSR1 for
+/// mpirun to forward — the front drains and ends the run — where mpirun, signalled
+/// itself, would kill every process at once. A second signal stops the job hard.
+fn run_draining_on_signal(
+    mut cmd: std::process::Command,
+) -> anyhow::Result<std::process::ExitStatus> {
+    use std::os::unix::process::CommandExt as _;
+    let mut child = cmd
+        .process_group(0)
+        .spawn()
+        .context("starting mpirun (is OpenMPI installed?)")?;
+    let pid = child.id().to_string();
+    let signals = std::sync::atomic::AtomicU32::new(0);
+    ctrlc::set_handler(move || {
+        let n = signals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let signal = if n == 0 { "-USR1" } else { "-TERM" };
+        let _ = std::process::Command::new("kill")
+            .args([signal, pid.as_str()])
+            .status();
+    })
+    .context("setting the signal handler")?;
+    Ok(child.wait()?)
+}
+
+/// The front process's status is the run's; mpirun passes it on.
+fn status_of(status: std::process::ExitStatus) -> ExitCode {
+    match status.code() {
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::FAILURE,
+    }
+}
+
+/// This command line's `serve` options for every MPI process: as given, with
+/// `--driver mpi-rank`.
+fn serve_rank_args() -> Vec<String> {
+    let mut out = Vec::new();
+    let mut args = std::env::args().skip_while(|a| a != "serve").skip(1);
+    while let Some(a) = args.next() {
+        if a == "--driver" {
+            args.next();
+        } else if !a.starts_with("--driver=") {
+            out.push(a);
+        }
+    }
+    out.push("--driver=mpi-rank".into());
+    out
+}
+
+fn announce(model: &str, addr: std::net::SocketAddr) {
+    println!("lockstep serve: model {model} on http://{addr}");
+    let _ = std::io::stdout().flush();
+}
+
+/// The closing lines of a serve run, and its exit status: non-zero if a rank did not
+/// drain.
+fn serve_ended(summary: &lockstep_cluster::serve::ServeSummary) -> ExitCode {
+    let failed: Vec<String> = summary
+        .ranks
+        .iter()
+        .filter(|r| !matches!(r.ending, lockstep_cluster::report::RankEnding::Drained))
+        .map(|r| format!("server {} rank {}: {:?}", r.server, r.rank, r.ending))
+        .collect();
+    println!(
+        "lockstep serve: stopped after {} requests; {} ranks ended",
+        summary.requests,
+        summary.ranks.len()
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        for f in &failed {
+            eprintln!("error: {f}");
+        }
+        ExitCode::FAILURE
+    }
+}
+
+/// One process of `serve --driver mpi`.
+#[cfg(feature = "mpi")]
+fn serve_rank(
+    scenario: &Scenario,
+    args: &ScenarioArgs,
+    opts: &lockstep_cluster::serve::ServeOptions,
+    real: RealOptions,
+) -> anyhow::Result<ExitCode> {
+    use lockstep_cluster::backends::mpi::MpiOptions;
+    let watchdog = real.collective_timeout;
+    let mpi = MpiOptions {
+        common: real,
+        watchdog,
+    };
+    let digest = scenario_digest(args)?;
+    // The launcher asks for a drain with SIGUSR1, which mpirun forwards to every
+    // process: only the front (world rank 0) acts on it, and then ends the run, which
+    // stops the ranks; a rank must not die of it first.
+    if std::env::var("OMPI_COMM_WORLD_RANK").is_ok_and(|r| r != "0") {
+        let ignored = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        signal_hook::flag::register(signal_hook::consts::SIGUSR1, ignored)
+            .context("setting the SIGUSR1 handler")?;
+    }
+    match lockstep_cluster::serve::serve_process(scenario, digest, &mpi, opts, |addr| {
+        announce(&opts.model, addr)
+    }) {
+        Ok(Some(front)) => {
+            if let Some(lost) = &front.lost {
+                // Lost ranks: finalising would wait for them. Exit now, non-zero;
+                // mpirun ends the rest of the job.
+                eprintln!("error: {lost}");
+                let _ = std::io::stdout().flush();
+                std::process::exit(1);
+            }
+            Ok(serve_ended(&front.summary))
+        }
+        Ok(None) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: {e}");
+            // A failing process must not leave its peers waiting in a collective.
+            std::process::exit(2);
+        }
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn serve_rank(
+    _scenario: &Scenario,
+    _args: &ScenarioArgs,
+    _opts: &lockstep_cluster::serve::ServeOptions,
+    _real: RealOptions,
+) -> anyhow::Result<ExitCode> {
+    require_mpi_build()?;
+    Ok(ExitCode::FAILURE)
+}
+
+/// A digest of the scenario file and the `--set` overrides: every MPI process checks it
+/// runs the same scenario.
+#[cfg(feature = "mpi")]
+fn scenario_digest(args: &ScenarioArgs) -> anyhow::Result<u64> {
+    let text = std::fs::read(&args.scenario)?;
+    let mut digest = lockstep_actors::kv::mix(text.len() as u64);
+    for chunk in text.chunks(8).chain(args.set.iter().map(|s| s.as_bytes())) {
+        let mut word = [0u8; 8];
+        word[..chunk.len().min(8)].copy_from_slice(&chunk[..chunk.len().min(8)]);
+        digest = lockstep_actors::kv::mix(digest ^ u64::from_le_bytes(word));
+    }
+    Ok(digest)
+}
+
+/// `run --driver mpi`: re-launch this binary as `mpirun -n N lockstep rank ...`, N = 1
+/// (the front process) + every server's ranks.
+fn relaunch_under_mpirun(
+    args: &ScenarioArgs,
+    real: &RealArgs,
+    mpirun: &MpirunArgs,
+) -> anyhow::Result<ExitCode> {
+    require_mpi_build()?;
+    let scenario = load(args, real.policy.as_deref(), real.seed)?;
+    let mut cmd = mpirun_command(processes_of(&scenario)?, mpirun)?;
+    cmd.arg("rank").arg(&args.scenario).args([
+        "--time-scale",
+        &real.time_scale.to_string(),
+        "--stall-timeout-ms",
+        &real.stall_timeout_ms.to_string(),
+    ]);
     if let Some(p) = &real.policy {
         cmd.args(["--policy", p]);
     }
@@ -929,11 +1113,7 @@ fn relaunch_under_mpirun(args: &ScenarioArgs, real: &RealArgs) -> anyhow::Result
     let status = cmd
         .status()
         .context("starting mpirun (is OpenMPI installed?)")?;
-    // The front process's status is the run's (0, 1 or 2); mpirun passes it on.
-    Ok(match status.code() {
-        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        None => ExitCode::FAILURE,
-    })
+    Ok(status_of(status))
 }
 
 impl RealArgs {
@@ -957,13 +1137,7 @@ fn rank_command(
 ) -> anyhow::Result<ExitCode> {
     use lockstep_cluster::backends::mpi::{MpiOptions, run_process};
     let scenario = load(args, real.policy.as_deref(), real.seed)?;
-    let text = std::fs::read(&args.scenario)?;
-    let mut digest = lockstep_actors::kv::mix(text.len() as u64);
-    for chunk in text.chunks(8).chain(args.set.iter().map(|s| s.as_bytes())) {
-        let mut word = [0u8; 8];
-        word[..chunk.len().min(8)].copy_from_slice(&chunk[..chunk.len().min(8)]);
-        digest = lockstep_actors::kv::mix(digest ^ u64::from_le_bytes(word));
-    }
+    let digest = scenario_digest(args)?;
     let mismatch = match inject {
         None => None,
         Some(s) => {

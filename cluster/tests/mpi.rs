@@ -390,3 +390,85 @@ fn mpi_with_modeled_time_latency_and_iterations_follow_the_simulator() {
         "ctx routing or token streams differ"
     );
 }
+
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_serve_streams_cancels_and_drains_a_disaggregated_fleet_over_http() {
+    use common::serve::*;
+    use serde_json::json;
+    use std::io::{BufRead, BufReader, Read};
+    let bin = mpi_bin();
+    let mut s = Server::start_with(
+        &bin,
+        "disagg-small.toml",
+        &["--driver", "mpi", "--time-scale", "1"],
+    );
+    // A streamed chat completion crosses the ctx → gen handoff between processes.
+    let resp = agent()
+        .post(&s.url("/v1/chat/completions"))
+        .set("Content-Type", "application/json")
+        .send_string(
+            &json!({"messages": [{"role": "user", "content": "hello over mpi"}], "max_tokens": 6, "stream": true, "stream_options": {"include_usage": true}})
+                .to_string(),
+        )
+        .expect("the stream");
+    let body = resp.into_string().expect("the body");
+    let events = sse_events(&body);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let usage = json_of(&events[events.len() - 2]);
+    assert_eq!(usage["usage"]["completion_tokens"], 6, "{body}");
+    // Every rank of both servers reports, and the gen server received the KV.
+    let m = scrape_until(&s, |m| {
+        over_ranks(m, "lockstep_rank_kv_transfers_total") >= 1.0
+    });
+    assert_eq!(
+        m.iter()
+            .filter(|(n, _)| n.starts_with("lockstep_kv_cache_usage_perc{"))
+            .count(),
+        6,
+        "ctx dp 2 + gen dp 4: {m:?}"
+    );
+    assert!(over_ranks(&m, "lockstep_rank_kv_transfers_total") >= 1.0);
+    // A client that leaves mid-stream frees its KV on the gen rank.
+    let c = start_request(
+        &s,
+        &json!({"prompt": "a b c d e f g h", "max_tokens": 3000, "stream": true}),
+        true,
+    );
+    let running = scrape_until(&s, |m| over_ranks(m, "lockstep_kv_cache_used_blocks") > 0.0);
+    assert!(over_ranks(&running, "lockstep_kv_cache_used_blocks") > 0.0);
+    drop(c);
+    let after = scrape_until(&s, |m| {
+        sample(m, "lockstep_request_cancelled_total") == 1.0
+            && over_ranks(m, "lockstep_kv_cache_used_blocks") == 0.0
+    });
+    assert_eq!(sample(&after, "lockstep_request_cancelled_total"), 1.0);
+    assert_eq!(over_ranks(&after, "lockstep_kv_cache_used_blocks"), 0.0);
+    // SIGTERM to the launcher drains: the stream in flight ends whole, then every
+    // process exits and the launcher with status 0.
+    let max = 200;
+    let resp = agent()
+        .post(&s.url("/v1/completions"))
+        .set("Content-Type", "application/json")
+        .send_string(&json!({"prompt": "go", "max_tokens": max, "stream": true, "stream_options": {"include_usage": true}}).to_string())
+        .expect("the stream starts");
+    let mut reader = BufReader::new(resp.into_reader());
+    let mut first = String::new();
+    reader.read_line(&mut first).expect("a first event");
+    s.signal("TERM");
+    let mut rest = String::new();
+    reader.read_to_string(&mut rest).expect("the rest");
+    let events = sse_events(&format!("{first}{rest}"));
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(
+        json_of(&events[events.len() - 2])["usage"]["completion_tokens"],
+        max
+    );
+    let (status, out) = s.wait_exit();
+    assert!(status.success(), "{status:?}: {out:?}");
+    assert!(
+        out.iter()
+            .any(|l| l.contains("stopped after 3 requests; 6 ranks ended")),
+        "{out:?}"
+    );
+}

@@ -36,8 +36,8 @@ use crate::runtime::client::{Client, ClientItem};
 use crate::runtime::device::DeviceHandle;
 use crate::runtime::faults::MisTagged;
 use crate::runtime::front_host::{FrontEnd, FrontHost, FrontInbound};
-use crate::runtime::status::{STATUS_EVERY, StatusBoard};
 use crate::runtime::rank_host::{Pacing, RankOptions, RankPorts, rank_summary, run_rank};
+use crate::runtime::status::{STATUS_EVERY, StatusBoard};
 use crate::runtime::transceiver_host::{TransceiverInput, TransceiverLink, run_transceiver};
 use crate::runtime::watchdog::{Progress, watch};
 use crate::runtime::{

@@ -25,10 +25,10 @@ use actix_web::{App, HttpServer, web};
 use crossbeam_channel::unbounded;
 
 use crate::backends::RealOptions;
-use crate::fleet::Fleet;
-use crate::runtime::client::ClientItem;
 use crate::backends::threads::{ClientPorts, plan, run_hosts};
+use crate::fleet::Fleet;
 use crate::report::RankSummary;
+use crate::runtime::client::ClientItem;
 use crate::runtime::status::StatusBoard;
 use crate::runtime::{RuntimeError, WallClock};
 use crate::scenario::Scenario;
@@ -157,7 +157,11 @@ impl HttpSide {
         let (bridge_tx, bridge_rx) = unbounded();
         let (metrics, registry) = metrics::Metrics::new(
             board,
-            fleet.servers.iter().map(|p| p.config.name.clone()).collect(),
+            fleet
+                .servers
+                .iter()
+                .map(|p| p.config.name.clone())
+                .collect(),
         );
         let pending = bridge::Pending::default();
         let addr = listener.local_addr().map_err(ServeError::Http)?;
@@ -227,13 +231,28 @@ impl HttpSide {
                 .into()),
             };
         };
-        // SIGTERM or Ctrl-C (or SIGHUP): stop accepting, answer what is in flight. The
-        // handler is set before the address is announced, so no signal is missed.
-        let (signal_tx, signal_rx) = crossbeam_channel::bounded::<()>(1);
+        // SIGTERM or Ctrl-C (or SIGHUP), or SIGUSR1 (what `serve --driver mpi` has
+        // mpirun forward to every process): stop accepting, answer what is in flight.
+        // The handlers are set before the address is announced, so no signal is missed.
+        let (signal_tx, signal_rx) = crossbeam_channel::bounded::<()>(2);
+        let on_usr1 = signal_tx.clone();
         ctrlc::set_handler(move || {
             let _ = signal_tx.try_send(());
         })
         .map_err(|e| ServeError::Signals(e.to_string()))?;
+        let mut usr1 = signal_hook::iterator::Signals::new([signal_hook::consts::SIGUSR1])
+            .map_err(|e| ServeError::Signals(e.to_string()))?;
+        std::thread::Builder::new()
+            .name("sigusr1".into())
+            .spawn(move || {
+                if usr1.forever().next().is_some() {
+                    let _ = on_usr1.try_send(());
+                }
+            })
+            .map_err(|source| RuntimeError::Spawn {
+                what: "the signal thread".into(),
+                source,
+            })?;
         let on_signal = handle.clone();
         std::thread::Builder::new()
             .name("signals".into())
