@@ -195,6 +195,13 @@ impl HttpSide {
                             .configure(http::configure)
                     })
                     .on_connect(|connection, data| {
+                        // Tokens go out as small writes: without TCP_NODELAY, Nagle's
+                        // algorithm holds each behind the client's delayed ACK (~40 ms).
+                        if let Some(tcp) =
+                            connection.downcast_ref::<actix_web::rt::net::TcpStream>()
+                        {
+                            let _ = tcp.set_nodelay(true);
+                        }
                         if let Some(peer) = http::Peer::of(connection) {
                             data.insert(peer);
                         }
