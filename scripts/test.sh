@@ -101,6 +101,7 @@ install_packages() {
   # user-space link where the kernel has no netem).
   command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need_apt+=(iproute2)
   command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+  command -v curl >/dev/null 2>&1 || need_apt+=(curl)
   have_mpi_h || need_apt+=(libopenmpi-dev)
   have_libclang || need_apt+=(libclang-dev clang)
   if [ ${#need_apt[@]} -eq 0 ]; then

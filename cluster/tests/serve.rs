@@ -426,3 +426,111 @@ fn metrics_show_every_rank_and_prefix_cache_hits_from_shared_prompts() {
         .count();
     assert!(ranks >= 2, "one series per rank: {m:?}");
 }
+
+#[test]
+fn a_stop_string_ends_the_answer_and_the_rest_of_the_request_is_cancelled() {
+    // Paced by the model: without the stop, 2,000 tokens would take far longer than the
+    // test's deadline. A space ends the answer after its first word.
+    let s = Server::start("agg-balanced.toml", &["--time-scale", "1"]);
+    let started = Instant::now();
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        r#"{"prompt": "a b c d", "max_tokens": 2000, "stop": " "}"#,
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    let v = json_of(&body);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{body}");
+    let text = v["choices"][0]["text"].as_str().expect("text");
+    assert_words(text, 1);
+    // The token that brought the stop string was generated too.
+    assert_eq!(v["usage"]["completion_tokens"], 2, "{body}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Streamed: the chunks' text is one word, the last chunk finishes with "stop".
+    let (code, body) = post(
+        &s.url("/v1/chat/completions"),
+        &json!({
+            "messages": [{"role": "user", "content": "a b c d"}],
+            "max_tokens": 2000, "stream": true, "stop": [" ", "never"],
+        })
+        .to_string(),
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    let events = sse_events(&body);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| json_of(e))
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_words(&text, 1);
+    assert_eq!(
+        chunks.last().expect("a chunk")["choices"][0]["finish_reason"],
+        "stop"
+    );
+    // Both requests end on their ranks, count as successes, and hold no KV.
+    let after = scrape_until(&s, |m| {
+        sample(m, "lockstep_request_success_total") == 2.0
+            && over_ranks(m, "lockstep_kv_cache_used_blocks") == 0.0
+    });
+    assert_eq!(
+        sample(&after, "lockstep_request_success_total"),
+        2.0,
+        "{after:?}"
+    );
+    assert_eq!(sample(&after, "lockstep_request_cancelled_total"), 0.0);
+    assert_eq!(over_ranks(&after, "lockstep_kv_cache_used_blocks"), 0.0);
+    assert_eq!(sample(&after, "lockstep_num_requests_running"), 0.0);
+    // A bad stop names the field.
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        r#"{"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}"#,
+        None,
+    );
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(json_of(&body)["error"]["param"], "stop", "{body}");
+}
+
+#[test]
+fn curl_streams_a_chat_completion() {
+    let s = Server::start("agg-balanced.toml", &[]);
+    let body = json!({
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 5, "stream": true,
+    })
+    .to_string();
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-N",
+            "--max-time",
+            "60",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+        ])
+        .arg(&body)
+        .arg(s.url("/v1/chat/completions"))
+        .output()
+        .expect("curl (scripts/test.sh installs it when missing)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events = sse_events(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .filter_map(|e| {
+            json_of(e)["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_words(&text, 5);
+}

@@ -9,9 +9,11 @@
 //! - an output token with id `t` reads as the word `WORDS[t % WORDS.len()]`, words
 //!   separated by one space; the tokens of one step that carries several (a speculative
 //!   step names only its last token id) all read as the word of that last id;
-//! - `temperature`, `top_p`, `seed`, `stop`, `presence_penalty`, `frequency_penalty`,
+//! - `stop` (a string or up to four) ends the output before the first stop string in its
+//!   text (`finish_reason: "stop"`; see `stop.rs`);
+//! - `temperature`, `top_p`, `seed`, `presence_penalty`, `frequency_penalty`,
 //!   `logit_bias`, `user` are type-checked and otherwise ignored: the zero-cost and
-//!   analytic backends do not sample, and every request runs to `max_tokens`.
+//!   analytic backends do not sample.
 
 use serde_json::{Value, json};
 
@@ -65,6 +67,8 @@ pub struct Parsed {
     pub stream: bool,
     /// A last chunk with the usage (`stream_options.include_usage`).
     pub include_usage: bool,
+    /// Stop strings.
+    pub stop: Vec<String>,
 }
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
@@ -301,9 +305,6 @@ pub fn parse(
         ("seed", |v: &Value| v.is_i64() || v.is_u64()),
         ("user", Value::is_string),
         ("logit_bias", Value::is_object),
-        ("stop", |v: &Value| {
-            v.is_string() || v.as_array().is_some_and(|a| a.iter().all(Value::is_string))
-        }),
     ] {
         if let Some(v) = obj.get(field)
             && !v.is_null()
@@ -315,13 +316,45 @@ pub fn parse(
             ));
         }
     }
+    let stop = stop_strings(obj.get("stop"))?;
     Ok(Parsed {
         prompt_tokens: prompt_tokens as u32,
         block_hashes: block_hashes(&keys, tokens_per_block),
         max_tokens,
         stream,
         include_usage,
+        stop,
     })
+}
+
+/// Stop strings at most, as OpenAI's API allows.
+pub const MAX_STOP_STRINGS: usize = 4;
+
+/// `stop`: absent, a string, or an array of up to [`MAX_STOP_STRINGS`] non-empty strings.
+fn stop_strings(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let bad = |v: &Value| {
+        ApiError::field(
+            "stop",
+            format!(
+                "stop must be a non-empty string or an array of up to {MAX_STOP_STRINGS} of them, got {}",
+                short(v)
+            ),
+        )
+    };
+    let stops: Vec<String> = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() <= MAX_STOP_STRINGS => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| bad(v.unwrap_or(&Value::Null)))?,
+        Some(other) => return Err(bad(other)),
+    };
+    if stops.iter().any(String::is_empty) {
+        return Err(bad(v.unwrap_or(&Value::Null)));
+    }
+    Ok(stops)
 }
 
 /// Token ids are their own keys; words get a tag so that a word never reads as an id.

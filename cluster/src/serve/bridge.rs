@@ -41,6 +41,9 @@ pub enum BridgeMsg {
     /// The handler of a request is gone before the request ended (its client
     /// disconnected): the request is cancelled on its rank, and its KV freed.
     Cancel(ReqId),
+    /// A stop string ended the request's answer: the rest is cancelled on its rank (its
+    /// KV freed) and the request counts as a success, as vLLM counts a stop.
+    Stop(ReqId),
     /// The HTTP server stopped: no request will come.
     Shutdown,
 }
@@ -102,6 +105,8 @@ struct Open {
     received: Instant,
     first_token: bool,
     cancelled: bool,
+    /// Cancelled because a stop string ended its answer (a success).
+    stopped: bool,
 }
 
 const STOPPED: &str = "the servers stopped before the request finished";
@@ -154,15 +159,21 @@ pub fn run(
                             received,
                             first_token: false,
                             cancelled: false,
+                            stopped: false,
                         },
                     );
                 }
-                Ok(BridgeMsg::Cancel(id)) => {
+                Ok(msg @ (BridgeMsg::Cancel(id) | BridgeMsg::Stop(id))) => {
                     // A request that ended meanwhile has nothing to cancel.
                     if let Some(o) = open.get_mut(&id)
                         && !o.cancelled
                     {
                         o.cancelled = true;
+                        o.stopped = matches!(msg, BridgeMsg::Stop(_));
+                        if o.stopped {
+                            // Its answer ended now, not when the cancel comes back.
+                            metrics.e2e.observe(o.received.elapsed().as_secs_f64());
+                        }
                         let _ = to_front.send(ClientItem::Cancel(id));
                     }
                 }
@@ -240,6 +251,9 @@ fn deliver(open: &mut HashMap<ReqId, Open>, r: Response, metrics: &Metrics, pend
         metrics.waiting.dec();
     }
     match &end {
+        _ if o.stopped => {
+            metrics.request_success.inc();
+        }
         Event::Completed => {
             metrics.request_success.inc();
             metrics.e2e.observe(o.received.elapsed().as_secs_f64());

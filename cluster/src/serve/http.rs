@@ -17,6 +17,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::api::{self, ApiError, Endpoint, Parsed};
 use super::bridge::{BridgeMsg, Event, Pending};
+use super::stop::StopWatch;
 use crate::fleet::ShapeCheck;
 use lockstep_actors::config::RequestShape;
 use lockstep_actors::ids::ReqId;
@@ -84,6 +85,14 @@ struct CancelOnDrop {
 impl CancelOnDrop {
     fn disarm(&mut self) {
         self.armed = false;
+    }
+
+    /// A stop string ended the output: the rest of the request is not wanted.
+    fn stop(&mut self) {
+        if self.armed {
+            self.armed = false;
+            let _ = self.bridge.send(BridgeMsg::Stop(self.id));
+        }
     }
 }
 
@@ -446,6 +455,7 @@ async fn whole(
 ) -> HttpResponse {
     let mut text = String::new();
     let mut generated = 0;
+    let mut watch = StopWatch::new(shape.parsed.stop.clone());
     // One watch for the whole wait (a watch per event would restart its clock at every
     // token and never look).
     let departure = async {
@@ -467,10 +477,18 @@ async fn whole(
         };
         match event {
             Some(Event::Tokens { last, count, .. }) => {
-                text.push_str(&api::render(last, count, generated));
+                let released = watch.push(&api::render(last, count, generated));
+                text.push_str(&released.text);
                 generated += count;
+                if released.stopped {
+                    guard.stop();
+                    break;
+                }
             }
-            Some(Event::Completed) => break,
+            Some(Event::Completed) => {
+                text.push_str(&watch.finish());
+                break;
+            }
             Some(Event::Failed { why, unavailable }) => {
                 guard.disarm();
                 return error(&failure(why, unavailable));
@@ -485,15 +503,16 @@ async fn whole(
         }
     }
     guard.disarm();
+    let finish = if watch.stopped() { "stop" } else { "length" };
     let choices = match shape.endpoint {
         Endpoint::Completions => json!([{
-            "index": 0, "text": text, "logprobs": null, "finish_reason": "length",
+            "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
         }]),
         Endpoint::Chat => json!([{
             "index": 0,
             "message": {"role": "assistant", "content": text},
             "logprobs": null,
-            "finish_reason": "length",
+            "finish_reason": finish,
         }]),
     };
     HttpResponse::Ok().json(shape.wrap(
@@ -518,7 +537,9 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> Ht
         done: bool,
         tail: Vec<Bytes>,
         guard: CancelOnDrop,
+        watch: StopWatch,
     }
+    let watch = StopWatch::new(shape.parsed.stop.clone());
     let st = St {
         shape,
         rx,
@@ -527,6 +548,7 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> Ht
         done: false,
         tail: Vec::new(),
         guard,
+        watch,
     };
     let body = futures_util::stream::unfold(st, |mut st| async move {
         if let Some(b) = st.tail.pop() {
@@ -546,11 +568,23 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> Ht
         let done = Bytes::from_static(b"data: [DONE]\n\n");
         match st.rx.recv().await {
             Some(Event::Tokens { last, count, .. }) => {
-                let text = api::render(last, count, st.generated);
+                let released = st.watch.push(&api::render(last, count, st.generated));
                 st.generated += count;
+                let finish = if released.stopped {
+                    // The answer ends here; the rest of the request is cancelled.
+                    st.done = true;
+                    st.guard.stop();
+                    st.tail.push(done);
+                    if st.shape.parsed.include_usage {
+                        st.tail.push(usage(&st));
+                    }
+                    Some("stop")
+                } else {
+                    None
+                };
                 let chunk = st.shape.wrap(
                     true,
-                    st.shape.delta(Some(&text), None, st.first),
+                    st.shape.delta(Some(&released.text), finish, st.first),
                     Value::Null,
                 );
                 st.first = false;
@@ -563,9 +597,14 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> Ht
                 if st.shape.parsed.include_usage {
                     st.tail.push(usage(&st));
                 }
+                let rest = st.watch.finish();
                 let chunk = st.shape.wrap(
                     true,
-                    st.shape.delta(None, Some("length"), st.first),
+                    st.shape.delta(
+                        (!rest.is_empty()).then_some(rest.as_str()),
+                        Some("length"),
+                        st.first,
+                    ),
                     Value::Null,
                 );
                 Some((sse(&chunk), st))

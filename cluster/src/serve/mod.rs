@@ -15,6 +15,7 @@ pub mod api;
 pub mod bridge;
 pub mod http;
 pub mod metrics;
+pub mod stop;
 
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
