@@ -326,36 +326,62 @@ pub fn mpi_report(bin: &PathBuf, text: &str, sets: &[&str], name: &str) -> Repor
 /// and TPOT within 10 %, every server's iterations within 5 % (or 3). (Not the token
 /// streams: paced in wall time, an aggregated server's iterations only come that close,
 /// and its tokens mix in the iteration; callers compare streams where the path agrees.)
-pub fn assert_same_time_model(a: &Report, b: &Report) {
+pub fn same_time_model(a: &Report, b: &Report) -> Result<(), String> {
     let lengths = |r: &Report| -> Vec<(u64, u32, bool)> {
         r.per_request
             .iter()
             .map(|d| (d.id, d.output_tokens, d.failure.is_none()))
             .collect()
     };
-    assert_eq!(lengths(a), lengths(b));
-    let (la, lb) = (&a.latency_ms, &b.latency_ms);
-    assert!(
-        within(la.ttft.mean, lb.ttft.mean, 10.0),
-        "ttft {:?} vs {:?}",
-        la.ttft,
-        lb.ttft
-    );
-    assert!(
-        within(la.tpot.mean, lb.tpot.mean, 10.0),
-        "tpot {:?} vs {:?}",
-        la.tpot,
-        lb.tpot
-    );
-    for (sa, sb) in a.servers.iter().zip(&b.servers) {
-        assert!(
-            close_counts(sa.iterations, sb.iterations, 3),
-            "{}: {} iterations simulated, {} run",
-            sa.name,
-            sa.iterations,
-            sb.iterations
-        );
+    if lengths(a) != lengths(b) {
+        return Err(format!(
+            "requests differ: {:?} vs {:?}",
+            lengths(a),
+            lengths(b)
+        ));
     }
+    let (la, lb) = (&a.latency_ms, &b.latency_ms);
+    if !within(la.ttft.mean, lb.ttft.mean, 10.0) {
+        return Err(format!("ttft {:?} vs {:?}", la.ttft, lb.ttft));
+    }
+    if !within(la.tpot.mean, lb.tpot.mean, 10.0) {
+        return Err(format!("tpot {:?} vs {:?}", la.tpot, lb.tpot));
+    }
+    for (sa, sb) in a.servers.iter().zip(&b.servers) {
+        if !close_counts(sa.iterations, sb.iterations, 3) {
+            return Err(format!(
+                "{}: {} iterations simulated, {} run",
+                sa.name, sa.iterations, sb.iterations
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// How many times a comparison paced in wall time runs before it counts as failed.
+/// A small shared machine sometimes deschedules a rank for tens of milliseconds, which
+/// moves a whole batch to the next iteration; a model that is wrong fails every time.
+pub const PACED_ATTEMPTS: usize = 3;
+
+/// Runs `attempt` (one paced run compared with the simulator) until it passes, at most
+/// [`PACED_ATTEMPTS`] times; prints every miss and panics with all of them.
+pub fn passes_within_attempts(mut attempt: impl FnMut() -> Result<(), String>) {
+    let mut misses = Vec::new();
+    for n in 1..=PACED_ATTEMPTS {
+        match attempt() {
+            Ok(()) => {
+                if !misses.is_empty() {
+                    eprintln!("passed at attempt {n}; earlier misses: {misses:#?}");
+                }
+                return;
+            }
+            Err(miss) => {
+                eprintln!("attempt {n} missed: {miss}");
+                misses.push(miss);
+            }
+        }
+    }
+    panic!("missed in all {PACED_ATTEMPTS} attempts: {misses:#?}");
 }
 
 /// What must be identical across drivers for a disaggregated run with preloaded
