@@ -7,8 +7,8 @@
 use crate::config::{ConfigError, Role, ServerConfig};
 use crate::executor::{
     BatchVote, Exchange, ExecutorError, FetchBatch, FetchMode, ForwardOutput, Input, Io,
-    IterationReport, PadIntent, PrefixMatches, RankExecutor, RankState, Response, ScheduledBatch,
-    StopReason, TransferStatus,
+    IterationReport, PadIntent, PrefixMatches, RankExecutor, RankResponses, RankState, Response,
+    ScheduledBatch, StopReason, TransferStatus,
 };
 use crate::executor::{CollectiveTag, Phase};
 use crate::ids::{BatchNumber, RankId};
@@ -232,6 +232,28 @@ struct Sink<'a> {
     response_ranks: &'a mut Vec<(RankId, std::ops::Range<usize>)>,
 }
 
+impl Sink<'_> {
+    /// Moves rank `i`'s responses into the gathered ones (rank 0 starts them afresh).
+    #[inline]
+    fn take_responses(&mut self, i: usize, mine: &mut RankResponses) {
+        if i == 0 {
+            self.responses.clear();
+            self.response_ranks.clear();
+        }
+        let start = self.responses.len();
+        if self.responses.is_empty() {
+            // Swap rather than copy: the vectors trade buffers.
+            std::mem::swap(self.responses, &mut mine.responses);
+        } else {
+            self.responses.append(&mut mine.responses);
+        }
+        if self.responses.len() > start {
+            self.response_ranks
+                .push((RankId(i as u32), start..self.responses.len()));
+        }
+    }
+}
+
 /// Polls rank `i` and copies what it contributes into the sink (one pass per phase:
 /// each rank is polled right after it handled the previous result, while its state is
 /// in cache).
@@ -258,25 +280,12 @@ fn collect(rank: &mut RankExecutor, i: usize, sink: &mut Sink<'_>) -> Asked {
                     b.intent = b.intent.max(mine);
                 }
                 Exchange::Votes { mine, .. } => b.votes[i] = *mine,
-                Exchange::Responses { mine, .. } => {
-                    if i == 0 {
-                        sink.responses.clear();
-                        sink.response_ranks.clear();
-                    }
-                    let start = sink.responses.len();
-                    if sink.responses.is_empty() {
-                        // Swap rather than copy: the vectors trade buffers.
-                        std::mem::swap(sink.responses, &mut mine.responses);
-                    } else {
-                        sink.responses.append(&mut mine.responses);
-                    }
-                    if sink.responses.len() > start {
-                        sink.response_ranks
-                            .push((RankId(i as u32), start..sink.responses.len()));
-                    }
-                }
-                Exchange::TransferStatus { mine, .. } => {
-                    b.statuses[i].events.clone_from(&mine.events)
+                Exchange::Responses { mine, .. } => sink.take_responses(i, mine),
+                Exchange::TransferStatus {
+                    mine, responses, ..
+                } => {
+                    b.statuses[i].events.clone_from(&mine.events);
+                    sink.take_responses(i, responses);
                 }
             }
             Asked::Exchange(tag)

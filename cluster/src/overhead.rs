@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use lockstep_actors::config::{KvCacheConfig, ServerConfig};
 use lockstep_actors::executor::{
     BatchVote, CollectiveTag, Exchange, FetchBatch, PadIntent, Phase, PrefixMatches, RankExecutor,
-    RankResponses, RankState, TransferStatus,
+    RankResponses, RankState, ResponsesAndStatus,
 };
 use lockstep_actors::front::IngressItem;
 use lockstep_actors::ids::RankId;
@@ -133,7 +133,7 @@ enum Call {
     PadIntent(u64),
     Votes(BatchVote),
     Responses(RankResponses),
-    TransferStatus(TransferStatus),
+    TransferStatus(ResponsesAndStatus),
 }
 
 impl Call {
@@ -174,7 +174,11 @@ impl Call {
             },
             Call::Votes(mine) => Exchange::Votes { tag, mine },
             Call::Responses(mine) => Exchange::Responses { tag, mine },
-            Call::TransferStatus(mine) => Exchange::TransferStatus { tag, mine },
+            Call::TransferStatus(both) => Exchange::TransferStatus {
+                tag,
+                mine: &both.status,
+                responses: &mut both.responses,
+            },
         }
     }
 }

@@ -412,8 +412,11 @@ fn metrics_show_every_rank_and_prefix_cache_hits_from_shared_prompts() {
         );
         assert_eq!(code, 200, "{body}");
     }
+    // A rank publishes its counters every quarter second and on going idle: wait for
+    // the publication that follows the third request.
     let m = scrape_until(&s, |m| {
         over_ranks(m, "lockstep_prefix_cache_hit_blocks_total") > 0.0
+            && over_ranks(m, "lockstep_rank_routed_requests_total") == 3.0
     });
     assert!(
         over_ranks(&m, "lockstep_prefix_cache_hit_blocks_total") > 0.0,

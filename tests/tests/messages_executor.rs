@@ -78,7 +78,7 @@ enum Asked {
     Votes(CollectiveTag, BatchVote),
     Forward(Option<ScheduledBatch>, Option<BatchNumber>),
     Responses(CollectiveTag, RankResponses),
-    TransferStatus(CollectiveTag, TransferStatus),
+    TransferStatus(CollectiveTag, TransferStatus, RankResponses),
     Ended(IterationReport),
     Finished,
     Stopped(StopReason),
@@ -98,7 +98,7 @@ impl Asked {
                 await_output: a.map(|b| b.0),
             },
             Asked::Responses(t, _) => Step::Responses(t.iteration),
-            Asked::TransferStatus(t, _) => Step::TransferStatus(t.iteration),
+            Asked::TransferStatus(t, ..) => Step::TransferStatus(t.iteration),
             Asked::Ended(r) => Step::Ended(r.stats.iteration),
             Asked::Finished => Step::Finished,
             Asked::Stopped(_) => Step::Stopped,
@@ -113,7 +113,7 @@ impl Asked {
             | Asked::PadIntent(t, _)
             | Asked::Votes(t, _)
             | Asked::Responses(t, _)
-            | Asked::TransferStatus(t, _) => Some(*t),
+            | Asked::TransferStatus(t, ..) => Some(*t),
             _ => None,
         }
     }
@@ -129,9 +129,11 @@ fn ask(exec: &mut RankExecutor) -> Asked {
         Io::Exchange(Exchange::PadIntent { tag, mine }) => Asked::PadIntent(tag, mine),
         Io::Exchange(Exchange::Votes { tag, mine }) => Asked::Votes(tag, *mine),
         Io::Exchange(Exchange::Responses { tag, mine }) => Asked::Responses(tag, mine.clone()),
-        Io::Exchange(Exchange::TransferStatus { tag, mine }) => {
-            Asked::TransferStatus(tag, mine.clone())
-        }
+        Io::Exchange(Exchange::TransferStatus {
+            tag,
+            mine,
+            responses,
+        }) => Asked::TransferStatus(tag, mine.clone(), responses.clone()),
         Io::ReadIngress(mode) => Asked::ReadIngress(mode),
         Io::Forward {
             launch,
@@ -343,13 +345,16 @@ impl Host {
                     }
                 }
                 Asked::TransferStatus(..) => {
-                    let all: Vec<TransferStatus> = asked
-                        .iter()
-                        .map(|a| match a {
-                            Asked::TransferStatus(_, s) => s.clone(),
-                            _ => unreachable!(),
-                        })
-                        .collect();
+                    // The allgather carries the responses too.
+                    let mut all: Vec<TransferStatus> = Vec::new();
+                    for (i, a) in asked.iter().enumerate() {
+                        let Asked::TransferStatus(_, status, mine) = a else {
+                            unreachable!()
+                        };
+                        assert_eq!(mine.rank, RankId(i as u32));
+                        responses.extend(mine.responses.iter().cloned());
+                        all.push(status.clone());
+                    }
                     for i in 0..n {
                         self.answer(i, Input::TransferStatus(&all));
                     }
@@ -838,7 +843,7 @@ impl Host {
                 self.answer(0, Input::Output(out.as_ref()));
             }
             Asked::Responses(..) => self.answer(0, Input::ResponsesGathered),
-            Asked::TransferStatus(_, s) => self.answer(0, Input::TransferStatus(&[s])),
+            Asked::TransferStatus(_, s, _) => self.answer(0, Input::TransferStatus(&[s])),
             Asked::Ended(_) | Asked::Finished | Asked::Stopped(_) => {
                 self.pending[0] = None;
             }

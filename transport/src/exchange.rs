@@ -4,7 +4,7 @@
 
 use lockstep_actors::executor::{
     BatchVote, Exchange, FetchBatch, Input, PadIntent, PrefixMatches, RankResponses, RankState,
-    TransferStatus,
+    ResponsesAndStatus, TransferStatus,
 };
 
 use crate::collective::{Collective, CollectiveError};
@@ -25,8 +25,14 @@ pub enum Exchanged {
     Votes(Vec<BatchVote>),
     /// Every rank's responses at rank 0 (`None` elsewhere).
     Responses(Option<Vec<RankResponses>>),
-    /// Every rank's transfer status.
-    TransferStatus(Vec<TransferStatus>),
+    /// Every rank's transfer status, and every rank's responses at rank 0 (`None`
+    /// elsewhere: the other ranks drop theirs).
+    TransferStatus {
+        /// Every rank's transfer status.
+        status: Vec<TransferStatus>,
+        /// Every rank's responses, at rank 0.
+        responses: Option<Vec<RankResponses>>,
+    },
 }
 
 impl Exchanged {
@@ -39,13 +45,14 @@ impl Exchanged {
             Exchanged::PadIntent(i) => Input::PadIntent(*i),
             Exchanged::Votes(v) => Input::Votes(v),
             Exchanged::Responses(_) => Input::ResponsesGathered,
-            Exchanged::TransferStatus(v) => Input::TransferStatus(v),
+            Exchanged::TransferStatus { status, .. } => Input::TransferStatus(status),
         }
     }
 }
 
 /// Runs `x` over `c`: allgather, broadcast from rank 0, allreduce MAX or gather to rank
-/// 0, with the executor's tag.
+/// 0, with the executor's tag. The responses move out of the executor's buffer (it
+/// clears them afterwards anyway).
 pub fn exchange<C: Collective + ?Sized>(
     c: &mut C,
     x: Exchange<'_>,
@@ -59,8 +66,26 @@ pub fn exchange<C: Collective + ?Sized>(
         }
         Exchange::Votes { tag, mine } => Exchanged::Votes(c.allgather(tag, mine)?),
         Exchange::Responses { tag, mine } => Exchanged::Responses(c.gather(tag, 0, &*mine)?),
-        Exchange::TransferStatus { tag, mine } => {
-            Exchanged::TransferStatus(c.allgather(tag, mine)?)
+        Exchange::TransferStatus {
+            tag,
+            mine,
+            responses,
+        } => {
+            let both = ResponsesAndStatus {
+                responses: RankResponses {
+                    rank: responses.rank,
+                    responses: std::mem::take(&mut responses.responses),
+                },
+                status: mine.clone(),
+            };
+            let all = c.allgather(tag, &both)?;
+            let at_root = c.rank() == 0;
+            let (responses, status): (Vec<RankResponses>, Vec<TransferStatus>) =
+                all.into_iter().map(|b| (b.responses, b.status)).unzip();
+            Exchanged::TransferStatus {
+                status,
+                responses: at_root.then_some(responses),
+            }
         }
     })
 }

@@ -23,9 +23,13 @@ pub enum Phase {
     PadIntent,
     /// 6. allgather of [`BatchVote`].
     Vote,
-    /// 8. gather of [`RankResponses`] to rank 0.
+    /// 8. gather of [`RankResponses`] to rank 0 (servers without transfers).
     Responses,
-    /// 9. allgather of [`TransferStatus`] (ctx and gen servers only).
+    /// 8. allgather of [`ResponsesAndStatus`] (ctx and gen servers).
+    ///
+    /// The transfer status every rank applies, fused with the response gather, whose data
+    /// is ready at the same point: one round trip instead of two (the other ranks ignore
+    /// the responses).
     Transfers,
 }
 
@@ -89,7 +93,8 @@ pub struct CollectiveSchedule {
     pub prefix_matches: bool,
     /// The pad-intent allreduce: only the non-overlap disaggregated path pads by intent.
     pub pad_intent: bool,
-    /// The transfer-status allgather: only ctx and gen servers transfer KV.
+    /// The transfer-status allgather (which then carries the responses in place of the
+    /// response gather): only ctx and gen servers transfer KV.
     pub transfers: bool,
 }
 
@@ -97,9 +102,11 @@ impl CollectiveSchedule {
     /// Whether `phase` runs in this schedule.
     pub fn runs(&self, phase: Phase) -> bool {
         match phase {
-            Phase::Gather | Phase::Fetch | Phase::Vote | Phase::Responses => true,
+            Phase::Gather | Phase::Fetch | Phase::Vote => true,
             Phase::PrefixMatch => self.prefix_matches,
             Phase::PadIntent => self.pad_intent,
+            // The transfer-status allgather carries the responses when it runs.
+            Phase::Responses => !self.transfers,
             Phase::Transfers => self.transfers,
         }
     }
@@ -401,10 +408,20 @@ pub struct TransferEvent {
     pub outcome: TransferOutcome,
 }
 
-/// Phase 9 contribution: the transfer events this rank applies this iteration (§3.9: a
-/// consensus collective, so every rank agrees on the iteration an event took effect).
+/// The transfer events this rank applies this iteration (§3.9: a consensus collective,
+/// so every rank agrees on the iteration an event took effect).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct TransferStatus {
     /// Events, in delivery order.
     pub events: Vec<TransferEvent>,
+}
+
+/// The [`Phase::Transfers`] contribution of a ctx or gen rank: its responses (for rank 0)
+/// and its transfer status (for every rank), in one allgather.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ResponsesAndStatus {
+    /// This rank's responses.
+    pub responses: RankResponses,
+    /// This rank's transfer status.
+    pub status: TransferStatus,
 }

@@ -19,8 +19,9 @@
 //! 6. [`Io::Forward`]: launch the batch (if `can_queue`) and hand back the awaited
 //!    output (this batch's without overlap, the previous one's with it); update states,
 //!    finish requests, produce responses.
-//! 7. `Responses` — gather [`RankResponses`] to rank 0.
-//! 8. [`Transfers` — allgather [`TransferStatus`]; apply this rank's transfer events].
+//! 7. `Responses` — gather [`RankResponses`] to rank 0; or, on a server that transfers
+//!    KV, `Transfers` in its place — allgather the responses with [`TransferStatus`]
+//!    (both ready here: one round trip), then apply this rank's transfer events.
 //! 9. The §10 checks; [`Io::IterationEnded`] with the [`IterationReport`].
 
 use crate::counts::RankCounts;
@@ -90,12 +91,15 @@ pub enum Exchange<'a> {
         /// This rank's responses.
         mine: &'a mut RankResponses,
     },
-    /// Allgather of the transfer status.
+    /// Allgather of the transfer status with the responses (which only rank 0 uses). A
+    /// host may move the responses out, as for [`Exchange::Responses`].
     TransferStatus {
         /// Tag.
         tag: CollectiveTag,
         /// This rank's status.
         mine: &'a TransferStatus,
+        /// This rank's responses.
+        responses: &'a mut RankResponses,
     },
 }
 
@@ -283,6 +287,7 @@ impl RankExecutor {
             Stage::Transfers => Io::Exchange(Exchange::TransferStatus {
                 tag: tag(Phase::Transfers),
                 mine: &self.iter.status,
+                responses: &mut self.iter.responses,
             }),
             Stage::Finished => Io::Finished,
             Stage::Stopped => Io::Stopped(self.stop.as_ref().expect("a stopped rank says why")),
@@ -332,22 +337,23 @@ impl RankExecutor {
                     });
                 }
                 self.process_output(output);
-                Stage::Responses
-            }
-            (Stage::Responses, Input::ResponsesGathered) => {
-                self.iter.responses.responses.clear();
                 if self.setup.schedule.transfers {
                     let status = &mut self.iter.status.events;
                     status.clear();
                     status.append(&mut self.pending_transfer_events);
                     Stage::Transfers
                 } else {
-                    self.end_iteration();
-                    Stage::Ended
+                    Stage::Responses
                 }
+            }
+            (Stage::Responses, Input::ResponsesGathered) => {
+                self.iter.responses.responses.clear();
+                self.end_iteration();
+                Stage::Ended
             }
             (Stage::Transfers, Input::TransferStatus(all)) => {
                 self.arity(Phase::Transfers, all.len(), dp)?;
+                self.iter.responses.responses.clear();
                 self.apply_transfers();
                 self.end_iteration();
                 Stage::Ended

@@ -14,7 +14,9 @@
 
 use std::time::{Duration, Instant};
 
-use lockstep_actors::executor::{FetchBatch, FetchMode, Input, Io, RankExecutor, StopReason};
+use lockstep_actors::executor::{
+    FetchBatch, FetchMode, Input, Io, RankExecutor, RankResponses, StopReason,
+};
 use lockstep_actors::front::IngressItem;
 use lockstep_actors::invariants::Violation;
 use lockstep_gpu::{AnalyticBackend, Backend};
@@ -135,6 +137,17 @@ pub fn rank_summary(
     summary
 }
 
+/// Hands the executor the transfer events its transceiver reported since the last call.
+fn apply_arrived_transfer_events(exec: &mut RankExecutor, ports: &RankPorts<'_>) {
+    if let Some(link) = ports.transfers {
+        while let Ok(event) = link.events.try_recv() {
+            // A request this rank no longer holds in transfer (it failed meanwhile) has
+            // nothing left to apply.
+            let _ = exec.handle_transfer_event(event);
+        }
+    }
+}
+
 pub fn run_rank<C: Collective + ?Sized>(
     exec: &mut RankExecutor,
     coll: &mut C,
@@ -164,13 +177,7 @@ pub fn run_rank<C: Collective + ?Sized>(
         source,
     };
     loop {
-        if let Some(link) = ports.transfers {
-            while let Ok(event) = link.events.try_recv() {
-                // A request this rank no longer holds in transfer (it failed meanwhile)
-                // has nothing left to apply.
-                let _ = exec.handle_transfer_event(event);
-            }
-        }
+        apply_arrived_transfer_events(exec, &ports);
         let exe_err = |source| RuntimeError::Executor {
             server,
             rank,
@@ -187,25 +194,39 @@ pub fn run_rank<C: Collective + ?Sized>(
                 ports.progress.alive(ports.clock.now_ns());
                 // Rank 0's gathered responses move to the front as they are (the
                 // executor only needs to know the gather happened).
+                let to_front = |all: Vec<RankResponses>| {
+                    if all.iter().any(|r| !r.responses.is_empty()) {
+                        ports
+                            .net
+                            .send(
+                                Endpoint::Front,
+                                Envelope::Responses {
+                                    server: server as u32,
+                                    responses: all,
+                                },
+                            )
+                            .map_err(|source| RuntimeError::Net {
+                                server,
+                                rank,
+                                source,
+                            })?;
+                    }
+                    Ok::<(), RuntimeError>(())
+                };
                 let result = match result {
                     Exchanged::Responses(Some(all)) => {
-                        if all.iter().any(|r| !r.responses.is_empty()) {
-                            ports
-                                .net
-                                .send(
-                                    Endpoint::Front,
-                                    Envelope::Responses {
-                                        server: server as u32,
-                                        responses: all,
-                                    },
-                                )
-                                .map_err(|source| RuntimeError::Net {
-                                    server,
-                                    rank,
-                                    source,
-                                })?;
-                        }
+                        to_front(all)?;
                         Exchanged::Responses(None)
+                    }
+                    Exchanged::TransferStatus {
+                        status,
+                        responses: Some(all),
+                    } => {
+                        to_front(all)?;
+                        Exchanged::TransferStatus {
+                            status,
+                            responses: None,
+                        }
                     }
                     other => other,
                 };
@@ -260,6 +281,9 @@ pub fn run_rank<C: Collective + ?Sized>(
                     })?),
                     None => None,
                 };
+                // The transfer status goes out right after the output: what arrived
+                // during the forward belongs to this iteration, as in the simulator.
+                apply_arrived_transfer_events(exec, &ports);
                 exec.handle(Input::Output(output.as_ref()))
                     .map_err(exe_err)?;
                 if let Some(o) = output {
