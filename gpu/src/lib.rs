@@ -10,6 +10,7 @@
 
 mod cost;
 pub mod kv_contents;
+pub mod model;
 mod profiles;
 
 pub use cost::{AnalyticBackend, Backend, Coefficients, IterationTime, ZeroCostBackend};
