@@ -488,3 +488,29 @@ fn bad_model_directories_name_the_file_and_tensor() {
     let message = Model::load(&dir.0).unwrap_err().to_string();
     assert!(message.contains("model.safetensors"), "{message}");
 }
+
+#[test]
+fn tied_embeddings_need_no_lm_head() {
+    let dir = TempDir::new("tied");
+    write_random_model(&dir.0, &InitOptions::default()).unwrap();
+    let config = dir.0.join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let tied = text.replace(
+        "\"tie_word_embeddings\": false",
+        "\"tie_word_embeddings\": true",
+    );
+    assert_ne!(tied, text);
+    std::fs::write(&config, tied).unwrap();
+    drop_tensor(&dir.0.join("model.safetensors"), "lm_head.weight");
+    let model = Model::load(&dir.0).unwrap();
+    let head = model.weights.lm_head.weight_t.t().unwrap();
+    let gap = (head - &model.weights.embed_tokens)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert_eq!(gap, 0.0, "the tied head is the embedding");
+}
