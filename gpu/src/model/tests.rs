@@ -662,3 +662,83 @@ fn forward_arithmetic_matches_a_scalar_reference() {
         );
     }
 }
+
+#[test]
+fn sharded_bf16_checkpoints_load() {
+    let dir = TempDir::new("sharded");
+    write_random_model(&dir.0, &InitOptions::default()).unwrap();
+    let single = dir.0.join("model.safetensors");
+    let original = Model::load(&dir.0).unwrap();
+    let bytes = std::fs::read(&single).unwrap();
+    let parsed = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    // Two shards, every tensor stored as BF16 (the top 16 bits of its f32: truncation).
+    let mut shards: [Vec<(String, Vec<usize>, Vec<u8>)>; 2] = [Vec::new(), Vec::new()];
+    let mut weight_map = serde_json::Map::new();
+    for (index, (name, view)) in parsed.tensors().into_iter().enumerate() {
+        let bf16: Vec<u8> = view
+            .data()
+            .chunks_exact(4)
+            .flat_map(|f| [f[2], f[3]])
+            .collect();
+        let shard = index % 2;
+        weight_map.insert(
+            name.clone(),
+            serde_json::json!(format!("model-0000{}-of-00002.safetensors", shard + 1)),
+        );
+        shards[shard].push((name, view.shape().to_vec(), bf16));
+    }
+    for (shard, tensors) in shards.iter().enumerate() {
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+            .iter()
+            .map(|(n, s, d)| {
+                let view =
+                    safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), d)
+                        .unwrap();
+                (n.clone(), view)
+            })
+            .collect();
+        let path = dir
+            .0
+            .join(format!("model-0000{}-of-00002.safetensors", shard + 1));
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(
+        dir.0.join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    std::fs::remove_file(&single).unwrap();
+    let loaded = Model::load(&dir.0).unwrap();
+    let truncate = |t: &candle_core::Tensor| -> Vec<f32> {
+        t.flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(|v| f32::from_bits(v.to_bits() & 0xFFFF_0000))
+            .collect()
+    };
+    let flat = |t: &candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(
+        flat(&loaded.weights.embed_tokens),
+        truncate(&original.weights.embed_tokens)
+    );
+    assert_eq!(
+        flat(&loaded.weights.layers[1].down_proj.weight_t),
+        truncate(&original.weights.layers[1].down_proj.weight_t)
+    );
+    // A tensor the index lists nowhere is reported against the index.
+    let text = std::fs::read_to_string(dir.0.join("model.safetensors.index.json")).unwrap();
+    std::fs::write(
+        dir.0.join("model.safetensors.index.json"),
+        text.replace("model-00002-of-00002", "model-00001-of-00002"),
+    )
+    .unwrap();
+    std::fs::remove_file(dir.0.join("model-00002-of-00002.safetensors")).unwrap();
+    let message = Model::load(&dir.0).unwrap_err().to_string();
+    assert!(
+        message.contains("model.safetensors.index.json") && message.contains("missing tensor"),
+        "{message}"
+    );
+}
