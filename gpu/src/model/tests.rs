@@ -384,6 +384,9 @@ fn bad_batches_are_errors() {
     );
 }
 
+/// A tensor to write: name, shape, raw little-endian bytes.
+type RawTensor = (String, Vec<usize>, Vec<u8>);
+
 /// Rewrites a safetensors file without one tensor.
 fn drop_tensor(path: &Path, name: &str) {
     rewrite(path, |tensor, shape| (tensor != name).then_some(shape));
@@ -393,7 +396,7 @@ fn drop_tensor(path: &Path, name: &str) {
 fn rewrite(path: &Path, keep: impl Fn(&str, Vec<usize>) -> Option<Vec<usize>>) {
     let bytes = std::fs::read(path).unwrap();
     let parsed = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut kept: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut kept: Vec<RawTensor> = Vec::new();
     for (name, view) in parsed.tensors() {
         if let Some(shape) = keep(&name, view.shape().to_vec()) {
             let count: usize = shape.iter().product();
@@ -672,7 +675,7 @@ fn sharded_bf16_checkpoints_load() {
     let bytes = std::fs::read(&single).unwrap();
     let parsed = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     // Two shards, every tensor stored as BF16 (the top 16 bits of its f32: truncation).
-    let mut shards: [Vec<(String, Vec<usize>, Vec<u8>)>; 2] = [Vec::new(), Vec::new()];
+    let mut shards: [Vec<RawTensor>; 2] = [Vec::new(), Vec::new()];
     let mut weight_map = serde_json::Map::new();
     for (index, (name, view)) in parsed.tensors().into_iter().enumerate() {
         let bf16: Vec<u8> = view
