@@ -16,6 +16,8 @@ use lockstep_cluster::scenario::Scenario;
 use lockstep_cluster::sim::{self, SimOptions};
 use lockstep_cluster::validate;
 
+mod model_cmd;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "lockstep",
@@ -175,6 +177,12 @@ enum Command {
     /// List the model profiles `[model] profile` can name: their KV geometry, their
     /// coefficients and the assumptions behind them.
     Profiles,
+    /// A real model on the CPU: write a random one, generate text through the paged KV
+    /// cache, benchmark the paged forward against the dense reference.
+    Model {
+        #[command(subcommand)]
+        command: model_cmd::ModelCommand,
+    },
     /// Run the scenario under two policies and print them side by side with deltas.
     Ab {
         #[command(flatten)]
@@ -532,6 +540,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             watchdog_ms,
             inject_tag_mismatch,
         } => rank_command(&args, &real, watchdog_ms, inject_tag_mismatch.as_deref()),
+        Command::Model { command } => model_cmd::run(command),
         Command::Profiles => {
             for p in lockstep_gpu::profiles() {
                 println!("{}", p.name);

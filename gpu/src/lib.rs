@@ -3,13 +3,15 @@
 //! For now this is the analytic cost model the simulator runs in virtual time: a
 //! [`BatchShape`] summarises one rank's share of a forward, a [`Backend`] turns shapes
 //! into modeled host and device times, and [`profiles`] ships named coefficient sets
-//! with the reasoning behind their numbers.
+//! with the reasoning behind their numbers. [`model`] is a real CPU transformer of the
+//! Llama family whose attention reads and writes the paged KV cache.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 mod cost;
 pub mod kv_contents;
+pub mod model;
 mod profiles;
 
 pub use cost::{AnalyticBackend, Backend, Coefficients, IterationTime, ZeroCostBackend};

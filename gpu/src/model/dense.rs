@@ -1,0 +1,104 @@
+//! The dense reference forward: the same weights and arithmetic as the paged forward,
+//! each sequence's K/V in one contiguous buffer instead of blocks. Tests compare the two
+//! for equality; the benchmark compares their cost.
+
+use candle_core::{Device, Tensor};
+
+use super::Model;
+use super::error::{ModelError, Result};
+use super::forward::{KvStore, forward_with};
+
+/// One sequence's contiguous K/V, per layer, `[len, kv_heads * head_dim]` row-major.
+#[derive(Debug, Clone)]
+pub struct DenseSequence {
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    len: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl DenseSequence {
+    /// An empty sequence for `model`.
+    pub fn new(model: &Model) -> Self {
+        let layers = model.config.num_hidden_layers;
+        DenseSequence {
+            keys: vec![Vec::new(); layers],
+            values: vec![Vec::new(); layers],
+            len: 0,
+            kv_heads: model.config.num_key_value_heads,
+            head_dim: model.config.head_dim,
+        }
+    }
+
+    /// Tokens cached so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+struct DenseStore<'s> {
+    sequences: Vec<&'s mut DenseSequence>,
+}
+
+impl KvStore for DenseStore<'_> {
+    fn store_and_read(
+        &mut self,
+        layer: usize,
+        entry: usize,
+        start: usize,
+        keys: &Tensor,
+        values: &Tensor,
+    ) -> Result<(Tensor, Tensor, usize)> {
+        let sequence = &mut self.sequences[entry];
+        let stride = sequence.kv_heads * sequence.head_dim;
+        let n = keys.dim(0)?;
+        sequence.keys[layer].truncate(start * stride);
+        sequence.values[layer].truncate(start * stride);
+        sequence.keys[layer].extend(keys.flatten_all()?.to_vec1::<f32>()?);
+        sequence.values[layer].extend(values.flatten_all()?.to_vec1::<f32>()?);
+        let shape = (start + n, sequence.kv_heads, sequence.head_dim);
+        Ok((
+            Tensor::from_slice(&sequence.keys[layer], shape, &Device::Cpu)?,
+            Tensor::from_slice(&sequence.values[layer], shape, &Device::Cpu)?,
+            0,
+        ))
+    }
+}
+
+/// Appends `new_tokens[i]` to `sequences[i]` for every `i` in one batched forward and
+/// returns each sequence's logits at its last new position.
+pub fn forward_dense(
+    model: &Model,
+    sequences: &mut [DenseSequence],
+    new_tokens: &[&[u32]],
+) -> Result<Vec<Vec<f32>>> {
+    if sequences.len() != new_tokens.len() {
+        return Err(ModelError::InvalidBatch(format!(
+            "{} sequences but {} token lists",
+            sequences.len(),
+            new_tokens.len()
+        )));
+    }
+    let entries: Vec<(usize, &[u32])> = sequences
+        .iter()
+        .zip(new_tokens)
+        .map(|(s, t)| (s.len, *t))
+        .collect();
+    let logits = forward_with(
+        model,
+        &entries,
+        &mut DenseStore {
+            sequences: sequences.iter_mut().collect(),
+        },
+    )?;
+    for (sequence, tokens) in sequences.iter_mut().zip(new_tokens) {
+        sequence.len += tokens.len();
+    }
+    Ok(logits)
+}

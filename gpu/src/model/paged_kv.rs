@@ -1,0 +1,148 @@
+//! The paged K/V store: per layer, a pool of blocks of `tokens_per_block` slots, addressed
+//! by the block tables the KV manager hands out.
+//!
+//! A request's token at position `p` lives in block `table[p / tokens_per_block]`, slot
+//! `p % tokens_per_block`. Block ids are plain integers into the pool, so two requests
+//! whose tables name the same block share its K/V (prefix reuse) without copying.
+
+use candle_core::{Device, Tensor};
+
+use super::error::{ModelError, Result};
+
+/// Geometry of the paged store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedKvGeometry {
+    /// Transformer layers (one K and one V pool each).
+    pub layers: usize,
+    /// Blocks in each pool.
+    pub num_blocks: usize,
+    /// Token slots per block.
+    pub tokens_per_block: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+impl PagedKvGeometry {
+    /// Floats one token occupies in one layer's K (or V) pool.
+    fn token_stride(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Floats one block occupies in one layer's K (or V) pool.
+    fn block_stride(&self) -> usize {
+        self.tokens_per_block * self.token_stride()
+    }
+}
+
+/// The K/V of every block, per layer; layout `[block, slot, kv_head, head_dim]`.
+#[derive(Debug, Clone)]
+pub struct PagedKvCache {
+    geometry: PagedKvGeometry,
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+impl PagedKvCache {
+    /// A zeroed store of the given geometry.
+    pub fn new(geometry: PagedKvGeometry) -> Result<Self> {
+        if geometry.tokens_per_block == 0 {
+            return Err(ModelError::InvalidBatch(
+                "tokens_per_block must be positive".into(),
+            ));
+        }
+        let pool = geometry.num_blocks * geometry.block_stride();
+        Ok(PagedKvCache {
+            geometry,
+            keys: vec![vec![0.0; pool]; geometry.layers],
+            values: vec![vec![0.0; pool]; geometry.layers],
+        })
+    }
+
+    /// The store's geometry.
+    pub fn geometry(&self) -> PagedKvGeometry {
+        self.geometry
+    }
+
+    /// Checks that `table` covers positions `0..end` with blocks inside the pool.
+    pub fn check_table(&self, table: &[u32], end: usize) -> Result<()> {
+        let needed = end.div_ceil(self.geometry.tokens_per_block);
+        if table.len() < needed {
+            return Err(ModelError::InvalidBatch(format!(
+                "block table of {} blocks covers {} tokens, {end} needed",
+                table.len(),
+                table.len() * self.geometry.tokens_per_block
+            )));
+        }
+        if let Some(&bad) = table[..needed]
+            .iter()
+            .find(|&&b| b as usize >= self.geometry.num_blocks)
+        {
+            return Err(ModelError::InvalidBatch(format!(
+                "block id {bad} outside the pool of {} blocks",
+                self.geometry.num_blocks
+            )));
+        }
+        Ok(())
+    }
+
+    /// Float offset of position `position` of a request with block table `table`.
+    fn offset(&self, table: &[u32], position: usize) -> usize {
+        let g = &self.geometry;
+        let block = table[position / g.tokens_per_block] as usize;
+        let slot = position % g.tokens_per_block;
+        block * g.block_stride() + slot * g.token_stride()
+    }
+
+    /// Writes the K and V of tokens at positions `start..start + n` of the request
+    /// whose block table is `table`. `keys` and `values` are `[n, kv_heads * head_dim]`,
+    /// row-major. The table must already have passed [`check_table`](Self::check_table).
+    pub fn write(
+        &mut self,
+        layer: usize,
+        table: &[u32],
+        start: usize,
+        keys: &[f32],
+        values: &[f32],
+    ) {
+        let stride = self.geometry.token_stride();
+        let n = keys.len() / stride;
+        for i in 0..n {
+            let at = self.offset(table, start + i);
+            let row = i * stride..(i + 1) * stride;
+            self.keys[layer][at..at + stride].copy_from_slice(&keys[row.clone()]);
+            self.values[layer][at..at + stride].copy_from_slice(&values[row]);
+        }
+    }
+
+    /// Gathers the K and V of positions `0..len` of the request whose block table is
+    /// `table`, as two `[len, kv_heads, head_dim]` tensors. Copies whole blocks at a time:
+    /// a block's slots are contiguous, so a gather is `len / tokens_per_block` copies.
+    pub fn gather(&self, layer: usize, table: &[u32], len: usize) -> Result<(Tensor, Tensor)> {
+        let g = &self.geometry;
+        let stride = g.token_stride();
+        let mut keys = Vec::with_capacity(len * stride);
+        let mut values = Vec::with_capacity(len * stride);
+        let mut position = 0;
+        while position < len {
+            let take = (len - position).min(g.tokens_per_block);
+            let at = self.offset(table, position);
+            keys.extend_from_slice(&self.keys[layer][at..at + take * stride]);
+            values.extend_from_slice(&self.values[layer][at..at + take * stride]);
+            position += take;
+        }
+        let shape = (len, g.kv_heads, g.head_dim);
+        Ok((
+            Tensor::from_vec(keys, shape, &Device::Cpu)?,
+            Tensor::from_vec(values, shape, &Device::Cpu)?,
+        ))
+    }
+
+    /// The raw K floats of one block of one layer (what a transceiver would move).
+    pub fn block_keys(&self, layer: usize, block: u32) -> Option<&[f32]> {
+        let stride = self.geometry.block_stride();
+        let start = block as usize * stride;
+        self.keys.get(layer)?.get(start..start + stride)
+    }
+}

@@ -1,0 +1,123 @@
+//! Choosing the next token from logits: greedy, or temperature / top-k / top-p with a
+//! per-request seed, so a seeded request draws the same tokens on every driver.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::error::{ModelError, Result};
+
+/// How one request samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    /// 0 is greedy (argmax); above 0 divides the logits before the softmax.
+    pub temperature: f32,
+    /// Keep the smallest set of most likely tokens whose probability reaches this
+    /// (1 keeps all).
+    pub top_p: f32,
+    /// Keep only the `k` most likely tokens (0 keeps all).
+    pub top_k: usize,
+    /// Seed of the request's random stream.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        }
+    }
+}
+
+/// A request's sampler: its parameters and its own random stream. The stream is a
+/// ChaCha generator seeded by the request alone, so the draws depend on nothing else
+/// (not the batch, the rank, the thread or the driver).
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+}
+
+impl Sampler {
+    /// A sampler for `params`, or an error when they are out of range.
+    pub fn new(params: SamplingParams) -> Result<Self> {
+        if !params.temperature.is_finite() || params.temperature < 0.0 {
+            return Err(ModelError::InvalidSampling(format!(
+                "temperature {} must be finite and non-negative",
+                params.temperature
+            )));
+        }
+        if !(params.top_p > 0.0 && params.top_p <= 1.0) {
+            return Err(ModelError::InvalidSampling(format!(
+                "top_p {} must be in (0, 1]",
+                params.top_p
+            )));
+        }
+        Ok(Sampler {
+            params,
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+        })
+    }
+
+    /// The next token from `logits`.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
+        if logits.is_empty() {
+            return Err(ModelError::InvalidSampling("no logits".into()));
+        }
+        if self.params.temperature == 0.0 {
+            return Ok(argmax(logits));
+        }
+        // Candidates in descending likelihood; ties broken by token id so the order,
+        // and hence the draw, is the same everywhere.
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        order.sort_by(|&a, &b| {
+            logits[b as usize]
+                .total_cmp(&logits[a as usize])
+                .then(a.cmp(&b))
+        });
+        if self.params.top_k > 0 {
+            order.truncate(self.params.top_k);
+        }
+        let max = logits[order[0] as usize];
+        let mut weights: Vec<f64> = order
+            .iter()
+            .map(|&t| (((logits[t as usize] - max) / self.params.temperature) as f64).exp())
+            .collect();
+        let total: f64 = weights.iter().sum();
+        if self.params.top_p < 1.0 {
+            let mut kept = 0.0;
+            let mut keep = weights.len();
+            for (i, w) in weights.iter().enumerate() {
+                kept += w / total;
+                if kept >= self.params.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            order.truncate(keep);
+            weights.truncate(keep);
+        }
+        let total: f64 = weights.iter().sum();
+        let mut target = self.rng.random::<f64>() * total;
+        for (i, w) in weights.iter().enumerate() {
+            if target < *w {
+                return Ok(order[i]);
+            }
+            target -= w;
+        }
+        Ok(order[order.len() - 1])
+    }
+}
+
+/// The most likely token; the lowest id among equals.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

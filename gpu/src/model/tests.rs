@@ -1,0 +1,747 @@
+//! The paged forward against the dense reference, sampling, and bad model directories.
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+/// Paged and dense logits agree to this (absolute, logits of order one).
+const TOLERANCE: f32 = 1e-4;
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("lockstep-model-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tiny(name: &str, options: InitOptions) -> (TempDir, Model) {
+    let dir = TempDir::new(name);
+    write_random_model(&dir.0, &options).expect("init");
+    let model = Model::load(&dir.0).expect("load");
+    (dir, model)
+}
+
+fn llama(name: &str) -> (TempDir, Model) {
+    tiny(
+        name,
+        InitOptions {
+            seed: 7,
+            ..InitOptions::default()
+        },
+    )
+}
+
+/// Deterministic pseudo-random token ids below `vocab`.
+fn tokens(count: usize, salt: u32, vocab: usize) -> Vec<u32> {
+    (0..count as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(salt * 40_503)) % vocab as u32)
+        .collect()
+}
+
+/// Logits of the dense reference after reading all of `sequence` in one forward.
+fn dense_logits(model: &Model, sequence: &[u32]) -> Vec<f32> {
+    let mut dense = [DenseSequence::new(model)];
+    forward_dense(model, &mut dense, &[sequence])
+        .expect("dense")
+        .remove(0)
+}
+
+fn assert_close(paged: &[f32], dense: &[f32], what: &str) {
+    assert_eq!(paged.len(), dense.len(), "{what}: lengths");
+    let worst = paged
+        .iter()
+        .zip(dense)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst <= TOLERANCE,
+        "{what}: paged differs from dense by {worst}"
+    );
+}
+
+fn entry<'a>(table: &'a [u32], start: usize, ids: &'a [u32]) -> BatchEntry<'a> {
+    BatchEntry {
+        block_table: table,
+        start_position: start,
+        token_ids: ids,
+        dummy: false,
+    }
+}
+
+#[test]
+fn chunked_prefill_and_decode_match_dense() {
+    let (_dir, model) = llama("chunked");
+    let vocab = model.config.vocab_size;
+    let mut cache = model.paged_cache(16, 4).unwrap();
+    // Non-contiguous, out-of-order blocks: the table alone decides where tokens live.
+    let table = [7, 2, 9, 0, 13, 5, 11, 3];
+    let prompt = tokens(23, 1, vocab);
+    let mut start = 0;
+    for chunk in [5usize, 6, 12] {
+        let ids = &prompt[start..start + chunk];
+        let logits = forward_paged(&model, &mut cache, &[entry(&table, start, ids)]).unwrap();
+        start += chunk;
+        assert_close(
+            &logits[0],
+            &dense_logits(&model, &prompt[..start]),
+            "prefill chunk",
+        );
+    }
+    let mut sequence = prompt.clone();
+    for step in 0..5 {
+        let next = tokens(1, 100 + step, vocab);
+        let logits =
+            forward_paged(&model, &mut cache, &[entry(&table, sequence.len(), &next)]).unwrap();
+        sequence.extend_from_slice(&next);
+        assert_close(&logits[0], &dense_logits(&model, &sequence), "decode");
+    }
+}
+
+#[test]
+fn block_placement_does_not_change_logits() {
+    let (_dir, model) = llama("placement");
+    let prompt = tokens(19, 2, model.config.vocab_size);
+    let mut results = Vec::new();
+    for table in [[0u32, 1, 2, 3, 4], [9, 4, 12, 1, 6]] {
+        let mut cache = model.paged_cache(16, 4).unwrap();
+        let first = forward_paged(&model, &mut cache, &[entry(&table, 0, &prompt[..10])]).unwrap();
+        let second =
+            forward_paged(&model, &mut cache, &[entry(&table, 10, &prompt[10..])]).unwrap();
+        results.push((first.concat(), second.concat()));
+    }
+    assert_close(&results[0].0, &results[1].0, "first chunk");
+    assert_close(&results[0].1, &results[1].1, "second chunk");
+    assert_close(
+        &results[1].1,
+        &dense_logits(&model, &prompt),
+        "against dense",
+    );
+}
+
+#[test]
+fn prefix_reuse_reads_shared_blocks() {
+    let (_dir, model) = llama("prefix");
+    let vocab = model.config.vocab_size;
+    let mut cache = model.paged_cache(16, 4).unwrap();
+    let prefix = tokens(8, 3, vocab);
+    let mut first: Vec<u32> = prefix.clone();
+    first.extend(tokens(5, 4, vocab));
+    let first_table = [3, 8, 1, 10];
+    forward_paged(&model, &mut cache, &[entry(&first_table, 0, &first)]).unwrap();
+    // The second request shares the two full blocks of the common prefix and computes
+    // only its own suffix, reading the prefix's K/V from the first request's blocks.
+    let mut second: Vec<u32> = prefix.clone();
+    second.extend(tokens(6, 5, vocab));
+    let second_table = [3, 8, 5, 6];
+    let logits =
+        forward_paged(&model, &mut cache, &[entry(&second_table, 8, &second[8..])]).unwrap();
+    assert_close(
+        &logits[0],
+        &dense_logits(&model, &second),
+        "reusing request",
+    );
+    // The sharer wrote only into its own blocks: the first request decodes as before.
+    let next = tokens(1, 6, vocab);
+    let logits = forward_paged(
+        &model,
+        &mut cache,
+        &[entry(&first_table, first.len(), &next)],
+    )
+    .unwrap();
+    first.extend_from_slice(&next);
+    assert_close(
+        &logits[0],
+        &dense_logits(&model, &first),
+        "original request",
+    );
+}
+
+#[test]
+fn mixed_batch_of_prefill_chunks_and_decodes_matches_dense() {
+    let (_dir, model) = llama("mixed");
+    let vocab = model.config.vocab_size;
+    let mut cache = model.paged_cache(32, 4).unwrap();
+    let (table_a, table_b, table_c) = ([0u32, 5, 9, 14], [2u32, 7, 11, 1], [20u32, 3, 17, 30]);
+    let prompt_a = tokens(9, 7, vocab);
+    let prompt_b = tokens(14, 8, vocab);
+    forward_paged(&model, &mut cache, &[entry(&table_a, 0, &prompt_a)]).unwrap();
+    forward_paged(&model, &mut cache, &[entry(&table_b, 0, &prompt_b[..6])]).unwrap();
+    // One forward: A decodes, B prefills its second chunk, C prefills its first.
+    let decode_a = tokens(1, 9, vocab);
+    let prompt_c = tokens(7, 10, vocab);
+    let logits = forward_paged(
+        &model,
+        &mut cache,
+        &[
+            entry(&table_a, 9, &decode_a),
+            entry(&table_b, 6, &prompt_b[6..]),
+            entry(&table_c, 0, &prompt_c),
+        ],
+    )
+    .unwrap();
+    let mut full_a = prompt_a.clone();
+    full_a.extend_from_slice(&decode_a);
+    assert_close(&logits[0], &dense_logits(&model, &full_a), "decode entry");
+    assert_close(
+        &logits[1],
+        &dense_logits(&model, &prompt_b),
+        "prefill chunk entry",
+    );
+    assert_close(
+        &logits[2],
+        &dense_logits(&model, &prompt_c),
+        "first chunk entry",
+    );
+}
+
+#[test]
+fn dummy_entry_writes_nothing_a_real_request_reads() {
+    let (_dir, model) = llama("dummy");
+    let vocab = model.config.vocab_size;
+    let mut cache = model.paged_cache(8, 4).unwrap();
+    let table = [2u32, 4, 6];
+    let mut sequence = tokens(6, 11, vocab);
+    forward_paged(&model, &mut cache, &[entry(&table, 0, &sequence)]).unwrap();
+    // The dummy names the real request's blocks and positions it has cached and is
+    // about to fill; a dummy that wrote K/V would corrupt both.
+    let garbage = tokens(5, 12, vocab);
+    let next = tokens(1, 13, vocab);
+    let logits = forward_paged(
+        &model,
+        &mut cache,
+        &[
+            BatchEntry {
+                block_table: &table,
+                start_position: 3,
+                token_ids: &garbage,
+                dummy: true,
+            },
+            entry(&table, 6, &next),
+        ],
+    )
+    .unwrap();
+    sequence.extend_from_slice(&next);
+    assert_close(
+        &logits[1],
+        &dense_logits(&model, &sequence),
+        "real entry beside a dummy",
+    );
+    let next = tokens(1, 14, vocab);
+    let logits =
+        forward_paged(&model, &mut cache, &[entry(&table, sequence.len(), &next)]).unwrap();
+    sequence.extend_from_slice(&next);
+    assert_close(
+        &logits[0],
+        &dense_logits(&model, &sequence),
+        "real entry after a dummy",
+    );
+}
+
+#[test]
+fn qwen2_biases_are_loaded_and_applied() {
+    let (dir, model) = tiny(
+        "qwen2",
+        InitOptions {
+            architecture: Architecture::Qwen2,
+            seed: 3,
+            ..InitOptions::default()
+        },
+    );
+    assert_eq!(model.config.architecture, Architecture::Qwen2);
+    assert!(model.weights.layers[0].q_proj.bias.is_some());
+    let vocab = model.config.vocab_size;
+    let prompt = tokens(13, 15, vocab);
+    let mut cache = model.paged_cache(8, 4).unwrap();
+    let table = [5u32, 1, 3, 7];
+    forward_paged(&model, &mut cache, &[entry(&table, 0, &prompt[..7])]).unwrap();
+    let logits = forward_paged(&model, &mut cache, &[entry(&table, 7, &prompt[7..])]).unwrap();
+    let with_bias = dense_logits(&model, &prompt);
+    assert_close(&logits[0], &with_bias, "qwen2 paged");
+    // The biases matter: the same weights without them give other logits.
+    let mut unbiased = model.clone();
+    for layer in &mut unbiased.weights.layers {
+        layer.q_proj.bias = None;
+        layer.k_proj.bias = None;
+        layer.v_proj.bias = None;
+    }
+    let without = dense_logits(&unbiased, &prompt);
+    let gap = with_bias
+        .iter()
+        .zip(&without)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(gap > 1e-2, "biases changed nothing ({gap})");
+    // A Qwen2 directory without a bias tensor is an error naming it.
+    let weights = dir.0.join("model.safetensors");
+    drop_tensor(&weights, "model.layers.1.self_attn.k_proj.bias");
+    let message = Model::load(&dir.0).unwrap_err().to_string();
+    assert!(
+        message.contains("model.layers.1.self_attn.k_proj.bias"),
+        "{message}"
+    );
+}
+
+#[test]
+fn seeded_sampling_repeats_and_greedy_is_argmax() {
+    let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        top_k: 20,
+        seed: 42,
+    };
+    let draw = |params: SamplingParams| -> Vec<u32> {
+        let mut sampler = Sampler::new(params).unwrap();
+        (0..32).map(|_| sampler.sample(&logits).unwrap()).collect()
+    };
+    assert_eq!(draw(params), draw(params), "same seed, same tokens");
+    assert_ne!(draw(params), draw(SamplingParams { seed: 43, ..params }));
+    let top = logits
+        .iter()
+        .enumerate()
+        .fold(0, |best, (i, &l)| if l > logits[best] { i } else { best }) as u32;
+    let greedy = draw(SamplingParams::default());
+    assert!(greedy.iter().all(|&t| t == top));
+    let top_one = draw(SamplingParams { top_k: 1, ..params });
+    assert!(top_one.iter().all(|&t| t == top));
+    // Top-k keeps only the k best; every draw is among them.
+    let mut ranked: Vec<u32> = (0..50).collect();
+    ranked.sort_by(|&a, &b| {
+        logits[b as usize]
+            .total_cmp(&logits[a as usize])
+            .then(a.cmp(&b))
+    });
+    let top_three = draw(SamplingParams {
+        top_k: 3,
+        top_p: 1.0,
+        ..params
+    });
+    assert!(
+        top_three.iter().all(|t| ranked[..3].contains(t)),
+        "{top_three:?}"
+    );
+    assert!(
+        Sampler::new(SamplingParams {
+            temperature: -1.0,
+            ..params
+        })
+        .is_err()
+    );
+    assert!(
+        Sampler::new(SamplingParams {
+            top_p: 0.0,
+            ..params
+        })
+        .is_err()
+    );
+}
+
+#[test]
+fn generated_tokenizer_round_trips_text() {
+    let (dir, model) = llama("tokenizer");
+    let tokenizer = TextTokenizer::load(&dir.0).unwrap();
+    assert_eq!(tokenizer.vocab_size(), model.config.vocab_size);
+    let text = "the model reads the tokens of a prompt: ünïcode ✓ 42";
+    let ids = tokenizer.encode(text).unwrap();
+    assert!(
+        ids.len() < text.len(),
+        "merges shorten text ({} ids)",
+        ids.len()
+    );
+    assert!(ids.iter().all(|&t| (t as usize) < model.config.vocab_size));
+    assert_eq!(tokenizer.decode(&ids).unwrap(), text);
+    assert_eq!(tokenizer.chat_format(), Some(ChatFormat::ChatMl));
+    let chat = tokenizer.encode(&tokenizer.chat_prompt("hi")).unwrap();
+    assert_eq!(Some(chat[0]), tokenizer.token_id("<|im_start|>"));
+}
+
+#[test]
+fn bad_batches_are_errors() {
+    let (_dir, model) = llama("badbatch");
+    let mut cache = model.paged_cache(4, 4).unwrap();
+    let ids = tokens(6, 1, model.config.vocab_size);
+    let short = forward_paged(&model, &mut cache, &[entry(&[0], 0, &ids)]);
+    assert!(short.unwrap_err().to_string().contains("covers 4 tokens"));
+    let outside = forward_paged(&model, &mut cache, &[entry(&[0, 4], 0, &ids)]);
+    assert!(outside.unwrap_err().to_string().contains("block id 4"));
+    let unknown = [model.config.vocab_size as u32];
+    let token = forward_paged(&model, &mut cache, &[entry(&[0], 0, &unknown)]);
+    assert!(
+        token
+            .unwrap_err()
+            .to_string()
+            .contains("outside the vocabulary")
+    );
+}
+
+/// A tensor to write: name, shape, raw little-endian bytes.
+type RawTensor = (String, Vec<usize>, Vec<u8>);
+
+/// Rewrites a safetensors file without one tensor.
+fn drop_tensor(path: &Path, name: &str) {
+    rewrite(path, |tensor, shape| (tensor != name).then_some(shape));
+}
+
+/// Rewrites a safetensors file, keeping each tensor with the shape `keep` returns.
+fn rewrite(path: &Path, keep: impl Fn(&str, Vec<usize>) -> Option<Vec<usize>>) {
+    let bytes = std::fs::read(path).unwrap();
+    let parsed = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut kept: Vec<RawTensor> = Vec::new();
+    for (name, view) in parsed.tensors() {
+        if let Some(shape) = keep(&name, view.shape().to_vec()) {
+            let count: usize = shape.iter().product();
+            let data = view
+                .data()
+                .iter()
+                .copied()
+                .cycle()
+                .take(count * 4)
+                .collect();
+            kept.push((name, shape, data));
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = kept
+        .iter()
+        .map(|(n, s, d)| {
+            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d)
+                .unwrap();
+            (n.clone(), view)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+#[test]
+fn bad_model_directories_name_the_file_and_tensor() {
+    let dir = TempDir::new("baddir");
+    write_random_model(&dir.0, &InitOptions::default()).unwrap();
+    let config = dir.0.join("config.json");
+    let weights = dir.0.join("model.safetensors");
+    let original = std::fs::read_to_string(&config).unwrap();
+    let original_weights = std::fs::read(&weights).unwrap();
+
+    std::fs::rename(&config, dir.0.join("moved.json")).unwrap();
+    let message = Model::load(&dir.0).unwrap_err().to_string();
+    assert!(message.contains("config.json"), "{message}");
+    std::fs::rename(dir.0.join("moved.json"), &config).unwrap();
+
+    let gpt = original.replace("LlamaForCausalLM", "GPT2LMHeadModel");
+    std::fs::write(&config, gpt).unwrap();
+    let error = Model::load(&dir.0).unwrap_err();
+    assert!(
+        matches!(error, ModelError::UnsupportedArchitecture { .. }),
+        "{error}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("config.json") && message.contains("GPT2LMHeadModel"),
+        "{message}"
+    );
+    std::fs::write(&config, &original).unwrap();
+
+    let wider = original.replace("\"intermediate_size\": 128", "\"intermediate_size\": 96");
+    assert_ne!(wider, original);
+    std::fs::write(&config, wider).unwrap();
+    let message = Model::load(&dir.0).unwrap_err().to_string();
+    assert!(
+        message.contains("model.safetensors")
+            && message.contains("model.layers.0.mlp.gate_proj.weight")
+            && message.contains("[128, 64]")
+            && message.contains("[96, 64]"),
+        "{message}"
+    );
+    std::fs::write(&config, &original).unwrap();
+
+    drop_tensor(&weights, "model.layers.1.mlp.up_proj.weight");
+    let error = Model::load(&dir.0).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        matches!(error, ModelError::MissingTensor { .. })
+            && message.contains("model.safetensors")
+            && message.contains("model.layers.1.mlp.up_proj.weight"),
+        "{message}"
+    );
+    std::fs::write(&weights, &original_weights).unwrap();
+
+    rewrite(&weights, |name, shape| {
+        Some(if name == "model.norm.weight" {
+            vec![shape[0] + 1]
+        } else {
+            shape
+        })
+    });
+    let message = Model::load(&dir.0).unwrap_err().to_string();
+    assert!(message.contains("model.norm.weight"), "{message}");
+
+    std::fs::write(&weights, b"not safetensors").unwrap();
+    let message = Model::load(&dir.0).unwrap_err().to_string();
+    assert!(message.contains("model.safetensors"), "{message}");
+
+    std::fs::remove_file(&weights).unwrap();
+    let message = Model::load(&dir.0).unwrap_err().to_string();
+    assert!(message.contains("model.safetensors"), "{message}");
+}
+
+#[test]
+fn tied_embeddings_need_no_lm_head() {
+    let dir = TempDir::new("tied");
+    write_random_model(&dir.0, &InitOptions::default()).unwrap();
+    let config = dir.0.join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let tied = text.replace(
+        "\"tie_word_embeddings\": false",
+        "\"tie_word_embeddings\": true",
+    );
+    assert_ne!(tied, text);
+    std::fs::write(&config, tied).unwrap();
+    drop_tensor(&dir.0.join("model.safetensors"), "lm_head.weight");
+    let model = Model::load(&dir.0).unwrap();
+    let head = model.weights.lm_head.weight_t.t().unwrap();
+    let gap = (head - &model.weights.embed_tokens)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert_eq!(gap, 0.0, "the tied head is the embedding");
+}
+
+/// A scalar, f64 transformer written from the Llama/Qwen2 definitions with plain loops:
+/// an independent check of the arithmetic the paged and dense forwards share (RMSNorm,
+/// rotate-half RoPE, grouped-query causal attention, SwiGLU, biases).
+fn scalar_reference_logits(model: &Model, sequence: &[u32]) -> Vec<f32> {
+    let config = &model.config;
+    let matrix = |t: &candle_core::Tensor| -> Vec<Vec<f64>> {
+        t.to_vec2::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(|row| row.into_iter().map(f64::from).collect())
+            .collect()
+    };
+    let vector = |t: &candle_core::Tensor| -> Vec<f64> {
+        t.to_vec1::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect()
+    };
+    // weight_t is [in, out]: y[o] = sum_i x[i] * w[i][o] + b[o].
+    let linear = |l: &Linear, x: &[f64]| -> Vec<f64> {
+        let w = matrix(&l.weight_t);
+        let mut y = match &l.bias {
+            Some(b) => vector(b),
+            None => vec![0.0; w[0].len()],
+        };
+        for (i, row) in w.iter().enumerate() {
+            for (o, weight) in row.iter().enumerate() {
+                y[o] += x[i] * weight;
+            }
+        }
+        y
+    };
+    let norm = |x: &[f64], w: &candle_core::Tensor| -> Vec<f64> {
+        let scale = vector(w);
+        let rms =
+            (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + config.rms_norm_eps).sqrt();
+        x.iter().zip(&scale).map(|(v, s)| v / rms * s).collect()
+    };
+    let (hd, heads, group) = (
+        config.head_dim,
+        config.num_attention_heads,
+        config.group_size(),
+    );
+    let rope = |v: &mut [f64], position: usize| {
+        for head in v.chunks_mut(hd) {
+            for i in 0..hd / 2 {
+                let angle = position as f64 * config.rope_theta.powf(-2.0 * i as f64 / hd as f64);
+                let (a, b) = (head[i], head[i + hd / 2]);
+                head[i] = a * angle.cos() - b * angle.sin();
+                head[i + hd / 2] = b * angle.cos() + a * angle.sin();
+            }
+        }
+    };
+    let embed = matrix(&model.weights.embed_tokens);
+    let mut xs: Vec<Vec<f64>> = sequence
+        .iter()
+        .map(|&t| embed[t as usize].clone())
+        .collect();
+    for layer in &model.weights.layers {
+        let hs: Vec<Vec<f64>> = xs.iter().map(|x| norm(x, &layer.input_layernorm)).collect();
+        let mut qs: Vec<Vec<f64>> = hs.iter().map(|h| linear(&layer.q_proj, h)).collect();
+        let mut ks: Vec<Vec<f64>> = hs.iter().map(|h| linear(&layer.k_proj, h)).collect();
+        let vs: Vec<Vec<f64>> = hs.iter().map(|h| linear(&layer.v_proj, h)).collect();
+        for p in 0..xs.len() {
+            rope(&mut qs[p], p);
+            rope(&mut ks[p], p);
+        }
+        for p in 0..xs.len() {
+            let mut attended = vec![0.0; heads * hd];
+            for h in 0..heads {
+                let kv = h / group;
+                let q = &qs[p][h * hd..(h + 1) * hd];
+                let scores: Vec<f64> = (0..=p)
+                    .map(|j| {
+                        let k = &ks[j][kv * hd..(kv + 1) * hd];
+                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for (j, w) in weights.iter().enumerate() {
+                    for d in 0..hd {
+                        attended[h * hd + d] += w / total * vs[j][kv * hd + d];
+                    }
+                }
+            }
+            let projected = linear(&layer.o_proj, &attended);
+            xs[p].iter_mut().zip(projected).for_each(|(x, y)| *x += y);
+        }
+        for x in &mut xs {
+            let h = norm(x, &layer.post_attention_layernorm);
+            let gate = linear(&layer.gate_proj, &h);
+            let up = linear(&layer.up_proj, &h);
+            let product: Vec<f64> = gate
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            let down = linear(&layer.down_proj, &product);
+            x.iter_mut().zip(down).for_each(|(a, b)| *a += b);
+        }
+    }
+    let last = norm(&xs[xs.len() - 1], &model.weights.norm);
+    linear(&model.weights.lm_head, &last)
+        .into_iter()
+        .map(|v| v as f32)
+        .collect()
+}
+
+#[test]
+fn forward_arithmetic_matches_a_scalar_reference() {
+    for (name, architecture) in [
+        ("scalar-llama", Architecture::Llama),
+        ("scalar-qwen2", Architecture::Qwen2),
+    ] {
+        let (_dir, model) = tiny(
+            name,
+            InitOptions {
+                architecture,
+                layers: 2,
+                hidden: 32,
+                heads: 4,
+                kv_heads: 2,
+                vocab: 300,
+                intermediate: 48,
+                seed: 9,
+            },
+        );
+        let sequence = tokens(9, 21, model.config.vocab_size);
+        let reference = scalar_reference_logits(&model, &sequence);
+        let mut cache = model.paged_cache(4, 4).unwrap();
+        let table = [3u32, 0, 2];
+        forward_paged(&model, &mut cache, &[entry(&table, 0, &sequence[..4])]).unwrap();
+        let paged = forward_paged(&model, &mut cache, &[entry(&table, 4, &sequence[4..])]).unwrap();
+        let worst = paged[0]
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst < 1e-3,
+            "{name}: paged differs from the scalar reference by {worst}"
+        );
+    }
+}
+
+#[test]
+fn sharded_bf16_checkpoints_load() {
+    let dir = TempDir::new("sharded");
+    write_random_model(&dir.0, &InitOptions::default()).unwrap();
+    let single = dir.0.join("model.safetensors");
+    let original = Model::load(&dir.0).unwrap();
+    let bytes = std::fs::read(&single).unwrap();
+    let parsed = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    // Two shards, every tensor stored as BF16 (the top 16 bits of its f32: truncation).
+    let mut shards: [Vec<RawTensor>; 2] = [Vec::new(), Vec::new()];
+    let mut weight_map = serde_json::Map::new();
+    for (index, (name, view)) in parsed.tensors().into_iter().enumerate() {
+        let bf16: Vec<u8> = view
+            .data()
+            .chunks_exact(4)
+            .flat_map(|f| [f[2], f[3]])
+            .collect();
+        let shard = index % 2;
+        weight_map.insert(
+            name.clone(),
+            serde_json::json!(format!("model-0000{}-of-00002.safetensors", shard + 1)),
+        );
+        shards[shard].push((name, view.shape().to_vec(), bf16));
+    }
+    for (shard, tensors) in shards.iter().enumerate() {
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+            .iter()
+            .map(|(n, s, d)| {
+                let view =
+                    safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), d)
+                        .unwrap();
+                (n.clone(), view)
+            })
+            .collect();
+        let path = dir
+            .0
+            .join(format!("model-0000{}-of-00002.safetensors", shard + 1));
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(
+        dir.0.join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    std::fs::remove_file(&single).unwrap();
+    let loaded = Model::load(&dir.0).unwrap();
+    let truncate = |t: &candle_core::Tensor| -> Vec<f32> {
+        t.flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(|v| f32::from_bits(v.to_bits() & 0xFFFF_0000))
+            .collect()
+    };
+    let flat = |t: &candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(
+        flat(&loaded.weights.embed_tokens),
+        truncate(&original.weights.embed_tokens)
+    );
+    assert_eq!(
+        flat(&loaded.weights.layers[1].down_proj.weight_t),
+        truncate(&original.weights.layers[1].down_proj.weight_t)
+    );
+    // A tensor the index lists nowhere is reported against the index.
+    let text = std::fs::read_to_string(dir.0.join("model.safetensors.index.json")).unwrap();
+    std::fs::write(
+        dir.0.join("model.safetensors.index.json"),
+        text.replace("model-00002-of-00002", "model-00001-of-00002"),
+    )
+    .unwrap();
+    std::fs::remove_file(dir.0.join("model-00002-of-00002.safetensors")).unwrap();
+    let message = Model::load(&dir.0).unwrap_err().to_string();
+    assert!(
+        message.contains("model.safetensors.index.json") && message.contains("missing tensor"),
+        "{message}"
+    );
+}
