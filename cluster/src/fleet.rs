@@ -190,7 +190,7 @@ impl<'s> Fleet<'s> {
             });
         }
         let tokens_per_block = first.sizes.tokens_per_block;
-        let profile = scenario.model.resolve()?;
+        let profile = scenario.model.resolve(&scenario.base_dir)?;
         Ok(Fleet {
             scenario,
             servers,

@@ -16,6 +16,7 @@ use lockstep_cluster::scenario::Scenario;
 use lockstep_cluster::sim::{self, SimOptions};
 use lockstep_cluster::validate;
 
+mod calibrate;
 mod model_cmd;
 
 #[derive(Debug, Parser)]

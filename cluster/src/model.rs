@@ -11,6 +11,14 @@ pub enum ModelError {
     /// No such profile.
     #[error("model.profile: {0}")]
     Profile(#[from] UnknownProfile),
+    /// A profile file (`model.profile = "….toml"`) that cannot be read or parsed.
+    #[error("model.profile = \"{path}\": {message}")]
+    ProfileFile {
+        /// The path as given.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A coefficient or link value out of range.
     #[error("model.{key} must be {want}, got {value}")]
     OutOfRange {
@@ -88,6 +96,36 @@ impl CoefficientOverrides {
     }
 }
 
+/// Reads a profile file: a [`ModelProfile`] in TOML, every coefficient a finite number
+/// of 0 or more.
+fn load_profile_file(path: &str, base_dir: &std::path::Path) -> Result<ModelProfile, ModelError> {
+    let err = |message: String| ModelError::ProfileFile {
+        path: path.to_string(),
+        message,
+    };
+    let text = std::fs::read_to_string(base_dir.join(path)).map_err(|e| err(e.to_string()))?;
+    let p: ModelProfile = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+    let c = &p.coefficients;
+    for (name, v) in [
+        ("forward_base_ns", c.forward_base_ns),
+        ("ctx_token_ns", c.ctx_token_ns),
+        ("ctx_attention_ns", c.ctx_attention_ns),
+        ("gen_request_ns", c.gen_request_ns),
+        ("gen_token_ns", c.gen_token_ns),
+        ("kv_read_ns", c.kv_read_ns),
+        ("collective_ns", c.collective_ns),
+        ("host_base_ns", c.host_base_ns),
+        ("host_per_request_ns", c.host_per_request_ns),
+    ] {
+        if !v.is_finite() || v < 0.0 {
+            return Err(err(format!(
+                "coefficients.{name} must be a finite number >= 0, got {v}"
+            )));
+        }
+    }
+    Ok(p)
+}
+
 /// The simulated network: the links between ranks of different servers (KV
 /// transfers, generation-first notices) and between the front and the servers.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -116,7 +154,9 @@ impl Default for LinkConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// A profile name from `lockstep_gpu::profiles()`.
+    /// A profile name from `lockstep_gpu::profiles()`, or the path of a profile file
+    /// (ending in `.toml`, relative to the scenario file; `lockstep model calibrate`
+    /// writes one).
     pub profile: String,
     /// Coefficient overrides.
     pub coefficients: CoefficientOverrides,
@@ -138,9 +178,14 @@ impl Default for ModelConfig {
 }
 
 impl ModelConfig {
-    /// The profile with overrides applied; errors name the key and value.
-    pub fn resolve(&self) -> Result<ModelProfile, ModelError> {
-        let mut p = lockstep_gpu::profile(&self.profile)?;
+    /// The profile with overrides applied; errors name the key and value. A profile file
+    /// is read relative to `base_dir` (the scenario file's folder).
+    pub fn resolve(&self, base_dir: &std::path::Path) -> Result<ModelProfile, ModelError> {
+        let mut p = if self.profile.ends_with(".toml") {
+            load_profile_file(&self.profile, base_dir)?
+        } else {
+            lockstep_gpu::profile(&self.profile)?
+        };
         self.coefficients.apply(&mut p.coefficients)?;
         if let Some(kv) = self.kv {
             p.kv = kv;

@@ -89,6 +89,26 @@ pub enum ModelCommand {
         #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
         tokens_per_block: u64,
     },
+    /// Fit the cost model's device coefficients to this machine's forwards of the model
+    /// and write a profile file that `[model] profile = "FILE"` reads.
+    Calibrate {
+        /// The model directory.
+        #[arg(long)]
+        model: PathBuf,
+        /// The profile file to write (TOML).
+        #[arg(long)]
+        out: PathBuf,
+        /// The shipped profile whose host coefficients (scheduling time per iteration and
+        /// per request) the file keeps.
+        #[arg(long, default_value = "llama3-8b-h100-bf16")]
+        host_from: String,
+        /// Token slots per KV block.
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+        tokens_per_block: u64,
+        /// Timed forwards per batch shape; the fastest counts.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        repeats: u64,
+    },
     /// Decode tokens/s of the paged forward and of the dense reference on the same model.
     Bench {
         /// The model directory.
@@ -181,6 +201,22 @@ pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
                 tokens_per_block as usize,
             )?;
             println!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        ModelCommand::Calibrate {
+            model,
+            out,
+            host_from,
+            tokens_per_block,
+            repeats,
+        } => {
+            crate::calibrate::calibrate(&crate::calibrate::CalibrateOptions {
+                model_dir: &model,
+                out: &out,
+                host_from: &host_from,
+                tokens_per_block: tokens_per_block as usize,
+                repeats: repeats as usize,
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         ModelCommand::Bench {

@@ -176,3 +176,69 @@ fn bad_model_directory_names_the_file() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("config.json"), "{stderr}");
 }
+
+#[test]
+fn calibrate_writes_a_profile_the_simulator_runs_with() {
+    let tmp = TempDir::new("calibrate");
+    let dir = tmp.0.join("tiny");
+    init(&dir);
+    let profile = tmp.0.join("tiny-profile.toml");
+    let out = ok(lockstep(&[
+        "model",
+        "calibrate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--out",
+        profile.to_str().unwrap(),
+        "--repeats",
+        "1",
+    ]));
+    assert!(out.contains("fitted:"), "{out}");
+    let text = std::fs::read_to_string(&profile).expect("the profile file");
+    assert!(
+        text.contains("[coefficients]") && text.contains("[kv]"),
+        "{text}"
+    );
+    // A context token costs something on any machine.
+    let ctx_token_ns: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ctx_token_ns = "))
+        .and_then(|v| v.parse().ok())
+        .expect("ctx_token_ns in the file");
+    assert!(ctx_token_ns > 0.0, "{text}");
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/agg-balanced.toml");
+    let with_file = format!("model.profile=\"{}\"", profile.display());
+    let sim = |set: &str| {
+        ok(lockstep(&[
+            "sim",
+            scenario,
+            "--set",
+            set,
+            "--set",
+            "workload.num_requests=50",
+        ]))
+    };
+    let calibrated = sim(&with_file);
+    assert!(calibrated.contains("completed 50"), "{calibrated}");
+    let shipped = sim("model.profile=\"llama3-8b-h100-bf16\"");
+    assert_ne!(
+        calibrated.lines().find(|l| l.contains("ttft")),
+        shipped.lines().find(|l| l.contains("ttft")),
+        "the profile file changes the modeled latencies"
+    );
+    // A profile file that is missing, or has a bad coefficient, is an error naming it.
+    let missing = lockstep(&["sim", scenario, "--set", "model.profile=\"nope.toml\""]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("model.profile = \"nope.toml\""));
+    let bad = tmp.0.join("bad.toml");
+    std::fs::write(&bad, text.replace("ctx_token_ns = ", "ctx_token_ns = -")).unwrap();
+    let out = lockstep(&[
+        "sim",
+        scenario,
+        "--set",
+        &format!("model.profile=\"{}\"", bad.display()),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("coefficients.ctx_token_ns"), "{err}");
+}

@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 mod cost;
+pub mod fit;
 pub mod kv_contents;
 pub mod model;
 mod profiles;

@@ -1,0 +1,240 @@
+//! `lockstep model calibrate`: times the CPU model's paged forward on a grid of batch
+//! shapes, fits the analytic cost model's device coefficients to the times
+//! (`lockstep_gpu::fit`), and writes a profile file that `[model] profile = "FILE"`
+//! reads, so the simulator models this machine running this model.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use lockstep_gpu::fit::{Sample, fit_device};
+use lockstep_gpu::model::{BatchEntry, Model, forward_paged};
+use lockstep_gpu::{BatchShape, Coefficients, KvGeometry, ModelProfile};
+use rand::{Rng, SeedableRng};
+
+/// Context batches timed: (requests, chunk tokens, tokens already cached).
+const CONTEXT_GRID: [(usize, usize, usize); 12] = [
+    (1, 16, 0),
+    (2, 16, 0),
+    (1, 16, 128),
+    (2, 16, 128),
+    (1, 64, 0),
+    (2, 64, 0),
+    (1, 64, 128),
+    (2, 64, 128),
+    (1, 192, 0),
+    (2, 192, 0),
+    (1, 192, 128),
+    (2, 192, 128),
+];
+
+/// Generation batches timed: (requests, tokens each has cached).
+const GENERATION_GRID: [(usize, usize); 8] = [
+    (1, 32),
+    (2, 32),
+    (4, 32),
+    (8, 32),
+    (1, 256),
+    (2, 256),
+    (4, 256),
+    (8, 256),
+];
+
+/// Shapes timed but not fitted, to say how well the fit predicts batches it has not
+/// seen: (context requests, chunk, cached) and (generation requests, cached).
+const HELD_OUT_CONTEXT: [(usize, usize, usize); 2] = [(3, 96, 64), (1, 320, 0)];
+const HELD_OUT_GENERATION: [(usize, usize); 2] = [(6, 128), (3, 512)];
+
+/// What `calibrate` is asked for.
+pub struct CalibrateOptions<'a> {
+    /// The model directory.
+    pub model_dir: &'a Path,
+    /// Where the profile file goes.
+    pub out: &'a Path,
+    /// The shipped profile whose host coefficients the file keeps (the model's forward
+    /// says nothing about the rank's scheduling time).
+    pub host_from: &'a str,
+    /// Token slots per KV block.
+    pub tokens_per_block: usize,
+    /// Timed forwards per shape; the fastest counts.
+    pub repeats: usize,
+}
+
+/// Times the grid, fits, prints measured against fitted, and writes the profile.
+pub fn calibrate(o: &CalibrateOptions<'_>) -> anyhow::Result<()> {
+    let host = lockstep_gpu::profile(o.host_from).context("--host-from")?;
+    let model = Model::load(o.model_dir)
+        .with_context(|| format!("loading the model in {}", o.model_dir.display()))?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+    let vocab = model.config.vocab_size as u32;
+    let mut tokens =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..vocab)).collect() };
+    let mut time_grid = |context: &[(usize, usize, usize)],
+                         generation: &[(usize, usize)]|
+     -> anyhow::Result<Vec<Sample>> {
+        let mut samples = Vec::new();
+        for &(requests, chunk, cached) in context {
+            let prompts: Vec<Vec<u32>> = (0..requests).map(|_| tokens(cached + chunk)).collect();
+            let ns = time_batch(&model, &prompts, cached, o)?;
+            let shape = BatchShape {
+                ctx_requests: requests as u32,
+                ctx_tokens: (requests * chunk) as u32,
+                ctx_attention: (requests * chunk * (cached + chunk)) as u64,
+                ..BatchShape::default()
+            };
+            samples.push(Sample { shape, ns });
+        }
+        for &(requests, cached) in generation {
+            let prompts: Vec<Vec<u32>> = (0..requests).map(|_| tokens(cached + 1)).collect();
+            let ns = time_batch(&model, &prompts, cached, o)?;
+            let shape = BatchShape {
+                gen_requests: requests as u32,
+                gen_tokens: requests as u32,
+                gen_kv_tokens: (requests * cached) as u64,
+                ..BatchShape::default()
+            };
+            samples.push(Sample { shape, ns });
+        }
+        Ok(samples)
+    };
+    let samples = time_grid(&CONTEXT_GRID, &GENERATION_GRID)?;
+    let held_out = time_grid(&HELD_OUT_CONTEXT, &HELD_OUT_GENERATION)?;
+    let fit = fit_device(&samples)?;
+    println!("shape                                   measured ms   fitted ms   error");
+    let report = |label: &str, samples: &[Sample]| -> f64 {
+        println!("{label}");
+        let mut worst: f64 = 0.0;
+        for s in samples {
+            let predicted = fit.predict(&s.shape);
+            let error = (predicted - s.ns) / s.ns;
+            worst = worst.max(error.abs());
+            let b = &s.shape;
+            println!(
+                "ctx {:>2} req {:>4} tok {:>6} attn | gen {:>2} req {:>5} kv {:>10.3} {:>11.3} {:>+7.1}%",
+                b.ctx_requests,
+                b.ctx_tokens,
+                b.ctx_attention,
+                b.gen_requests,
+                b.gen_kv_tokens,
+                s.ns / 1e6,
+                predicted / 1e6,
+                error * 100.0
+            );
+        }
+        worst
+    };
+    let worst = report("fitted shapes:", &samples);
+    let worst_held_out = report("held-out shapes (timed, not fitted):", &held_out);
+    let c = Coefficients {
+        forward_base_ns: fit.forward_base_ns,
+        ctx_token_ns: fit.ctx_token_ns,
+        ctx_attention_ns: fit.ctx_attention_ns,
+        gen_request_ns: fit.gen_request_ns,
+        gen_token_ns: 0.0,
+        kv_read_ns: fit.kv_read_ns,
+        // One process: the forward has no collectives of its own.
+        collective_ns: 0.0,
+        host_base_ns: host.coefficients.host_base_ns,
+        host_per_request_ns: host.coefficients.host_per_request_ns,
+    };
+    let config = &model.config;
+    let profile = ModelProfile {
+        name: format!("calibrated:{}", o.model_dir.display()),
+        assumptions: format!(
+            "fitted by `lockstep model calibrate` to {} paged forwards of the CPU model in {} \
+             ({} layers, hidden {}, {:.1}M parameters) on the machine that ran it; worst \
+             relative error {:.1} % on the fitted shapes and {:.1} % on held-out ones; host \
+             coefficients from {}",
+            samples.len(),
+            o.model_dir.display(),
+            config.num_hidden_layers,
+            config.hidden_size,
+            config.parameter_count() as f64 / 1e6,
+            worst * 100.0,
+            worst_held_out * 100.0,
+            o.host_from
+        ),
+        coefficients: c,
+        kv: KvGeometry {
+            layers: config.num_hidden_layers as u32,
+            kv_heads: config.num_key_value_heads as u32,
+            head_dim: config.head_dim as u32,
+            // The paged store keeps f32.
+            dtype_bytes: 4,
+            mla: false,
+        },
+    };
+    let text = toml::to_string(&profile).context("encoding the profile")?;
+    std::fs::write(o.out, text).with_context(|| format!("writing {}", o.out.display()))?;
+    println!(
+        "fitted: forward_base_ns {:.0}, ctx_token_ns {:.1}, ctx_attention_ns {:.4}, gen_request_ns {:.1}, kv_read_ns {:.3}; worst error {:.1} % fitted, {:.1} % held out",
+        c.forward_base_ns,
+        c.ctx_token_ns,
+        c.ctx_attention_ns,
+        c.gen_request_ns,
+        c.kv_read_ns,
+        worst * 100.0,
+        worst_held_out * 100.0
+    );
+    println!(
+        "wrote {} (use it with --set 'model.profile=\"{}\"')",
+        o.out.display(),
+        o.out.display()
+    );
+    Ok(())
+}
+
+/// Prefills `cached` tokens of each prompt (untimed), then times the forward of the
+/// rest of every prompt together, `repeats` times; the fastest in nanoseconds. A repeat
+/// writes the same slots again, which leaves the cache as it was.
+fn time_batch(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    cached: usize,
+    o: &CalibrateOptions<'_>,
+) -> anyhow::Result<f64> {
+    let per_request = prompts
+        .iter()
+        .map(Vec::len)
+        .max()
+        .unwrap_or(0)
+        .div_ceil(o.tokens_per_block);
+    let mut cache = model.paged_cache(per_request * prompts.len(), o.tokens_per_block)?;
+    let tables: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|r| {
+            (0..per_request)
+                .map(|i| (i * prompts.len() + r) as u32)
+                .collect()
+        })
+        .collect();
+    if cached > 0 {
+        let prefix: Vec<BatchEntry<'_>> = prompts
+            .iter()
+            .zip(&tables)
+            .map(|(p, t)| BatchEntry {
+                block_table: t,
+                start_position: 0,
+                token_ids: &p[..cached],
+                dummy: false,
+            })
+            .collect();
+        forward_paged(model, &mut cache, &prefix)?;
+    }
+    let timed: Vec<BatchEntry<'_>> = prompts
+        .iter()
+        .zip(&tables)
+        .map(|(p, t)| BatchEntry {
+            block_table: t,
+            start_position: cached,
+            token_ids: &p[cached..],
+            dummy: false,
+        })
+        .collect();
+    let mut best = Duration::MAX;
+    for _ in 0..o.repeats {
+        let started = Instant::now();
+        forward_paged(model, &mut cache, &timed)?;
+        best = best.min(started.elapsed());
+    }
+    Ok(best.as_nanos() as f64)
+}
