@@ -82,10 +82,10 @@ impl CoefficientOverrides {
         ];
         for (name, value, slot) in fields {
             if let Some(v) = value {
-                if !v.is_finite() || v < 0.0 {
+                if !coefficient_in_range(v) {
                     return Err(ModelError::OutOfRange {
                         key: format!("coefficients.{name}"),
-                        want: "a finite number >= 0",
+                        want: COEFFICIENT_RANGE,
                         value: v,
                     });
                 }
@@ -94,6 +94,13 @@ impl CoefficientOverrides {
         }
         Ok(())
     }
+}
+
+/// What a coefficient may be, from an override or a profile file.
+const COEFFICIENT_RANGE: &str = "a finite number >= 0";
+
+fn coefficient_in_range(v: f64) -> bool {
+    v.is_finite() && v >= 0.0
 }
 
 /// Reads a profile file: a [`ModelProfile`] in TOML, every coefficient a finite number
@@ -105,21 +112,10 @@ fn load_profile_file(path: &str, base_dir: &std::path::Path) -> Result<ModelProf
     };
     let text = std::fs::read_to_string(base_dir.join(path)).map_err(|e| err(e.to_string()))?;
     let p: ModelProfile = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
-    let c = &p.coefficients;
-    for (name, v) in [
-        ("forward_base_ns", c.forward_base_ns),
-        ("ctx_token_ns", c.ctx_token_ns),
-        ("ctx_attention_ns", c.ctx_attention_ns),
-        ("gen_request_ns", c.gen_request_ns),
-        ("gen_token_ns", c.gen_token_ns),
-        ("kv_read_ns", c.kv_read_ns),
-        ("collective_ns", c.collective_ns),
-        ("host_base_ns", c.host_base_ns),
-        ("host_per_request_ns", c.host_per_request_ns),
-    ] {
-        if !v.is_finite() || v < 0.0 {
+    for (name, v) in p.coefficients.terms() {
+        if !coefficient_in_range(v) {
             return Err(err(format!(
-                "coefficients.{name} must be a finite number >= 0, got {v}"
+                "coefficients.{name} must be {COEFFICIENT_RANGE}, got {v}"
             )));
         }
     }

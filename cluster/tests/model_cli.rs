@@ -37,6 +37,24 @@ fn ok(output: Output) -> String {
     String::from_utf8(output.stdout).expect("utf-8 output")
 }
 
+/// Runs `lockstep ARGS`, which must fail; its stderr.
+fn fails(args: &[&str]) -> String {
+    let output = lockstep(args);
+    assert!(!output.status.success(), "{args:?} succeeded");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn generate_from(dir: &Path) -> String {
+    fails(&[
+        "model",
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "hello",
+    ])
+}
+
 fn init(dir: &Path) {
     let path = dir.to_str().unwrap();
     let out = ok(lockstep(&[
@@ -150,30 +168,12 @@ fn bad_model_directory_names_the_file() {
     let dir = TempDir::new("bad");
     init(&dir.0);
     std::fs::remove_file(dir.0.join("model.safetensors")).unwrap();
-    let output = lockstep(&[
-        "model",
-        "generate",
-        "--model",
-        dir.0.to_str().unwrap(),
-        "--prompt",
-        "hello",
-    ]);
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = generate_from(&dir.0);
     assert!(stderr.contains("model.safetensors"), "{stderr}");
 
     let empty = TempDir::new("empty");
     std::fs::create_dir_all(&empty.0).unwrap();
-    let output = lockstep(&[
-        "model",
-        "generate",
-        "--model",
-        empty.0.to_str().unwrap(),
-        "--prompt",
-        "hello",
-    ]);
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = generate_from(&empty.0);
     assert!(stderr.contains("config.json"), "{stderr}");
 }
 
@@ -227,18 +227,18 @@ fn calibrate_writes_a_profile_the_simulator_runs_with() {
         "the profile file changes the modeled latencies"
     );
     // A profile file that is missing, or has a bad coefficient, is an error naming it.
-    let missing = lockstep(&["sim", scenario, "--set", "model.profile=\"nope.toml\""]);
-    assert!(!missing.status.success());
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("model.profile = \"nope.toml\""));
+    let missing = fails(&["sim", scenario, "--set", "model.profile=\"nope.toml\""]);
+    assert!(
+        missing.contains("model.profile = \"nope.toml\""),
+        "{missing}"
+    );
     let bad = tmp.0.join("bad.toml");
     std::fs::write(&bad, text.replace("ctx_token_ns = ", "ctx_token_ns = -")).unwrap();
-    let out = lockstep(&[
+    let err = fails(&[
         "sim",
         scenario,
         "--set",
         &format!("model.profile=\"{}\"", bad.display()),
     ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("coefficients.ctx_token_ns"), "{err}");
 }

@@ -28,6 +28,24 @@ pub struct Coefficients {
     pub host_per_request_ns: f64,
 }
 
+impl Coefficients {
+    /// Every coefficient with its key, in declaration order (the one list that checks
+    /// and reports walk).
+    pub fn terms(&self) -> [(&'static str, f64); 9] {
+        [
+            ("forward_base_ns", self.forward_base_ns),
+            ("ctx_token_ns", self.ctx_token_ns),
+            ("ctx_attention_ns", self.ctx_attention_ns),
+            ("gen_request_ns", self.gen_request_ns),
+            ("gen_token_ns", self.gen_token_ns),
+            ("kv_read_ns", self.kv_read_ns),
+            ("collective_ns", self.collective_ns),
+            ("host_base_ns", self.host_base_ns),
+            ("host_per_request_ns", self.host_per_request_ns),
+        ]
+    }
+}
+
 /// Modeled time of one server iteration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct IterationTime {

@@ -279,18 +279,7 @@ mod tests {
     fn every_profile_has_assumptions_and_positive_coefficients() {
         for p in profiles() {
             assert!(!p.assumptions.trim().is_empty(), "{}", p.name);
-            let c = p.coefficients;
-            for (term, v) in [
-                ("forward_base_ns", c.forward_base_ns),
-                ("ctx_token_ns", c.ctx_token_ns),
-                ("ctx_attention_ns", c.ctx_attention_ns),
-                ("gen_request_ns", c.gen_request_ns),
-                ("gen_token_ns", c.gen_token_ns),
-                ("kv_read_ns", c.kv_read_ns),
-                ("collective_ns", c.collective_ns),
-                ("host_base_ns", c.host_base_ns),
-                ("host_per_request_ns", c.host_per_request_ns),
-            ] {
+            for (term, v) in p.coefficients.terms() {
                 assert!(v.is_finite() && v > 0.0, "{} {term} = {v}", p.name);
             }
             assert!(p.kv.bytes_per_token() > 0, "{}", p.name);
