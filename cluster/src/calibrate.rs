@@ -142,14 +142,12 @@ pub fn calibrate(o: &CalibrateOptions<'_>) -> anyhow::Result<()> {
         name: format!("calibrated:{}", o.model_dir.display()),
         assumptions: format!(
             "fitted by `lockstep model calibrate` to {} paged forwards of the CPU model in {} \
-             ({} layers, hidden {}, {:.1}M parameters) on the machine that ran it; worst \
+             ({}) on the machine that ran it; worst \
              relative error {:.1} % on the fitted shapes and {:.1} % on held-out ones; host \
              coefficients from {}",
             samples.len(),
             o.model_dir.display(),
-            config.num_hidden_layers,
-            config.hidden_size,
-            config.parameter_count() as f64 / 1e6,
+            config.summary(),
             worst * 100.0,
             worst_held_out * 100.0,
             o.host_from

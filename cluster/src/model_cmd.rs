@@ -160,17 +160,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
                 seed,
             };
             let config = write_random_model(&dir, &options)?;
-            println!(
-                "wrote {} ({} layers, hidden {}, {} heads, {} kv heads, vocab {}, intermediate {}, {:.1}M parameters)",
-                dir.display(),
-                config.num_hidden_layers,
-                config.hidden_size,
-                config.num_attention_heads,
-                config.num_key_value_heads,
-                config.vocab_size,
-                config.intermediate_size,
-                config.parameter_count() as f64 / 1e6
-            );
+            println!("wrote {} ({})", dir.display(), config.summary());
             Ok(ExitCode::SUCCESS)
         }
         ModelCommand::Generate {
@@ -330,16 +320,7 @@ fn bench(dir: &Path, shape: BenchShape, rounds: usize) -> anyhow::Result<()> {
                 .collect()
         })
         .collect();
-    println!(
-        "model {}: {} layers, hidden {}, {} heads, {} kv heads, vocab {}, {:.1}M parameters",
-        dir.display(),
-        config.num_hidden_layers,
-        config.hidden_size,
-        config.num_attention_heads,
-        config.num_key_value_heads,
-        config.vocab_size,
-        config.parameter_count() as f64 / 1e6
-    );
+    println!("model {}: {}", dir.display(), config.summary());
     println!(
         "decode: batch {}, prompt {} tokens, {} steps timed, {} tokens per block, best of {rounds}",
         shape.batch, shape.prompt_len, shape.decode_tokens, shape.tokens_per_block

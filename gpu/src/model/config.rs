@@ -200,6 +200,20 @@ impl ModelConfig {
         self.num_attention_heads / self.num_key_value_heads
     }
 
+    /// The sizes a user reads to recognise the model, in one line.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} layers, hidden {}, {} heads, {} kv heads, vocab {}, intermediate {}, {:.1}M parameters",
+            self.num_hidden_layers,
+            self.hidden_size,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.vocab_size,
+            self.intermediate_size,
+            self.parameter_count() as f64 / 1e6
+        )
+    }
+
     /// Parameters in the weights (the LM head counted once when tied).
     pub fn parameter_count(&self) -> usize {
         let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
