@@ -16,20 +16,44 @@ use crate::kv::mix;
 use crate::policy::Policy;
 
 /// A model backend as a host sees it: sampled tokens for a batch.
+///
+/// `exec` is the rank that launched the batch: a real model reads the block tables its
+/// KV manager handed out and the requests' prompts from it.
 pub trait TokenSource {
     /// One sampled token per entry of `batch`, into `out` (whose buffer a source may
     /// reuse).
-    fn sample_into(&mut self, batch: &ScheduledBatch, out: &mut ForwardOutput);
+    fn sample_into(
+        &mut self,
+        exec: &RankExecutor,
+        batch: &ScheduledBatch,
+        out: &mut ForwardOutput,
+    ) -> Result<(), ForwardError>;
 
     /// [`TokenSource::sample_into`] into a new output.
-    fn sample(&mut self, batch: &ScheduledBatch) -> ForwardOutput {
+    fn sample(
+        &mut self,
+        exec: &RankExecutor,
+        batch: &ScheduledBatch,
+    ) -> Result<ForwardOutput, ForwardError> {
         let mut out = ForwardOutput {
             batch: batch.number,
             sampled: Vec::with_capacity(batch.entries.len()),
         };
-        self.sample_into(batch, &mut out);
-        out
+        self.sample_into(exec, batch, &mut out)?;
+        Ok(out)
     }
+}
+
+/// A forward the model backend could not run (a model error, a token history it lacks).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("forward of batch {batch} on rank {rank} failed: {reason}")]
+pub struct ForwardError {
+    /// The rank.
+    pub rank: RankId,
+    /// The batch.
+    pub batch: BatchNumber,
+    /// Why.
+    pub reason: String,
 }
 
 /// Deterministic tokens: `mix(id, position, path)`, so token streams can be compared
@@ -77,7 +101,12 @@ pub fn deterministic_token(id: u64, position: u32, path: u64) -> u32 {
 }
 
 impl TokenSource for DeterministicTokens {
-    fn sample_into(&mut self, batch: &ScheduledBatch, out: &mut ForwardOutput) {
+    fn sample_into(
+        &mut self,
+        _exec: &RankExecutor,
+        batch: &ScheduledBatch,
+        out: &mut ForwardOutput,
+    ) -> Result<(), ForwardError> {
         out.batch = batch.number;
         out.sampled.clear();
         out.sampled.extend(
@@ -86,6 +115,7 @@ impl TokenSource for DeterministicTokens {
                 .iter()
                 .map(|e| deterministic_token(e.id.0, e.position, e.path)),
         );
+        Ok(())
     }
 }
 
@@ -106,6 +136,9 @@ pub enum GroupError {
         /// What this rank needs.
         got: String,
     },
+    /// The model backend failed a forward.
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
 }
 
 /// What the whole server needs from its host next (the steps that are not collectives,
@@ -546,15 +579,19 @@ impl ServerGroup {
 
     /// Samples every launched batch with `tokens` and keeps the outputs until a rank
     /// awaits them (the stand-in device of an in-thread host).
-    pub fn sample_launched(&mut self, tokens: &mut dyn TokenSource) {
-        for batch in self.ranks.iter().filter_map(RankExecutor::launched) {
+    pub fn sample_launched(&mut self, tokens: &mut dyn TokenSource) -> Result<(), GroupError> {
+        for exec in &self.ranks {
+            let Some(batch) = exec.launched() else {
+                continue;
+            };
             let mut out = self.spare_outputs.pop().unwrap_or(ForwardOutput {
                 batch: batch.number,
                 sampled: Vec::new(),
             });
-            tokens.sample_into(batch, &mut out);
+            tokens.sample_into(exec, batch, &mut out)?;
             self.outputs[batch.rank.index()].push(out);
         }
+        Ok(())
     }
 
     /// Hands every rank the output it awaits (sampled earlier by
@@ -594,7 +631,7 @@ impl ServerGroup {
                 GroupNeed::Forward { forward_ran: ran } => {
                     forward_ran = ran;
                     launched = self.launched().cloned().collect();
-                    self.sample_launched(tokens);
+                    self.sample_launched(tokens)?;
                     self.provide_outputs()?;
                 }
                 GroupNeed::IterationEnded => {

@@ -144,6 +144,12 @@ pub struct RequestSpec {
     /// front forwards it with the first token; the receive pulls from there.
     #[serde(default)]
     pub kv_source: Option<crate::transceiver::KvAddress>,
+    /// The prompt's token ids, when the client sent text a tokenizer turned into ids
+    /// (`lockstep serve --model`): `prompt_len` of them. Empty: a model backend makes
+    /// up a deterministic prompt (equal prefix blocks get equal tokens). The control
+    /// plane itself only counts tokens.
+    #[serde(default)]
+    pub prompt_tokens: Vec<u32>,
 }
 
 impl RequestSpec {
@@ -159,6 +165,7 @@ impl RequestSpec {
             block_hashes: Vec::new(),
             generated_before: 0,
             kv_source: None,
+            prompt_tokens: Vec::new(),
         }
     }
 }

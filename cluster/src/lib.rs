@@ -13,6 +13,7 @@ pub mod backends;
 pub mod bench;
 pub mod fleet;
 pub mod model;
+pub mod model_backend;
 pub mod overhead;
 pub mod report;
 pub mod runtime;

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 use lockstep_cluster::backends::RealOptions;
 use lockstep_cluster::bench::{BenchOptions, Endpoint};
+use lockstep_cluster::model_backend::ModelBackend;
 use lockstep_cluster::report::{Report, Slo, ab_table};
 use lockstep_cluster::scenario::Scenario;
 use lockstep_cluster::sim::{self, SimOptions};
@@ -55,6 +56,60 @@ struct MpirunArgs {
     mpirun_args: Vec<String>,
 }
 
+/// `--model DIR` and how its tokens are sampled (`sim`, `run`, `serve`).
+#[derive(Debug, Clone, clap::Args)]
+struct ModelArgs {
+    /// A model directory (`lockstep model init DIR`, or a Hugging Face Llama / Qwen2 /
+    /// Mistral checkpoint): every forward runs it on the CPU and its tokens are the
+    /// model's. `sim` still times forwards with the cost model; `run` and `serve` take
+    /// the model's own time. Aggregated servers only.
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
+    /// With --model: 0 samples greedily; above 0 divides the logits before sampling.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// With --model: nucleus sampling's probability mass, in (0, 1].
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// With --model: sample among the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+}
+
+impl ModelArgs {
+    /// The loaded model, if --model was given; each request's random stream is seeded
+    /// from `seed` and its id.
+    fn load(&self, seed: u64) -> anyhow::Result<Option<ModelBackend>> {
+        let Some(dir) = &self.model else {
+            return Ok(None);
+        };
+        let params = lockstep_gpu::model::SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: 0,
+        };
+        Ok(Some(ModelBackend::load(dir, params, seed)?))
+    }
+
+    /// The same options as arguments (for `rank` under mpirun).
+    fn to_args(&self) -> Vec<String> {
+        let Some(dir) = &self.model else {
+            return Vec::new();
+        };
+        vec![
+            "--model".into(),
+            dir.display().to_string(),
+            "--temperature".into(),
+            self.temperature.to_string(),
+            "--top-p".into(),
+            self.top_p.to_string(),
+            "--top-k".into(),
+            self.top_k.to_string(),
+        ]
+    }
+}
+
 /// The options both real drivers take (`run --driver mpi` passes them on to `rank`).
 #[derive(Debug, clap::Args)]
 struct RealArgs {
@@ -83,6 +138,8 @@ struct RealArgs {
     /// reports `deadlocked`.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     stall_timeout_ms: u64,
+    #[command(flatten)]
+    model: ModelArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -123,6 +180,8 @@ enum Command {
         /// requests remain and no KV transfer is in flight, is deadlocked.
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
         stall_timeout_ms: u64,
+        #[command(flatten)]
+        model: ModelArgs,
     },
     /// Run the scenario's servers for real: one thread per rank (`threads`) or one
     /// process per rank plus a front process under mpirun (`mpi`, see `lockstep rank`);
@@ -381,6 +440,7 @@ fn simulate(
     iter_log: Option<&Path>,
     preload: bool,
     stall_timeout_ms: u64,
+    model: Option<ModelBackend>,
 ) -> anyhow::Result<Report> {
     let mut log_file = match iter_log {
         Some(p) => Some(BufWriter::new(
@@ -414,6 +474,7 @@ fn simulate(
             progress: Some(&mut progress),
             preload,
             stall_bound_ns: stall_timeout_ms.saturating_mul(1_000_000),
+            model,
         },
     )?;
     if let Some(b) = bar {
@@ -490,14 +551,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             slo,
             preload,
             stall_timeout_ms,
+            model,
         } => {
             let scenario = load(&args, policy.as_deref(), seed)?;
+            let model = model.load(seed.unwrap_or(0))?;
             let mut report = simulate(
                 &scenario,
                 seed.unwrap_or(0),
                 iter_log.as_deref(),
                 preload,
                 stall_timeout_ms,
+                model,
             )?;
             if let Some(slo) = &slo {
                 report.apply_slo(slo);
@@ -523,7 +587,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &scenario,
                 &RealOptions {
                     collective_timeout: std::time::Duration::from_millis(timeout_ms),
-                    ..real.options()
+                    ..real.options()?
                 },
             )?;
             if let Some(slo) = &real.slo {
@@ -646,6 +710,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 None,
                 false,
                 10_000,
+                None,
             )?;
             let mut b = simulate(
                 &load(&args, Some(&treatment), seed)?,
@@ -653,6 +718,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 None,
                 false,
                 10_000,
+                None,
             )?;
             if let Some(slo) = &slo {
                 a.apply_slo(slo);
@@ -1120,6 +1186,7 @@ fn relaunch_under_mpirun(
     if let Some(slo) = &real.slo {
         cmd.args(["--slo", &slo.to_string()]);
     }
+    cmd.args(real.model.to_args());
     let status = cmd
         .status()
         .context("starting mpirun (is OpenMPI installed?)")?;
@@ -1127,14 +1194,16 @@ fn relaunch_under_mpirun(
 }
 
 impl RealArgs {
-    fn options(&self) -> RealOptions {
-        RealOptions {
-            seed: self.seed.unwrap_or(0),
+    fn options(&self) -> anyhow::Result<RealOptions> {
+        let seed = self.seed.unwrap_or(0);
+        Ok(RealOptions {
+            seed,
             time_scale: self.time_scale,
             preload: self.preload,
             stall_bound: std::time::Duration::from_millis(self.stall_timeout_ms),
+            model: self.model.load(seed)?,
             ..RealOptions::default()
-        }
+        })
     }
 }
 
@@ -1160,7 +1229,7 @@ fn rank_command(
     let opts = MpiOptions {
         common: RealOptions {
             mismatch_tag_at: mismatch,
-            ..real.options()
+            ..real.options()?
         },
         watchdog: std::time::Duration::from_millis(watchdog_ms),
     };

@@ -13,6 +13,7 @@ mod cost;
 pub mod fit;
 pub mod kv_contents;
 pub mod model;
+pub mod model_tokens;
 mod profiles;
 
 pub use cost::{AnalyticBackend, Backend, Coefficients, IterationTime, ZeroCostBackend};

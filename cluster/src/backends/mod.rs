@@ -40,6 +40,9 @@ pub struct RealOptions {
     /// A server whose iterations change nothing while work remains and nothing is in
     /// flight for this long is deadlocked.
     pub stall_bound: Duration,
+    /// A real model runs every forward (`--model`); the ranks' time is then its own,
+    /// and `time_scale` paces only the arrivals.
+    pub model: Option<crate::model_backend::ModelBackend>,
 }
 
 impl Default for RealOptions {
@@ -53,6 +56,7 @@ impl Default for RealOptions {
             mismatch_tag_at: None,
             lose_kv_blocks_every: None,
             stall_bound: Duration::from_secs(10),
+            model: None,
         }
     }
 }

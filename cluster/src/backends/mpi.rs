@@ -518,6 +518,9 @@ where
     C: FnOnce() -> R + Send + 'static,
     F: FnOnce(ClientEnds) -> Result<C, RuntimeError>,
 {
+    if let Some(m) = &opts.common.model {
+        m.check(fleet)?;
+    }
     let layout = Layout::of(fleet);
     let mut member = MpiMember::init().map_err(RuntimeError::Mpi)?;
     let world_rank = member.world_rank();
@@ -751,10 +754,10 @@ fn run_server_rank(
     } else {
         None
     };
-    let mut device = if opts.common.time_scale > 0.0 {
-        DeviceHandle::modeled()
-    } else {
-        DeviceHandle::zero_cost()
+    let mut device = match &opts.common.model {
+        Some(m) => DeviceHandle::real(m.tokens()),
+        None if opts.common.time_scale > 0.0 => DeviceHandle::modeled(),
+        None => DeviceHandle::zero_cost(),
     };
     let mut ingress = (rank == 0).then(|| IngressInbox {
         peers: MpiPeers::for_this_thread(),
@@ -763,7 +766,8 @@ fn run_server_rank(
     let options = RankOptions {
         stall_bound: opts.common.stall_bound,
         keep_alive_every: opts.watchdog / 4,
-        pacing: (opts.common.time_scale > 0.0).then_some(Pacing {
+        // A real model's forwards take their own time.
+        pacing: (opts.common.time_scale > 0.0 && opts.common.model.is_none()).then_some(Pacing {
             backend: AnalyticBackend::new(fleet.profile.coefficients),
             time_scale: opts.common.time_scale,
         }),

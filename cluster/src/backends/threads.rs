@@ -176,6 +176,9 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
 pub fn plan<'a>(scenario: &'a Scenario, opts: &RealOptions) -> Result<Fleet<'a>, RuntimeError> {
     let fleet = Fleet::plan(scenario, opts.seed)?;
     fleet.check_real()?;
+    if let Some(m) = &opts.model {
+        m.check(&fleet)?;
+    }
     for p in &fleet.servers {
         if let Some(w) = &p.warning {
             tracing::warn!(server = %p.config.name, "{w}");
@@ -244,7 +247,8 @@ pub fn run_hosts<R>(
     let rank_options = RankOptions {
         stall_bound: opts.stall_bound,
         keep_alive_every: opts.collective_timeout / 4,
-        pacing: (opts.time_scale > 0.0).then_some(Pacing {
+        // A real model's forwards take their own time.
+        pacing: (opts.time_scale > 0.0 && opts.model.is_none()).then_some(Pacing {
             backend: AnalyticBackend::new(fleet.profile.coefficients),
             time_scale: opts.time_scale,
         }),
@@ -309,8 +313,12 @@ pub fn run_hosts<R>(
                 let lose = opts
                     .lose_kv_blocks_every
                     .or(scenario.faults.lost_transfer_every);
-                let time_scale = opts.time_scale;
-                let wire = fleet.wire_model(time_scale);
+                let wire = fleet.wire_model(opts.time_scale);
+                let device = match &opts.model {
+                    Some(m) => DeviceHandle::real(m.tokens()),
+                    None if opts.time_scale > 0.0 => DeviceHandle::modeled(),
+                    None => DeviceHandle::zero_cost(),
+                };
                 std::thread::Builder::new()
                     .name(format!("{}-rank-{r}", p.config.name))
                     .spawn_scoped(scope, move || {
@@ -326,7 +334,7 @@ pub fn run_hosts<R>(
                             mistag,
                             lose,
                             wire,
-                            time_scale,
+                            device,
                             scope,
                         })
                     })
@@ -367,7 +375,7 @@ struct RankThread<'scope, 'env> {
     mistag: Option<u64>,
     lose: Option<u64>,
     wire: Option<crate::runtime::transceiver_host::WireModel>,
-    time_scale: f64,
+    device: DeviceHandle,
     scope: &'scope std::thread::Scope<'scope, 'env>,
 }
 
@@ -386,7 +394,7 @@ fn rank_thread(t: RankThread<'_, '_>) {
         mistag,
         lose,
         wire,
-        time_scale,
+        mut device,
         scope,
     } = t;
     let rank = exec.rank();
@@ -416,11 +424,6 @@ fn rank_thread(t: RankThread<'_, '_>) {
             Err(e) => tracing::error!(server, %rank, "starting the transceiver: {e}"),
         }
     }
-    let mut device = if time_scale > 0.0 {
-        DeviceHandle::modeled()
-    } else {
-        DeviceHandle::zero_cost()
-    };
     let progress = Progress::default();
     let ports = RankPorts {
         server,

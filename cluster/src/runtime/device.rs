@@ -4,14 +4,15 @@
 //! overlap scheduler the host schedules batch N+1 while batch N "runs", as on a GPU,
 //! without a thread per rank doing nothing but sleep (on a small machine those threads'
 //! wake-ups cost more than the control plane does). With the zero-cost backend the
-//! output is ready at launch.
+//! output is ready at launch. With a real model (`--model`) the forward runs at launch,
+//! on the rank's thread, and takes the time it takes.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use lockstep_actors::device::{Device, DeviceIn};
-use lockstep_actors::executor::{ForwardOutput, ScheduledBatch};
-use lockstep_actors::group::{DeterministicTokens, TokenSource};
+use lockstep_actors::executor::{ForwardOutput, RankExecutor, ScheduledBatch};
+use lockstep_actors::group::{DeterministicTokens, ForwardError, TokenSource};
 use lockstep_actors::ids::BatchNumber;
 
 /// Why the device failed a forward step.
@@ -23,6 +24,9 @@ pub enum DeviceError {
         /// The batch.
         batch: BatchNumber,
     },
+    /// The model backend failed the forward.
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
 }
 
 /// A rank's device.
@@ -31,8 +35,11 @@ pub struct DeviceHandle {
     queued: VecDeque<ForwardOutput>,
     /// Output vectors handed back by the host, reused.
     spare: Vec<ForwardOutput>,
-    /// Modeled time: the time model and its clock's origin (`None`: zero cost).
+    /// Modeled time: the time model and its clock's origin (`None`: zero cost, or a
+    /// real model's own time).
     modeled: Option<(Device, Instant)>,
+    /// Where tokens come from.
+    tokens: Box<dyn TokenSource + Send>,
 }
 
 impl DeviceHandle {
@@ -42,6 +49,15 @@ impl DeviceHandle {
             queued: VecDeque::new(),
             spare: Vec::new(),
             modeled: None,
+            tokens: Box::new(DeterministicTokens),
+        }
+    }
+
+    /// A device that runs a real model: each forward computes at launch.
+    pub fn real(tokens: Box<dyn TokenSource + Send>) -> DeviceHandle {
+        DeviceHandle {
+            tokens,
+            ..DeviceHandle::zero_cost()
         }
     }
 
@@ -54,8 +70,14 @@ impl DeviceHandle {
         }
     }
 
-    /// Launches a batch whose forward takes `forward_ns` of wall time (returns at once).
-    pub fn launch(&mut self, batch: &ScheduledBatch, forward_ns: u64) {
+    /// Launches `exec`'s batch whose forward takes `forward_ns` of wall time (returns at
+    /// once, unless a real model computes it).
+    pub fn launch(
+        &mut self,
+        exec: &RankExecutor,
+        batch: &ScheduledBatch,
+        forward_ns: u64,
+    ) -> Result<(), DeviceError> {
         if let Some((device, origin)) = &mut self.modeled {
             device.handle(
                 origin.elapsed().as_nanos() as u64,
@@ -69,8 +91,9 @@ impl DeviceHandle {
             batch: batch.number,
             sampled: Vec::new(),
         });
-        DeterministicTokens.sample_into(batch, &mut out);
+        self.tokens.sample_into(exec, batch, &mut out)?;
         self.queued.push_back(out);
+        Ok(())
     }
 
     /// The output of batch `number`, once its forward ended (outputs come in launch

@@ -23,6 +23,9 @@ pub use net::{Endpoint, Envelope, Inbox, Net, NetError, QueueInbox, Received};
 /// A failure of a real run.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
+    /// `--model` cannot run this scenario.
+    #[error(transparent)]
+    Model(#[from] crate::model_backend::ModelBackendError),
     /// A collective failed (tag mismatch, timeout naming the missing ranks, a broken
     /// group).
     #[error("server {server} rank {rank}: {source}")]

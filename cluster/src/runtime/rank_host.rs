@@ -267,18 +267,24 @@ pub fn run_rank<C: Collective + ?Sized>(
                 if let Some((host, _)) = time {
                     ports.clock.sleep_until(fetched_at.saturating_add(host));
                 }
-                if let Some(batch) = launch {
+                let device_err = |source| RuntimeError::Device {
+                    server,
+                    rank,
+                    source,
+                };
+                // The batch is the executor's launched one; read it back through a shared
+                // borrow, since a model backend also reads the executor's block tables.
+                if launch.is_some()
+                    && let Some(batch) = exec.launched()
+                {
                     let forward_ns = time.map_or(0, |(_, device)| device);
-                    ports.device.launch(batch, forward_ns);
+                    ports
+                        .device
+                        .launch(exec, batch, forward_ns)
+                        .map_err(device_err)?;
                 }
                 let output = match await_output {
-                    Some(n) => Some(ports.device.await_output(n).map_err(|source| {
-                        RuntimeError::Device {
-                            server,
-                            rank,
-                            source,
-                        }
-                    })?),
+                    Some(n) => Some(ports.device.await_output(n).map_err(device_err)?),
                     None => None,
                 };
                 // The transfer status goes out right after the output: what arrived

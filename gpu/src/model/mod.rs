@@ -25,7 +25,7 @@ pub use error::{ModelError, Result};
 pub use forward::{BatchEntry, forward_paged};
 pub use init::{InitOptions, write_random_model};
 pub use paged_kv::{PagedKvCache, PagedKvGeometry};
-pub use sampling::{Sampler, SamplingParams};
+pub use sampling::{Sampler, SamplingParams, argmax};
 pub use tokenizer::{ChatFormat, TextTokenizer};
 pub use weights::{LayerWeights, Linear, ModelWeights};
 

@@ -55,8 +55,10 @@ impl PagedKvCache {
         let pool = geometry.num_blocks * geometry.block_stride();
         Ok(PagedKvCache {
             geometry,
-            keys: vec![vec![0.0; pool]; geometry.layers],
-            values: vec![vec![0.0; pool]; geometry.layers],
+            // One allocation per pool (not clones of one): zeroed pages stay untouched
+            // until a block is written.
+            keys: (0..geometry.layers).map(|_| vec![0.0; pool]).collect(),
+            values: (0..geometry.layers).map(|_| vec![0.0; pool]).collect(),
         })
     }
 

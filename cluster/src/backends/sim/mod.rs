@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use lockstep_actors::executor::Response;
 use lockstep_actors::front::{Front, FrontIn, FrontOut, IngressItem};
+use lockstep_actors::group::{DeterministicTokens, TokenSource};
 use lockstep_actors::ids::RankId;
 use lockstep_actors::transceiver::{
     KvAddress, Outgoing, PeerMessage, TransceiverIn, lost_on_the_wire,
@@ -64,6 +65,9 @@ pub enum SimError {
         /// What went wrong.
         source: lockstep_actors::group::GroupError,
     },
+    /// `--model` cannot run this scenario.
+    #[error(transparent)]
+    Model(#[from] crate::model_backend::ModelBackendError),
 }
 
 /// Options of one run.
@@ -79,6 +83,8 @@ pub struct SimOptions<'a> {
     /// A server whose iterations change nothing while work remains and nothing is in
     /// flight for this long (virtual) is deadlocked.
     pub stall_bound_ns: u64,
+    /// A real model samples the tokens (time still comes from the cost model).
+    pub model: Option<crate::model_backend::ModelBackend>,
 }
 
 impl Default for SimOptions<'_> {
@@ -89,6 +95,7 @@ impl Default for SimOptions<'_> {
             progress: None,
             preload: false,
             stall_bound_ns: 10_000_000_000,
+            model: None,
         }
     }
 }
@@ -147,6 +154,9 @@ struct Sim<'s, 'o> {
 pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError> {
     let started = Instant::now();
     let fleet = Fleet::plan(scenario, opts.seed)?;
+    if let Some(m) = &opts.model {
+        m.check(&fleet)?;
+    }
     let workload = fleet.workload()?;
     let workload_warmup = workload.warmup_requests();
     let mut servers = Vec::with_capacity(fleet.servers.len());
@@ -154,7 +164,11 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         if let Some(w) = &p.warning {
             tracing::warn!(server = %p.config.name, "{w}");
         }
-        let mut server = SimServer::new(p, scenario.policy)?;
+        let tokens: Box<dyn TokenSource> = match &opts.model {
+            Some(m) => m.tokens(),
+            None => Box::new(DeterministicTokens),
+        };
+        let mut server = SimServer::new(p, scenario.policy, tokens)?;
         server.log_enabled = opts.iter_log.is_some();
         if p.config.role != lockstep_actors::config::Role::Agg {
             for r in 0..p.sizes.dp {

@@ -15,7 +15,7 @@ use lockstep_actors::config::Role;
 use lockstep_actors::device::{Device, DeviceIn};
 use lockstep_actors::executor::FetchBatch;
 use lockstep_actors::front::IngressItem;
-use lockstep_actors::group::{DeterministicTokens, GroupError, GroupNeed, ServerGroup};
+use lockstep_actors::group::{GroupError, GroupNeed, ServerGroup, TokenSource};
 use lockstep_actors::ids::BatchNumber;
 use lockstep_actors::invariants::Violation;
 use lockstep_actors::transceiver::Transceiver;
@@ -83,7 +83,7 @@ pub struct SimServer {
     next_forward: u64,
     /// The running iteration's start, host and device time.
     current: Option<(u64, u64, u64)>,
-    tokens: DeterministicTokens,
+    tokens: Box<dyn TokenSource>,
     iterations: u64,
     busy_ns: u64,
     violations: Vec<Violation>,
@@ -97,6 +97,7 @@ impl SimServer {
     pub fn new(
         planned: &PlannedServer<'_>,
         policy: lockstep_actors::policy::Policy,
+        tokens: Box<dyn TokenSource>,
     ) -> Result<SimServer, lockstep_actors::config::ConfigError> {
         let group = ServerGroup::new(planned.config, policy)?;
         let dp = planned.sizes.dp as usize;
@@ -116,7 +117,7 @@ impl SimServer {
             device: Device::new(),
             next_forward: 0,
             current: None,
-            tokens: DeterministicTokens,
+            tokens,
             iterations: 0,
             busy_ns: 0,
             violations: Vec::new(),
@@ -148,7 +149,7 @@ impl SimServer {
                 }
                 GroupNeed::Forward { forward_ran } => {
                     let at = self.time_forward(now, forward_ran, backend);
-                    self.group.sample_launched(&mut self.tokens);
+                    self.group.sample_launched(self.tokens.as_mut())?;
                     self.state = ServerState::Busy;
                     return Ok(Step::ProcessAt(at));
                 }

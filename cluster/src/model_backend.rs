@@ -1,0 +1,126 @@
+//! `--model DIR`: a real model behind the ranks of `sim`, `run` and `serve`.
+//!
+//! Loading happens once per process; every rank gets its own [`ModelTokens`] (its own
+//! paged K/V pool) over the shared weights. What the model backend cannot run yet is
+//! refused at startup, naming the server and the setting: disaggregated servers (the
+//! transceiver does not move real K/V yet) and speculative decoding.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use lockstep_actors::config::Role;
+use lockstep_actors::group::TokenSource;
+use lockstep_gpu::model::{Model, ModelError, SamplingParams, TextTokenizer};
+use lockstep_gpu::model_tokens::{MAX_POOL_BYTES, ModelSampling, ModelTokens};
+
+use crate::fleet::Fleet;
+
+/// Why `--model` cannot serve this scenario.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelBackendError {
+    /// The model directory could not be loaded.
+    #[error("--model {}: {source}", dir.display())]
+    Load {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: ModelError,
+    },
+    /// A server the model backend cannot run.
+    #[error("--model: server {server}: {why}")]
+    Unsupported {
+        /// The server's name.
+        server: String,
+        /// What it asks for.
+        why: String,
+    },
+}
+
+/// A loaded model and how its ranks sample.
+#[derive(Clone)]
+pub struct ModelBackend {
+    /// Where it was loaded from.
+    pub dir: PathBuf,
+    /// The model, shared by every rank of the process.
+    pub model: Arc<Model>,
+    /// Its tokenizer, when the directory has one (`serve` needs it).
+    pub tokenizer: Option<Arc<TextTokenizer>>,
+    /// Sampling of every request.
+    pub sampling: ModelSampling,
+}
+
+impl std::fmt::Debug for ModelBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelBackend")
+            .field("dir", &self.dir)
+            .field("model", &self.model.config.summary())
+            .field("sampling", &self.sampling)
+            .finish()
+    }
+}
+
+impl ModelBackend {
+    /// Loads `dir` (config, weights, and the tokenizer when there is one).
+    pub fn load(dir: &Path, params: SamplingParams, seed: u64) -> Result<Self, ModelBackendError> {
+        let err = |source| ModelBackendError::Load {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        let model = Model::load(dir).map_err(err)?;
+        let tokenizer = if dir.join("tokenizer.json").exists() {
+            Some(Arc::new(TextTokenizer::load(dir).map_err(err)?))
+        } else {
+            None
+        };
+        let sampling = ModelSampling { params, seed };
+        sampling.check().map_err(err)?;
+        Ok(ModelBackend {
+            dir: dir.to_path_buf(),
+            model: Arc::new(model),
+            tokenizer,
+            sampling,
+        })
+    }
+
+    /// Refuses a fleet the backend cannot run, before anything starts.
+    pub fn check(&self, fleet: &Fleet<'_>) -> Result<(), ModelBackendError> {
+        for p in &fleet.servers {
+            let unsupported = |why: String| ModelBackendError::Unsupported {
+                server: p.config.name.clone(),
+                why,
+            };
+            if p.config.role != Role::Agg {
+                return Err(unsupported(format!(
+                    "role {:?}: the model backend runs aggregated servers (the transceiver does not move real K/V yet)",
+                    p.config.role
+                )));
+            }
+            if p.sizes.draft_len > 0 {
+                return Err(unsupported(format!(
+                    "draft_len {}: the model backend does not run speculative decoding",
+                    p.sizes.draft_len
+                )));
+            }
+            let bytes = ModelTokens::pool_bytes(
+                &self.model,
+                p.sizes.kv_blocks_per_rank,
+                p.sizes.tokens_per_block,
+            );
+            if bytes > MAX_POOL_BYTES {
+                return Err(unsupported(format!(
+                    "{} KV blocks of {} tokens need a K/V pool of {} MiB per rank for this model, more than {} MiB",
+                    p.sizes.kv_blocks_per_rank,
+                    p.sizes.tokens_per_block,
+                    bytes >> 20,
+                    MAX_POOL_BYTES >> 20
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A rank's (or, in the simulator, a server's) token source.
+    pub fn tokens(&self) -> Box<dyn TokenSource + Send> {
+        Box::new(ModelTokens::new(self.model.clone(), self.sampling))
+    }
+}

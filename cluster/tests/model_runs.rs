@@ -1,0 +1,252 @@
+//! `--model`: a real transformer behind the ranks. Every request's tokens equal the
+//! same model's dense reference generation (no paging, no batching), so the paged
+//! forward read the right blocks through the KV manager's block tables, under chunked
+//! prefill, mixed batches, prefix reuse and dp 2; and the simulator and the threads
+//! driver agree token for token, greedy and seeded.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use common::{parse, real_options, threads_run};
+use lockstep_cluster::backends::RealOptions;
+use lockstep_cluster::fleet::Fleet;
+use lockstep_cluster::model_backend::ModelBackend;
+use lockstep_cluster::report::Report;
+use lockstep_cluster::scenario::Scenario;
+use lockstep_cluster::sim::{self, SimOptions};
+use lockstep_gpu::model::{
+    DenseSequence, InitOptions, Model, SamplingParams, forward_dense, write_random_model,
+};
+use lockstep_gpu::model_tokens::prompt_tokens;
+
+/// dp 2, chunked prefill in chunks smaller than the longest prompt, a shared prefix of
+/// 48 tokens (three blocks every request reuses once one computed them).
+fn scenario(shared_prefix: u32, requests: u32) -> Scenario {
+    parse(
+        &format!(
+            r#"
+name = "model-runs"
+
+[[server]]
+name = "agg0"
+role = "agg"
+tensor_parallel_size = 2
+enable_attention_dp = true
+max_batch_size = 6
+max_num_tokens = 96
+enable_chunked_prefill = true
+
+[server.kv_cache_config]
+tokens_per_block = 16
+max_tokens = 4096
+enable_block_reuse = true
+
+[workload]
+kind = "open_loop"
+rate = 1000.0
+num_requests = {requests}
+input_len = [50, 200]
+output_len = [3, 12]
+shared_prefix_tokens = {shared_prefix}
+"#
+        ),
+        &[],
+    )
+}
+
+fn tiny_model(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("lockstep-model-runs-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    write_random_model(
+        &dir,
+        &InitOptions {
+            layers: 2,
+            hidden: 64,
+            heads: 4,
+            kv_heads: 2,
+            vocab: 300,
+            intermediate: 128,
+            ..InitOptions::default()
+        },
+    )
+    .expect("write the tiny model");
+    dir
+}
+
+fn backend(dir: &Path, temperature: f32, seed: u64) -> ModelBackend {
+    let params = SamplingParams {
+        temperature,
+        top_p: 0.9,
+        top_k: 50,
+        seed: 0,
+    };
+    ModelBackend::load(dir, params, seed).expect("load the tiny model")
+}
+
+fn sim_with(s: &Scenario, model: Option<ModelBackend>) -> Report {
+    sim::run(
+        s,
+        SimOptions {
+            preload: true,
+            model,
+            ..SimOptions::default()
+        },
+    )
+    .expect("sim")
+}
+
+fn threads_with(s: &Scenario, model: ModelBackend) -> Report {
+    threads_run(
+        s,
+        RealOptions {
+            // The simulator's workload seed.
+            seed: 0,
+            preload: true,
+            model: Some(model),
+            ..real_options()
+        },
+    )
+}
+
+/// The digest the client folds over a stream of one token per response.
+fn digest_of(tokens: &[u32]) -> String {
+    let mut d = 0u64;
+    for &t in tokens {
+        d = lockstep_actors::kv::mix(d ^ (u64::from(t) << 32 | 1));
+    }
+    format!("{d:016x}")
+}
+
+/// Greedy generation of `output_len` tokens from `prompt`, one sequence, no paging.
+fn dense_greedy(model: &Model, prompt: &[u32], output_len: u32) -> Vec<u32> {
+    let mut seq = [DenseSequence::new(model)];
+    let mut logits = forward_dense(model, &mut seq, &[prompt]).expect("dense prefill");
+    let mut out = Vec::new();
+    while out.len() < output_len as usize {
+        let t = lockstep_gpu::model::argmax(&logits[0]);
+        out.push(t);
+        logits = forward_dense(model, &mut seq, &[&[t]]).expect("dense decode");
+    }
+    out
+}
+
+/// Per request id: (prompt tokens, output length), as the workload makes them.
+fn requests_of(s: &Scenario) -> Vec<(u64, Vec<u32>, u32)> {
+    let fleet = Fleet::plan(s, 0).expect("plan");
+    let mut w = fleet.workload().expect("workload");
+    let mut out = Vec::new();
+    while let Some(a) = w.pop_due(u64::MAX) {
+        out.push((
+            a.spec.id.0,
+            prompt_tokens(&a.spec, fleet.tokens_per_block, 300),
+            a.spec.max_new_tokens,
+        ));
+    }
+    out
+}
+
+fn digests(r: &Report) -> Vec<(u64, String)> {
+    let mut d: Vec<_> = r
+        .per_request
+        .iter()
+        .map(|d| (d.id, d.token_digest.clone()))
+        .collect();
+    d.sort();
+    d
+}
+
+#[test]
+fn every_request_generates_the_dense_reference_tokens_in_the_simulator_and_on_threads() {
+    let dir = tiny_model("greedy");
+    let s = scenario(48, 16);
+    let model = backend(&dir, 0.0, 0);
+    let sim = sim_with(&s, Some(model.clone()));
+    let threads = threads_with(&s, model.clone());
+    assert_eq!(sim.requests.completed, 16, "{:?}", sim.per_request);
+    assert_eq!(threads.requests.completed, 16, "{:?}", threads.per_request);
+    // Blocks were shared: the later requests reused the prefix the first computed.
+    for r in [&sim, &threads] {
+        assert!(
+            r.servers[0].kv.reuse_hits >= 3,
+            "no prefix reuse: {:?}",
+            r.servers[0].kv
+        );
+        assert_eq!(r.servers[0].kv.used_blocks_at_end, 0, "leaked KV");
+    }
+    let expected: Vec<(u64, String)> = {
+        let loaded: Arc<Model> = model.model.clone();
+        let mut e: Vec<_> = requests_of(&s)
+            .into_iter()
+            .map(|(id, prompt, n)| (id, digest_of(&dense_greedy(&loaded, &prompt, n))))
+            .collect();
+        e.sort();
+        e
+    };
+    assert_eq!(digests(&sim), expected, "simulator vs dense reference");
+    assert_eq!(digests(&threads), expected, "threads vs dense reference");
+    // Negative control: the stand-in backend's tokens are not the model's.
+    let stand_in = sim_with(&s, None);
+    assert_ne!(digests(&stand_in), expected);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn seeded_sampling_gives_the_same_tokens_on_every_driver_and_other_tokens_for_another_seed() {
+    let dir = tiny_model("seeded");
+    let s = scenario(0, 12);
+    let a = sim_with(&s, Some(backend(&dir, 0.8, 7)));
+    let b = threads_with(&s, backend(&dir, 0.8, 7));
+    let other = sim_with(&s, Some(backend(&dir, 0.8, 8)));
+    let greedy = sim_with(&s, Some(backend(&dir, 0.0, 7)));
+    assert_eq!(a.requests.completed, 12);
+    assert_eq!(digests(&a), digests(&b));
+    let differ = |x: &Report, y: &Report| {
+        digests(x)
+            .iter()
+            .zip(digests(y))
+            .filter(|(p, q)| p.1 != q.1)
+            .count()
+    };
+    assert!(differ(&a, &other) > 6, "another seed, other tokens");
+    assert!(differ(&a, &greedy) > 6, "sampling is not greedy");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_model_the_scenario_cannot_use_is_refused_at_startup_naming_the_setting() {
+    let dir = tiny_model("refused");
+    let model = backend(&dir, 0.0, 0);
+    let disagg = parse(&common::disagg_text(4), &[]);
+    let err = sim::run(
+        &disagg,
+        SimOptions {
+            model: Some(model.clone()),
+            ..SimOptions::default()
+        },
+    )
+    .expect_err("disaggregated servers are refused");
+    assert!(err.to_string().contains("aggregated"), "{err}");
+    let err = lockstep_cluster::backends::threads::run(
+        &disagg,
+        &RealOptions {
+            model: Some(model),
+            ..real_options()
+        },
+    )
+    .expect_err("on threads too");
+    assert!(err.to_string().contains("aggregated"), "{err}");
+    let bad = ModelBackend::load(
+        &dir,
+        SamplingParams {
+            top_p: 1.5,
+            ..SamplingParams::default()
+        },
+        0,
+    )
+    .expect_err("top_p out of range");
+    assert!(bad.to_string().contains("top_p 1.5"), "{bad}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
