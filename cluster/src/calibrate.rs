@@ -4,7 +4,7 @@
 //! reads, so the simulator models this machine running this model.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use lockstep_gpu::fit::{Sample, fit_device};
@@ -56,8 +56,79 @@ pub struct CalibrateOptions<'a> {
     pub host_from: &'a str,
     /// Token slots per KV block.
     pub tokens_per_block: usize,
-    /// Timed forwards per shape; the fastest counts.
+    /// Timed forwards per shape; the median counts.
     pub repeats: usize,
+    /// Fit the forwards of a real run instead (`run --model DIR --forward-log PATH`):
+    /// every batch mix the workload produced, timed as it ran.
+    pub from_log: Option<&'a Path>,
+}
+
+/// The forwards of a `--forward-log`, as samples (errors name the line).
+fn samples_of_log(path: &Path) -> anyhow::Result<Vec<Sample>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut samples = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let r: lockstep_cluster::runtime::device::ForwardRecord = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}: not a forward record", path.display(), i + 1))?;
+        samples.push(Sample {
+            shape: r.shape,
+            ns: r.ns as f64,
+        });
+    }
+    if samples.len() < 10 {
+        anyhow::bail!(
+            "{}: {} forwards logged; a fit needs at least 10",
+            path.display(),
+            samples.len()
+        );
+    }
+    Ok(samples)
+}
+
+/// Prints a fit over many logged forwards by kind of batch: count, mean measured, mean
+/// fitted, mean absolute error; returns the worst kind's relative error of the means.
+fn report_by_kind(fit: &lockstep_gpu::fit::DeviceFit, samples: &[Sample]) -> f64 {
+    println!(
+        "batch kind        forwards   measured ms   fitted ms   error of means   mean |error|"
+    );
+    let mut worst: f64 = 0.0;
+    let kinds: [(&str, fn(&BatchShape) -> bool); 3] = [
+        ("prefill only", |s| {
+            s.ctx_requests > 0 && s.gen_requests == 0
+        }),
+        ("decode only", |s| s.ctx_requests == 0 && s.gen_requests > 0),
+        ("mixed", |s| s.ctx_requests > 0 && s.gen_requests > 0),
+    ];
+    for (label, is) in kinds {
+        let of: Vec<&Sample> = samples.iter().filter(|s| is(&s.shape)).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let n = of.len() as f64;
+        let measured = of.iter().map(|s| s.ns).sum::<f64>() / n;
+        let fitted = of.iter().map(|s| fit.predict(&s.shape)).sum::<f64>() / n;
+        let mean_abs = of
+            .iter()
+            .map(|s| ((fit.predict(&s.shape) - s.ns) / s.ns).abs())
+            .sum::<f64>()
+            / n;
+        let error = (fitted - measured) / measured;
+        worst = worst.max(error.abs());
+        println!(
+            "{label:<16} {:>9} {:>13.3} {:>11.3} {:>+15.1}% {:>13.1}%",
+            of.len(),
+            measured / 1e6,
+            fitted / 1e6,
+            error * 100.0,
+            mean_abs * 100.0
+        );
+    }
+    worst
 }
 
 /// Times the grid, fits, prints measured against fitted, and writes the profile.
@@ -97,34 +168,56 @@ pub fn calibrate(o: &CalibrateOptions<'_>) -> anyhow::Result<()> {
         }
         Ok(samples)
     };
-    let samples = time_grid(&CONTEXT_GRID, &GENERATION_GRID)?;
-    let held_out = time_grid(&HELD_OUT_CONTEXT, &HELD_OUT_GENERATION)?;
-    let fit = fit_device(&samples)?;
-    println!("shape                                   measured ms   fitted ms   error");
-    let report = |label: &str, samples: &[Sample]| -> f64 {
-        println!("{label}");
-        let mut worst: f64 = 0.0;
-        for s in samples {
-            let predicted = fit.predict(&s.shape);
-            let error = (predicted - s.ns) / s.ns;
-            worst = worst.max(error.abs());
-            let b = &s.shape;
-            println!(
-                "ctx {:>2} req {:>4} tok {:>6} attn | gen {:>2} req {:>5} kv {:>10.3} {:>11.3} {:>+7.1}%",
-                b.ctx_requests,
-                b.ctx_tokens,
-                b.ctx_attention,
-                b.gen_requests,
-                b.gen_kv_tokens,
-                s.ns / 1e6,
-                predicted / 1e6,
-                error * 100.0
+    let (fit, worst, worst_held_out, source) = match o.from_log {
+        Some(log) => {
+            let samples = samples_of_log(log)?;
+            let fit = fit_device(&samples)?;
+            let worst = report_by_kind(&fit, &samples);
+            let source = format!(
+                "{} forwards of a real run ({})",
+                samples.len(),
+                log.display()
             );
+            (fit, worst, f64::NAN, source)
         }
-        worst
+        None => {
+            let samples = time_grid(&CONTEXT_GRID, &GENERATION_GRID)?;
+            let held_out = time_grid(&HELD_OUT_CONTEXT, &HELD_OUT_GENERATION)?;
+            let fit = fit_device(&samples)?;
+            println!("shape                                   measured ms   fitted ms   error");
+            let report = |label: &str, samples: &[Sample]| -> f64 {
+                println!("{label}");
+                let mut worst: f64 = 0.0;
+                for s in samples {
+                    let predicted = fit.predict(&s.shape);
+                    let error = (predicted - s.ns) / s.ns;
+                    worst = worst.max(error.abs());
+                    let b = &s.shape;
+                    println!(
+                        "ctx {:>2} req {:>4} tok {:>6} attn | gen {:>2} req {:>5} kv {:>10.3} {:>11.3} {:>+7.1}%",
+                        b.ctx_requests,
+                        b.ctx_tokens,
+                        b.ctx_attention,
+                        b.gen_requests,
+                        b.gen_kv_tokens,
+                        s.ns / 1e6,
+                        predicted / 1e6,
+                        error * 100.0
+                    );
+                }
+                worst
+            };
+            let worst = report("fitted shapes:", &samples);
+            let worst_held_out = report("held-out shapes (timed, not fitted):", &held_out);
+            let source = format!("{} timed batch shapes", samples.len());
+            (fit, worst, worst_held_out, source)
+        }
     };
-    let worst = report("fitted shapes:", &samples);
-    let worst_held_out = report("held-out shapes (timed, not fitted):", &held_out);
+    let held_out_text = if worst_held_out.is_nan() {
+        "none held out".to_string()
+    } else {
+        format!("{:.1} % on held-out ones", worst_held_out * 100.0)
+    };
     let c = Coefficients {
         forward_base_ns: fit.forward_base_ns,
         ctx_token_ns: fit.ctx_token_ns,
@@ -141,15 +234,17 @@ pub fn calibrate(o: &CalibrateOptions<'_>) -> anyhow::Result<()> {
     let profile = ModelProfile {
         name: format!("calibrated:{}", o.model_dir.display()),
         assumptions: format!(
-            "fitted by `lockstep model calibrate` to {} paged forwards of the CPU model in {} \
-             ({}) on the machine that ran it; worst \
-             relative error {:.1} % on the fitted shapes and {:.1} % on held-out ones; host \
-             coefficients from {}",
-            samples.len(),
+            "fitted by `lockstep model calibrate` to {source} of the CPU model in {} \
+             ({}) on the machine that ran it; worst relative error {:.1} % on the fitted \
+             shapes{}, {held_out_text}; host coefficients from {}",
             o.model_dir.display(),
             config.summary(),
             worst * 100.0,
-            worst_held_out * 100.0,
+            if o.from_log.is_some() {
+                " (means by batch kind)"
+            } else {
+                ""
+            },
             o.host_from
         ),
         coefficients: c,
@@ -165,14 +260,13 @@ pub fn calibrate(o: &CalibrateOptions<'_>) -> anyhow::Result<()> {
     let text = toml::to_string(&profile).context("encoding the profile")?;
     std::fs::write(o.out, text).with_context(|| format!("writing {}", o.out.display()))?;
     println!(
-        "fitted: forward_base_ns {:.0}, ctx_token_ns {:.1}, ctx_attention_ns {:.4}, gen_request_ns {:.1}, kv_read_ns {:.3}; worst error {:.1} % fitted, {:.1} % held out",
+        "fitted: forward_base_ns {:.0}, ctx_token_ns {:.1}, ctx_attention_ns {:.4}, gen_request_ns {:.1}, kv_read_ns {:.3}; worst error {:.1} % fitted, {held_out_text}",
         c.forward_base_ns,
         c.ctx_token_ns,
         c.ctx_attention_ns,
         c.gen_request_ns,
         c.kv_read_ns,
         worst * 100.0,
-        worst_held_out * 100.0
     );
     println!(
         "wrote {} (use it with --set 'model.profile=\"{}\"')",
@@ -228,11 +322,16 @@ fn time_batch(
             dummy: false,
         })
         .collect();
-    let mut best = Duration::MAX;
+    let mut times = Vec::with_capacity(o.repeats);
     for _ in 0..o.repeats {
         let started = Instant::now();
         forward_paged(model, &mut cache, &timed)?;
-        best = best.min(started.elapsed());
+        times.push(started.elapsed());
     }
-    Ok(best.as_nanos() as f64)
+    times.sort();
+    Ok(times
+        .get(times.len() / 2)
+        .copied()
+        .unwrap_or_default()
+        .as_nanos() as f64)
 }

@@ -140,6 +140,10 @@ struct RealArgs {
     stall_timeout_ms: u64,
     #[command(flatten)]
     model: ModelArgs,
+    /// With --model, `--driver threads`: write each forward's batch shape and measured
+    /// time, one JSON line each, for `lockstep model calibrate --from-log`.
+    #[arg(long, value_name = "PATH")]
+    forward_log: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -1159,6 +1163,9 @@ fn relaunch_under_mpirun(
     mpirun: &MpirunArgs,
 ) -> anyhow::Result<ExitCode> {
     require_mpi_build()?;
+    if real.forward_log.is_some() {
+        anyhow::bail!("--forward-log needs --driver threads (one process writes the file)");
+    }
     let scenario = load(args, real.policy.as_deref(), real.seed)?;
     let mut cmd = mpirun_command(processes_of(&scenario)?, mpirun)?;
     cmd.arg("rank").arg(&args.scenario).args([
@@ -1202,6 +1209,19 @@ impl RealArgs {
             preload: self.preload,
             stall_bound: std::time::Duration::from_millis(self.stall_timeout_ms),
             model: self.model.load(seed)?,
+            forward_log: match &self.forward_log {
+                None => None,
+                Some(_) if self.model.model.is_none() => {
+                    anyhow::bail!("--forward-log records the forwards of --model: give --model DIR")
+                }
+                Some(p) => {
+                    let file = std::fs::File::create(p)
+                        .with_context(|| format!("--forward-log: creating {}", p.display()))?;
+                    let log: lockstep_cluster::runtime::device::ForwardLog =
+                        std::sync::Arc::new(std::sync::Mutex::new(BufWriter::new(file)));
+                    Some(log)
+                }
+            },
             ..RealOptions::default()
         })
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use lockstep_actors::config::Role;
 use lockstep_actors::group::TokenSource;
 use lockstep_gpu::model::{Model, ModelError, SamplingParams, TextTokenizer};
-use lockstep_gpu::model_tokens::{MAX_POOL_BYTES, ModelSampling, ModelTokens};
+use lockstep_gpu::model_tokens::{MAX_POOL_BYTES, ModelSampling, ModelTokens, RankModel};
 
 use crate::fleet::Fleet;
 
@@ -119,7 +119,12 @@ impl ModelBackend {
         Ok(())
     }
 
-    /// A rank's (or, in the simulator, a server's) token source.
+    /// A real driver's rank: its device thread's half of the model.
+    pub fn rank_model(&self) -> RankModel {
+        RankModel::new(self.model.clone(), self.sampling)
+    }
+
+    /// The simulator's token source for one server (inline, every rank).
     pub fn tokens(&self) -> Box<dyn TokenSource + Send> {
         Box::new(ModelTokens::new(self.model.clone(), self.sampling))
     }

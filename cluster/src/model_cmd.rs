@@ -105,9 +105,14 @@ pub enum ModelCommand {
         /// Token slots per KV block.
         #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
         tokens_per_block: u64,
-        /// Timed forwards per batch shape; the fastest counts.
+        /// Timed forwards per batch shape; the median counts.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
         repeats: u64,
+        /// Fit the forwards a real run logged (`lockstep run SCENARIO --model DIR
+        /// --forward-log PATH`) instead of timing a grid of shapes: the calibration then
+        /// comes from that workload's own batch mixes.
+        #[arg(long, value_name = "PATH")]
+        from_log: Option<PathBuf>,
     },
     /// Decode tokens/s of the paged forward and of the dense reference on the same model.
     Bench {
@@ -199,8 +204,10 @@ pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
             host_from,
             tokens_per_block,
             repeats,
+            from_log,
         } => {
             crate::calibrate::calibrate(&crate::calibrate::CalibrateOptions {
+                from_log: from_log.as_deref(),
                 model_dir: &model,
                 out: &out,
                 host_from: &host_from,

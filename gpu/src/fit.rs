@@ -96,8 +96,8 @@ fn features(s: &BatchShape) -> [f64; 5] {
     ]
 }
 
-/// Fits the device coefficients to `samples`: least squares with every coefficient
-/// kept at 0 or above.
+/// Fits the device coefficients to `samples`: least squares of the relative errors, with
+/// every coefficient kept at 0 or above.
 pub fn fit_device(samples: &[Sample]) -> Result<DeviceFit, FitError> {
     if samples.len() < TERMS.len() {
         return Err(FitError::BadSamples(format!(
@@ -112,8 +112,13 @@ pub fn fit_device(samples: &[Sample]) -> Result<DeviceFit, FitError> {
             bad.ns
         )));
     }
-    let rows: Vec<[f64; 5]> = samples.iter().map(|s| features(&s.shape)).collect();
-    let y: Vec<f64> = samples.iter().map(|s| s.ns).collect();
+    // Relative errors: each row divided by its measured time, so a 3 ms decode step
+    // weighs as much as a 75 ms prefill.
+    let rows: Vec<[f64; 5]> = samples
+        .iter()
+        .map(|s| features(&s.shape).map(|x| x / s.ns))
+        .collect();
+    let y: Vec<f64> = vec![1.0; samples.len()];
     let mut active = [true; 5];
     loop {
         let c = least_squares(&rows, &y, &active)?;

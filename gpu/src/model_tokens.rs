@@ -48,27 +48,19 @@ impl ModelSampling {
     }
 }
 
-
 /// A server's model backend: the model (shared by every rank of a process) and, per rank
-/// it serves, the rank's paged K/V pool and its requests' token histories. A real
-/// driver gives each rank host its own; the simulator one per server.
+/// it serves, the rank's paged K/V pool and its requests' token histories. The
+/// simulator runs one per server inline; a real driver splits each rank's into the
+/// host's half ([`prepare`]) and a [`RankModel`] on the rank's device thread, so the
+/// host schedules batch N+1 while the model computes batch N, as on a GPU.
 pub struct ModelTokens {
     model: Arc<Model>,
     sampling: ModelSampling,
     ranks: Vec<RankModel>,
 }
 
-/// One rank's share of a [`ModelTokens`].
-#[derive(Default)]
-struct RankModel {
-    cache: Option<PagedKvCache>,
-    histories: HashMap<ReqId, Vec<u32>>,
-    batches: u64,
-}
-
 impl ModelTokens {
-    /// A backend; each rank's pool is sized on its first batch, from the rank's KV
-    /// manager. Sampling parameters out of range fail every forward: check them first
+    /// A backend. Sampling parameters out of range fail every forward: check them first
     /// ([`ModelSampling::check`]).
     pub fn new(model: Arc<Model>, sampling: ModelSampling) -> ModelTokens {
         ModelTokens {
@@ -89,64 +81,187 @@ impl ModelTokens {
             * c.num_key_value_heads as u64
             * c.head_dim as u64
     }
+}
 
-    fn run(
+impl TokenSource for ModelTokens {
+    fn sample_into(
         &mut self,
         exec: &RankExecutor,
         batch: &ScheduledBatch,
         out: &mut ForwardOutput,
-    ) -> Result<(), String> {
+    ) -> Result<(), ForwardError> {
         let index = exec.rank().index();
-        if self.ranks.len() <= index {
-            self.ranks.resize_with(index + 1, RankModel::default);
+        while self.ranks.len() <= index {
+            self.ranks
+                .push(RankModel::new(self.model.clone(), self.sampling));
         }
-        let model = &self.model;
-        let sampling = self.sampling;
-        let rank = &mut self.ranks[index];
-        rank.run(model, sampling, exec, batch, out)
+        let prepared = prepare(exec, batch, self.ranks[index].batches);
+        self.ranks[index].compute_into(prepared, out)
     }
 }
 
+/// One entry of a batch as the device needs it: no reference into the executor.
+#[derive(Debug, Clone)]
+pub struct PreparedEntry {
+    /// The request.
+    pub id: ReqId,
+    /// What the step does.
+    pub kind: ForwardKind,
+    /// Tokens in the KV cache before the step.
+    pub kv_tokens: u32,
+    /// Output position of the token it samples.
+    pub position: u32,
+    /// The request's block table.
+    pub table: Vec<u32>,
+    /// The request, for its prompt (prefill chunks only: a decode step's input is the
+    /// token the device sampled last).
+    pub spec: Option<RequestSpec>,
+    /// Its prompt length (output position p is sequence position `prompt_len + p`).
+    pub prompt_len: u32,
+    /// A pad dummy.
+    pub is_dummy: bool,
+}
+
+/// A batch as the device needs it.
+#[derive(Debug, Clone)]
+pub struct PreparedBatch {
+    /// Its number.
+    pub number: lockstep_actors::ids::BatchNumber,
+    /// Its rank.
+    pub rank: lockstep_actors::ids::RankId,
+    /// The rank's KV pool: blocks and tokens per block.
+    pub pool: (u32, u32),
+    /// The batch's shape, as the cost model sees it (for a log of measured forwards).
+    pub shape: crate::BatchShape,
+    /// Entries, in batch order.
+    pub entries: Vec<PreparedEntry>,
+    /// Every request the rank still holds, now and then (the device forgets the
+    /// histories of the others).
+    pub live: Option<Vec<ReqId>>,
+}
+
+/// The host's half: what the device needs of the rank for `batch` (`batches`: the
+/// rank's forwards so far, which paces the `live` list).
+pub fn prepare(exec: &RankExecutor, batch: &ScheduledBatch, batches: u64) -> PreparedBatch {
+    let kv = exec.kv();
+    let entries = batch
+        .entries
+        .iter()
+        .map(|e| {
+            let request = (!e.is_dummy).then(|| find_request(exec, e.id)).flatten();
+            PreparedEntry {
+                id: e.id,
+                kind: e.kind,
+                kv_tokens: e.kv_tokens,
+                position: e.position,
+                table: if e.is_dummy {
+                    Vec::new()
+                } else {
+                    kv.block_ids_of(e.id).iter().map(|b| b.0).collect()
+                },
+                spec: match e.kind {
+                    ForwardKind::Context { .. } => request.map(|r| r.spec.clone()),
+                    ForwardKind::Generation { .. } => None,
+                },
+                prompt_len: request.map_or(0, |r| r.spec.prompt_len),
+                is_dummy: e.is_dummy,
+            }
+        })
+        .collect();
+    let live = (batches > 0 && batches.is_multiple_of(256)).then(|| {
+        exec.active()
+            .iter()
+            .chain(exec.sending())
+            .map(|r| r.spec.id)
+            .chain(exec.waiting().iter().map(|s| s.id))
+            .collect()
+    });
+    PreparedBatch {
+        number: batch.number,
+        rank: batch.rank,
+        pool: (kv.total_blocks(), kv.tokens_per_block()),
+        shape: crate::BatchShape::of(batch),
+        entries,
+        live,
+    }
+}
+
+/// The device's half of one rank: its K/V pool and its requests' token histories.
+pub struct RankModel {
+    model: Arc<Model>,
+    sampling: ModelSampling,
+    cache: Option<PagedKvCache>,
+    histories: HashMap<ReqId, Vec<u32>>,
+    batches: u64,
+}
+
 impl RankModel {
-    fn run(
+    /// A rank's model with an empty pool (sized on the first batch).
+    pub fn new(model: Arc<Model>, sampling: ModelSampling) -> RankModel {
+        RankModel {
+            model,
+            sampling,
+            cache: None,
+            histories: HashMap::new(),
+            batches: 0,
+        }
+    }
+
+    /// Forwards run so far (what [`prepare`] takes).
+    pub fn batches(&self) -> u64 {
+        self.batches
+    }
+
+    /// Runs the forward of `batch` and samples one token per entry into `out`.
+    pub fn compute_into(
         &mut self,
-        model: &Model,
-        sampling: ModelSampling,
-        exec: &RankExecutor,
-        batch: &ScheduledBatch,
+        batch: PreparedBatch,
         out: &mut ForwardOutput,
-    ) -> Result<(), String> {
-        let kv = exec.kv();
+    ) -> Result<(), ForwardError> {
+        let (rank, number) = (batch.rank, batch.number);
+        self.compute(batch, out).map_err(|reason| ForwardError {
+            rank,
+            batch: number,
+            reason,
+        })
+    }
+
+    fn compute(&mut self, batch: PreparedBatch, out: &mut ForwardOutput) -> Result<(), String> {
+        let model = &*self.model;
+        let (blocks, tokens_per_block) = batch.pool;
         if self.cache.is_none() {
-            let bytes = ModelTokens::pool_bytes(model, kv.total_blocks(), kv.tokens_per_block());
+            let bytes = ModelTokens::pool_bytes(model, blocks, tokens_per_block);
             if bytes > MAX_POOL_BYTES {
                 return Err(format!(
-                    "the K/V pool of {} blocks of {} tokens needs {bytes} bytes, more than {MAX_POOL_BYTES}",
-                    kv.total_blocks(),
-                    kv.tokens_per_block()
+                    "the K/V pool of {blocks} blocks of {tokens_per_block} tokens needs {bytes} bytes, more than {MAX_POOL_BYTES}"
                 ));
             }
             let cache = model
-                .paged_cache(kv.total_blocks() as usize, kv.tokens_per_block() as usize)
+                .paged_cache(blocks as usize, tokens_per_block as usize)
                 .map_err(|e| e.to_string())?;
             self.cache = Some(cache);
         }
         let vocab = model.config.vocab_size as u32;
-        let tokens_per_block = kv.tokens_per_block();
-        // Per entry: block table, start position, token ids.
-        let mut inputs: Vec<(Vec<u32>, usize, Vec<u32>)> = Vec::with_capacity(batch.entries.len());
+        // Per entry: start position and token ids.
+        let mut inputs: Vec<(usize, Vec<u32>)> = Vec::with_capacity(batch.entries.len());
         for e in &batch.entries {
+            let tokens = match e.kind {
+                ForwardKind::Context { chunk, .. } => chunk,
+                ForwardKind::Generation { tokens } => tokens,
+            };
             if e.is_dummy {
                 // Arithmetic only: a dummy writes and reads no block.
-                inputs.push((Vec::new(), 0, vec![0; e.tokens().max(1) as usize]));
+                inputs.push((0, vec![0; tokens.max(1) as usize]));
                 continue;
             }
-            let request = find_request(exec, e.id)
-                .ok_or_else(|| format!("request {} is in the batch but not on the rank", e.id.0))?;
-            let history = self
-                .histories
-                .entry(e.id)
-                .or_insert_with(|| prompt_tokens(&request.spec, tokens_per_block, vocab));
+            if !self.histories.contains_key(&e.id) {
+                let spec = e.spec.as_ref().ok_or_else(|| {
+                    format!("request {} decodes but its prompt was never seen", e.id.0)
+                })?;
+                self.histories
+                    .insert(e.id, prompt_tokens(spec, tokens_per_block, vocab));
+            }
+            let history = &self.histories[&e.id];
             let start = e.kv_tokens as usize;
             let ids = match e.kind {
                 ForwardKind::Context { chunk, .. } => history
@@ -165,19 +280,18 @@ impl RankModel {
                 format!(
                     "request {} needs tokens {start}..{} but only {} are known",
                     e.id.0,
-                    start + e.tokens() as usize,
+                    start + tokens as usize,
                     history.len()
                 )
             })?;
-            let table = kv.block_ids_of(e.id).iter().map(|b| b.0).collect();
-            inputs.push((table, start, ids));
+            inputs.push((start, ids));
         }
         let entries: Vec<BatchEntry<'_>> = batch
             .entries
             .iter()
             .zip(&inputs)
-            .map(|(e, (table, start, ids))| BatchEntry {
-                block_table: table,
+            .map(|(e, (start, ids))| BatchEntry {
+                block_table: &e.table,
                 start_position: *start,
                 token_ids: ids,
                 dummy: e.is_dummy,
@@ -192,17 +306,13 @@ impl RankModel {
                 out.sampled.push(0);
                 continue;
             }
-            let token = sample_one(sampling, e.id, e.position, logits)?;
+            let token = sample_one(self.sampling, e.id, e.position, logits)?;
             let samples = match e.kind {
                 ForwardKind::Context { samples, .. } => samples,
                 ForwardKind::Generation { .. } => true,
             };
-            if samples
-                && let (Some(history), Some(request)) =
-                    (self.histories.get_mut(&e.id), find_request(exec, e.id))
-            {
-                // Output position p is token prompt_len + p of the sequence.
-                let at = request.spec.prompt_len as usize + e.position as usize;
+            if samples && let Some(history) = self.histories.get_mut(&e.id) {
+                let at = e.prompt_len as usize + e.position as usize;
                 history.truncate(at);
                 if history.len() == at {
                     history.push(token);
@@ -211,32 +321,11 @@ impl RankModel {
             out.sampled.push(token);
         }
         self.batches += 1;
-        if self.batches.is_multiple_of(256) {
-            self.forget_ended(exec);
+        if let Some(live) = batch.live {
+            let live: std::collections::HashSet<ReqId> = live.into_iter().collect();
+            self.histories.retain(|id, _| live.contains(id));
         }
         Ok(())
-    }
-
-    /// Drops the histories of requests the rank no longer holds.
-    fn forget_ended(&mut self, exec: &RankExecutor) {
-        self.histories.retain(|id, _| {
-            find_request(exec, *id).is_some() || exec.waiting().iter().any(|s| s.id == *id)
-        });
-    }
-}
-
-impl TokenSource for ModelTokens {
-    fn sample_into(
-        &mut self,
-        exec: &RankExecutor,
-        batch: &ScheduledBatch,
-        out: &mut ForwardOutput,
-    ) -> Result<(), ForwardError> {
-        self.run(exec, batch, out).map_err(|reason| ForwardError {
-            rank: batch.rank,
-            batch: batch.number,
-            reason,
-        })
     }
 }
 

@@ -18,7 +18,7 @@ use crate::runtime::client::ClientResult;
 use crate::runtime::front_host::FrontEnd;
 
 /// Options of the real drivers.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RealOptions {
     /// Seed of the workload (a seed in the scenario wins).
     pub seed: u64,
@@ -43,6 +43,8 @@ pub struct RealOptions {
     /// A real model runs every forward (`--model`); the ranks' time is then its own,
     /// and `time_scale` paces only the arrivals.
     pub model: Option<crate::model_backend::ModelBackend>,
+    /// With `model`: each forward's shape and measured time, one JSON line each.
+    pub forward_log: Option<crate::runtime::device::ForwardLog>,
 }
 
 impl Default for RealOptions {
@@ -57,6 +59,7 @@ impl Default for RealOptions {
             lose_kv_blocks_every: None,
             stall_bound: Duration::from_secs(10),
             model: None,
+            forward_log: None,
         }
     }
 }

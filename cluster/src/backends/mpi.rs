@@ -755,7 +755,14 @@ fn run_server_rank(
         None
     };
     let mut device = match &opts.common.model {
-        Some(m) => DeviceHandle::real(m.tokens()),
+        Some(m) => DeviceHandle::real(
+            m.rank_model(),
+            "device".into(),
+            opts.common
+                .forward_log
+                .clone()
+                .map(|l| (l, server, rank as u32)),
+        ),
         None if opts.common.time_scale > 0.0 => DeviceHandle::modeled(),
         None => DeviceHandle::zero_cost(),
     };

@@ -315,7 +315,11 @@ pub fn run_hosts<R>(
                     .or(scenario.faults.lost_transfer_every);
                 let wire = fleet.wire_model(opts.time_scale);
                 let device = match &opts.model {
-                    Some(m) => DeviceHandle::real(m.tokens()),
+                    Some(m) => DeviceHandle::real(
+                        m.rank_model(),
+                        format!("{}-device-{r}", p.config.name),
+                        opts.forward_log.clone().map(|l| (l, s, r as u32)),
+                    ),
                     None if opts.time_scale > 0.0 => DeviceHandle::modeled(),
                     None => DeviceHandle::zero_cost(),
                 };

@@ -4,16 +4,20 @@
 //! overlap scheduler the host schedules batch N+1 while batch N "runs", as on a GPU,
 //! without a thread per rank doing nothing but sleep (on a small machine those threads'
 //! wake-ups cost more than the control plane does). With the zero-cost backend the
-//! output is ready at launch. With a real model (`--model`) the forward runs at launch,
-//! on the rank's thread, and takes the time it takes.
+//! output is ready at launch. With a real model (`--model`) the forward runs on the
+//! rank's device thread (the CPU's stand-in for a GPU stream): launch hands it the batch
+//! and returns, so under the overlap scheduler the host schedules batch N+1 while the
+//! model computes batch N, and the forward takes the time it takes.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use lockstep_actors::device::{Device, DeviceIn};
 use lockstep_actors::executor::{ForwardOutput, RankExecutor, ScheduledBatch};
 use lockstep_actors::group::{DeterministicTokens, ForwardError, TokenSource};
 use lockstep_actors::ids::BatchNumber;
+use lockstep_gpu::model_tokens::{PreparedBatch, RankModel, prepare};
 
 /// Why the device failed a forward step.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -27,6 +31,46 @@ pub enum DeviceError {
     /// The model backend failed the forward.
     #[error(transparent)]
     Forward(#[from] ForwardError),
+    /// The device thread is gone (it could not start, or it panicked).
+    #[error("the model's device thread is gone")]
+    ThreadGone,
+}
+
+/// Where a real model's device threads write one JSON line per forward: the rank's batch
+/// shape and the forward's measured time (`run --forward-log`, which `lockstep model
+/// calibrate --from-log` fits).
+pub type ForwardLog = std::sync::Arc<std::sync::Mutex<dyn std::io::Write + Send>>;
+
+/// One line of a [`ForwardLog`].
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+pub struct ForwardRecord {
+    /// The server's index.
+    pub server: usize,
+    /// The rank.
+    pub rank: u32,
+    /// The batch's shape.
+    pub shape: lockstep_gpu::BatchShape,
+    /// The forward's wall time.
+    pub ns: u64,
+}
+
+/// A real model's device thread: batches in, outputs out, in launch order.
+struct ModelThread {
+    launches: Option<Sender<PreparedBatch>>,
+    outputs: Receiver<Result<ForwardOutput, ForwardError>>,
+    launched: u64,
+    answered: u64,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for ModelThread {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread's loop.
+        self.launches.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// A rank's device.
@@ -38,8 +82,10 @@ pub struct DeviceHandle {
     /// Modeled time: the time model and its clock's origin (`None`: zero cost, or a
     /// real model's own time).
     modeled: Option<(Device, Instant)>,
-    /// Where tokens come from.
+    /// Where tokens come from (the stand-in backend).
     tokens: Box<dyn TokenSource + Send>,
+    /// A real model's thread, in place of `tokens`.
+    model: Option<ModelThread>,
 }
 
 impl DeviceHandle {
@@ -50,13 +96,54 @@ impl DeviceHandle {
             spare: Vec::new(),
             modeled: None,
             tokens: Box::new(DeterministicTokens),
+            model: None,
         }
     }
 
-    /// A device that runs a real model: each forward computes at launch.
-    pub fn real(tokens: Box<dyn TokenSource + Send>) -> DeviceHandle {
+    /// A device that runs a real model on its own thread, named `name`; with a log, each
+    /// forward's shape and time go to it, tagged `(server, rank)`.
+    pub fn real(
+        mut model: RankModel,
+        name: String,
+        log: Option<(ForwardLog, usize, u32)>,
+    ) -> DeviceHandle {
+        let (launches, inbox) = unbounded::<PreparedBatch>();
+        // At most two forwards in flight under the overlap scheduler.
+        let (outbox, outputs) = bounded(4);
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            while let Ok(batch) = inbox.recv() {
+                let mut out = ForwardOutput {
+                    batch: batch.number,
+                    sampled: Vec::with_capacity(batch.entries.len()),
+                };
+                let shape = batch.shape;
+                let started = Instant::now();
+                let result = model.compute_into(batch, &mut out).map(|()| out);
+                if let Some((log, server, rank)) = &log {
+                    let record = ForwardRecord {
+                        server: *server,
+                        rank: *rank,
+                        shape,
+                        ns: started.elapsed().as_nanos() as u64,
+                    };
+                    if let (Ok(line), Ok(mut w)) = (serde_json::to_string(&record), log.lock()) {
+                        // A log that cannot be written loses lines, not the run.
+                        let _ = writeln!(w, "{line}");
+                    }
+                }
+                if outbox.send(result).is_err() {
+                    break;
+                }
+            }
+        });
         DeviceHandle {
-            tokens,
+            model: Some(ModelThread {
+                launches: thread.is_ok().then_some(launches),
+                outputs,
+                launched: 0,
+                answered: 0,
+                thread: thread.ok(),
+            }),
             ..DeviceHandle::zero_cost()
         }
     }
@@ -78,6 +165,15 @@ impl DeviceHandle {
         batch: &ScheduledBatch,
         forward_ns: u64,
     ) -> Result<(), DeviceError> {
+        if let Some(m) = &mut self.model {
+            let prepared = prepare(exec, batch, m.launched);
+            m.launched += 1;
+            let sent = m.launches.as_ref().map(|l| l.send(prepared));
+            return match sent {
+                Some(Ok(())) => Ok(()),
+                _ => Err(DeviceError::ThreadGone),
+            };
+        }
         if let Some((device, origin)) = &mut self.modeled {
             device.handle(
                 origin.elapsed().as_nanos() as u64,
@@ -99,6 +195,18 @@ impl DeviceHandle {
     /// The output of batch `number`, once its forward ended (outputs come in launch
     /// order; older ones nobody awaited are dropped).
     pub fn await_output(&mut self, number: BatchNumber) -> Result<ForwardOutput, DeviceError> {
+        if let Some(m) = &mut self.model {
+            // The thread answers every launch in order: older outputs nobody awaited
+            // are dropped, a batch never launched is never answered.
+            while m.answered < m.launched {
+                let out = m.outputs.recv().map_err(|_| DeviceError::ThreadGone)??;
+                m.answered += 1;
+                if out.batch == number {
+                    return Ok(out);
+                }
+            }
+            return Err(DeviceError::NeverLaunched { batch: number });
+        }
         if let Some((device, origin)) = &mut self.modeled {
             if let Some(at) = device.ready_at(number) {
                 let now = origin.elapsed().as_nanos() as u64;
