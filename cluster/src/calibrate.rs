@@ -97,7 +97,8 @@ fn report_by_kind(fit: &lockstep_gpu::fit::DeviceFit, samples: &[Sample]) -> f64
         "batch kind        forwards   measured ms   fitted ms   error of means   mean |error|"
     );
     let mut worst: f64 = 0.0;
-    let kinds: [(&str, fn(&BatchShape) -> bool); 3] = [
+    type IsKind = fn(&BatchShape) -> bool;
+    let kinds: [(&str, IsKind); 3] = [
         ("prefill only", |s| {
             s.ctx_requests > 0 && s.gen_requests == 0
         }),

@@ -254,14 +254,15 @@ impl RankModel {
                 inputs.push((0, vec![0; tokens.max(1) as usize]));
                 continue;
             }
-            if !self.histories.contains_key(&e.id) {
-                let spec = e.spec.as_ref().ok_or_else(|| {
-                    format!("request {} decodes but its prompt was never seen", e.id.0)
-                })?;
-                self.histories
-                    .insert(e.id, prompt_tokens(spec, tokens_per_block, vocab));
-            }
-            let history = &self.histories[&e.id];
+            let history = match self.histories.entry(e.id) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let spec = e.spec.as_ref().ok_or_else(|| {
+                        format!("request {} decodes but its prompt was never seen", e.id.0)
+                    })?;
+                    v.insert(prompt_tokens(spec, tokens_per_block, vocab))
+                }
+            };
             let start = e.kv_tokens as usize;
             let ids = match e.kind {
                 ForwardKind::Context { chunk, .. } => history
