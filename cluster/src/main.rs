@@ -327,6 +327,11 @@ enum Command {
         /// A collective waiting longer fails naming the missing ranks.
         #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_ms: u64,
+        /// Seed of every request's sampling stream (with --model and --temperature).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[command(flatten)]
+        model: ModelArgs,
     },
     /// Play the scenario's workload against any OpenAI-compatible server over plain
     /// HTTP (`lockstep serve`, vLLM, SGLang, TensorRT-LLM) and report what vLLM's
@@ -781,6 +786,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             drain_timeout_s,
             max_pending,
             timeout_ms,
+            seed,
+            model: model_args,
         } => {
             use lockstep_cluster::serve::ServeOptions;
             let scenario = load(&args, policy.as_deref(), None)?;
@@ -803,6 +810,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let real = RealOptions {
                 time_scale,
                 collective_timeout: std::time::Duration::from_millis(timeout_ms),
+                model: if driver == "mpi" {
+                    // The rank processes load it.
+                    None
+                } else {
+                    model_args.load(seed)?
+                },
                 ..RealOptions::default()
             };
             match driver.as_str() {

@@ -17,7 +17,7 @@ use lockstep_cluster::report::Report;
 use lockstep_cluster::scenario::Scenario;
 use lockstep_cluster::sim::{self, SimOptions};
 use lockstep_gpu::model::{
-    DenseSequence, InitOptions, Model, SamplingParams, forward_dense, write_random_model,
+    InitOptions, Model, SamplingParams, greedy_reference, write_random_model,
 };
 use lockstep_gpu::model_tokens::prompt_tokens;
 
@@ -120,19 +120,6 @@ fn digest_of(tokens: &[u32]) -> String {
     format!("{d:016x}")
 }
 
-/// Greedy generation of `output_len` tokens from `prompt`, one sequence, no paging.
-fn dense_greedy(model: &Model, prompt: &[u32], output_len: u32) -> Vec<u32> {
-    let mut seq = [DenseSequence::new(model)];
-    let mut logits = forward_dense(model, &mut seq, &[prompt]).expect("dense prefill");
-    let mut out = Vec::new();
-    while out.len() < output_len as usize {
-        let t = lockstep_gpu::model::argmax(&logits[0]);
-        out.push(t);
-        logits = forward_dense(model, &mut seq, &[&[t]]).expect("dense decode");
-    }
-    out
-}
-
 /// Per request id: (prompt tokens, output length), as the workload makes them.
 fn requests_of(s: &Scenario) -> Vec<(u64, Vec<u32>, u32)> {
     let fleet = Fleet::plan(s, 0).expect("plan");
@@ -180,7 +167,14 @@ fn every_request_generates_the_dense_reference_tokens_in_the_simulator_and_on_th
         let loaded: Arc<Model> = model.model.clone();
         let mut e: Vec<_> = requests_of(&s)
             .into_iter()
-            .map(|(id, prompt, n)| (id, digest_of(&dense_greedy(&loaded, &prompt, n))))
+            .map(|(id, prompt, n)| {
+                (
+                    id,
+                    digest_of(
+                        &greedy_reference(&loaded, &prompt, n as usize).expect("dense reference"),
+                    ),
+                )
+            })
             .collect();
         e.sort();
         e

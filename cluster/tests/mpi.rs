@@ -474,3 +474,67 @@ fn mpi_serve_streams_cancels_and_drains_a_disaggregated_fleet_over_http() {
         "{out:?}"
     );
 }
+
+/// `--model` under mpirun: every rank process loads the model and runs its forwards on
+/// its device thread; every request's greedy and seeded tokens equal the simulator's
+/// (which equal the dense reference: `model_runs.rs`).
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_with_a_real_model_streams_the_simulators_tokens_greedy_and_seeded() {
+    use lockstep_cluster::model_backend::ModelBackend;
+    use lockstep_gpu::model::{InitOptions, SamplingParams, write_random_model};
+    let bin = mpi_bin();
+    let dir = temp("mpi-model");
+    let _ = std::fs::remove_dir_all(&dir);
+    write_random_model(&dir, &InitOptions::default()).expect("init the tiny model");
+    let text = std::fs::read_to_string(common::serve::example("agg-tiny-model.toml"))
+        .expect("the example")
+        .replace("num_requests = 64", "num_requests = 24");
+    for temperature in [0.0f32, 0.8] {
+        let name = format!("mpi-model-{temperature}");
+        let (mut args, json) = rank_args(&text, &[], &name);
+        let dir_arg = dir.to_string_lossy().into_owned();
+        args.extend([
+            "--model".into(),
+            dir_arg,
+            "--temperature".into(),
+            temperature.to_string(),
+            "--top-k".into(),
+            "40".into(),
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let s = parse(&text, &[]);
+        let out = output_within(mpirun(&bin, processes(&s), &args), Duration::from_secs(120));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mpi: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let params = SamplingParams {
+            temperature,
+            top_k: 40,
+            ..SamplingParams::default()
+        };
+        let model = ModelBackend::load(&dir, params, 3).expect("load");
+        let sim = lockstep_cluster::sim::run(
+            &s,
+            lockstep_cluster::sim::SimOptions {
+                seed: 3,
+                preload: true,
+                model: Some(model),
+                ..Default::default()
+            },
+        )
+        .expect("sim");
+        assert_eq!(mpi.requests.completed, 24, "{:?}", mpi.per_request);
+        let streams = |r: &Report| -> Vec<(u64, u32, String)> {
+            r.per_request
+                .iter()
+                .map(|d| (d.id, d.output_tokens, d.token_digest.clone()))
+                .collect()
+        };
+        assert_eq!(streams(&mpi), streams(&sim), "temperature {temperature}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -537,3 +537,67 @@ fn curl_streams_a_chat_completion() {
         .collect();
     assert_words(&text, 5);
 }
+
+/// `serve --model`: a chat completion answered with the tiny model's own text, equal to
+/// its dense greedy generation from the chat prompt; streamed, the same text; a request
+/// past the model's positions refused naming `max_completion_tokens`.
+#[test]
+fn a_model_answers_a_chat_completion_with_its_greedy_text() {
+    use lockstep_gpu::model::{InitOptions, Model, TextTokenizer, greedy_reference};
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-model-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
+    let model = Model::load(&dir).expect("load");
+    let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
+    let message = "Hello there, what is the paged KV cache?";
+    let prompt = tokenizer
+        .encode(&tokenizer.chat_prompt_messages(&[("user".into(), message.into())]))
+        .expect("encode");
+    let expected_ids = greedy_reference(&model, &prompt, 10).expect("reference");
+    let expected = tokenizer.decode(&expected_ids).expect("decode");
+
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let s = Server::start("agg-tiny-model.toml", &["--model", &dir_arg]);
+    let body = json!({
+        "messages": [{"role": "user", "content": message}],
+        "max_tokens": 10,
+    })
+    .to_string();
+    let (code, answer) = post(&s.url("/v1/chat/completions"), &body, None);
+    assert_eq!(code, 200, "{answer}");
+    let v = json_of(&answer);
+    assert_eq!(v["choices"][0]["message"]["content"], expected.as_str());
+    assert_eq!(v["usage"]["prompt_tokens"], prompt.len());
+    assert_eq!(v["usage"]["completion_tokens"], 10);
+    // Streamed: the deltas add up to the same text.
+    let streamed = json!({
+        "messages": [{"role": "user", "content": message}],
+        "max_tokens": 10,
+        "stream": true,
+    })
+    .to_string();
+    let (code, events) = post(&s.url("/v1/chat/completions"), &streamed, None);
+    assert_eq!(code, 200, "{events}");
+    let text: String = events
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| {
+            json_of(d)["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(text, expected);
+    let too_long = json!({
+        "messages": [{"role": "user", "content": message}],
+        "max_completion_tokens": 100_000,
+    })
+    .to_string();
+    let (code, err) = post(&s.url("/v1/chat/completions"), &too_long, None);
+    assert_eq!(code, 400, "{err}");
+    assert_eq!(json_of(&err)["error"]["param"], "max_completion_tokens");
+    assert!(err.contains("max_position_embeddings"), "{err}");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

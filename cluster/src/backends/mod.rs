@@ -47,6 +47,20 @@ pub struct RealOptions {
     pub forward_log: Option<crate::runtime::device::ForwardLog>,
 }
 
+impl std::fmt::Debug for RealOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealOptions")
+            .field("seed", &self.seed)
+            .field("time_scale", &self.time_scale)
+            .field("collective_timeout", &self.collective_timeout)
+            .field("preload", &self.preload)
+            .field("stall_bound", &self.stall_bound)
+            .field("model", &self.model)
+            .field("forward_log", &self.forward_log.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for RealOptions {
     fn default() -> Self {
         RealOptions {
@@ -71,20 +85,24 @@ impl Default for RealOptions {
 ///
 /// With modeled time (`time_scale > 0`) every time is converted to modeled time (wall ÷
 /// time scale), so the report compares with the simulator's; with the zero-cost backend
-/// the times stay wall times and the report says so.
+/// the times stay wall times and the report says so; with a real model they stay wall
+/// times too (the model's forwards are not modeled).
 pub(crate) fn real_report(
     fleet: &Fleet<'_>,
     end: FrontEnd,
     mut result: ClientResult,
     started: Instant,
-    time_scale: f64,
+    opts: &RealOptions,
 ) -> Report {
+    let time_scale = opts.time_scale;
     let FrontEnd {
         mut summaries,
         lost,
     } = end;
     summaries.sort_by_key(|s| (s.server, s.rank));
-    let time_base = if time_scale > 0.0 {
+    let time_base = if opts.model.is_some() {
+        TimeBase::RealModel
+    } else if time_scale > 0.0 {
         let modeled = |ns: u64| (ns as f64 / time_scale).round() as u64;
         for r in &mut result.records {
             r.arrival_ns = modeled(r.arrival_ns);

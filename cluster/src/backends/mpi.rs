@@ -496,7 +496,7 @@ pub fn run_process(
         return Ok(None);
     };
     Ok(Some(FrontReport {
-        report: real_report(&fleet, side.end, side.client?, started, time_scale),
+        report: real_report(&fleet, side.end, side.client?, started, &opts.common),
         abandoned: side.abandoned,
     }))
 }
@@ -758,10 +758,7 @@ fn run_server_rank(
         Some(m) => DeviceHandle::real(
             m.rank_model(),
             "device".into(),
-            opts.common
-                .forward_log
-                .clone()
-                .map(|l| (l, server, rank as u32)),
+            opts.common.forward_log.clone().map(|l| (l, s, at.rank.0)),
         ),
         None if opts.common.time_scale > 0.0 => DeviceHandle::modeled(),
         None => DeviceHandle::zero_cost(),

@@ -163,13 +163,7 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
         },
         move || client.run(),
     )?;
-    Ok(real_report(
-        &fleet,
-        end,
-        client_result?,
-        started,
-        opts.time_scale,
-    ))
+    Ok(real_report(&fleet, end, client_result?, started, opts))
 }
 
 /// The scenario's fleet, checked for the real drivers (its warnings logged).

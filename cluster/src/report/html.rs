@@ -176,7 +176,9 @@ fn time_unit(r: &Report) -> &'static str {
     match r.time_base {
         super::schema::TimeBase::Virtual => "virtual",
         super::schema::TimeBase::Modeled { .. } => "modeled",
-        super::schema::TimeBase::ZeroCost | super::schema::TimeBase::Client => "wall",
+        super::schema::TimeBase::ZeroCost
+        | super::schema::TimeBase::RealModel
+        | super::schema::TimeBase::Client => "wall",
     }
 }
 

@@ -78,6 +78,9 @@ pub enum TimeBase {
     /// A real driver with the zero-cost backend: wall time of the control plane alone;
     /// latencies and throughput describe this machine, not a model.
     ZeroCost,
+    /// A real driver running a real model (`--model`): wall time, every forward the
+    /// model's own (`--time-scale` paces only the arrivals).
+    RealModel,
     /// A client measuring a server over HTTP (`lockstep bench`): wall time at the
     /// client; the report has no server sections (a client cannot see them).
     Client,

@@ -71,6 +71,7 @@ impl Report {
                 self.virtual_time_s, self.wall_time_s
             ),
             TimeBase::ZeroCost => format!("wall {:.3} s (zero-cost backend)", self.wall_time_s),
+            TimeBase::RealModel => format!("wall {:.3} s (real model)", self.wall_time_s),
             TimeBase::Client => format!("wall {:.3} s (measured by the client)", self.wall_time_s),
         };
         let warmup = if r.warmup > 0 {

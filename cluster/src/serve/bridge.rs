@@ -33,6 +33,8 @@ pub enum BridgeMsg {
         max_tokens: u32,
         /// The prompt's block hashes.
         block_hashes: Vec<u64>,
+        /// `--model`: the prompt's token ids (empty otherwise).
+        prompt_ids: Vec<u32>,
         /// When the HTTP server received it.
         received: Instant,
         /// Where its events go.
@@ -135,6 +137,7 @@ pub fn run(
                     prompt_tokens,
                     max_tokens,
                     block_hashes,
+                    prompt_ids,
                     received,
                     events,
                 }) => {
@@ -142,6 +145,7 @@ pub fn run(
                     metrics.prompt_tokens.inc_by(u64::from(prompt_tokens));
                     let mut spec = RequestSpec::new(id.0, prompt_tokens, max_tokens);
                     spec.block_hashes = block_hashes;
+                    spec.prompt_tokens = prompt_ids;
                     if to_front.send(ClientItem::Request(spec)).is_err() {
                         metrics.request_failure.inc();
                         pending.release();

@@ -50,6 +50,8 @@ pub struct AppState {
     pub shapes: ShapeCheck,
     /// Counts the 429s.
     pub rejected: prometheus_client::metrics::counter::Counter,
+    /// `--model`: the model's tokenizer makes the prompt ids and the output text.
+    pub text: Option<Arc<super::model_text::ModelText>>,
 }
 
 /// The routes.
@@ -314,6 +316,15 @@ async fn generate(
         Ok(p) => p,
         Err(e) => return error(&e),
     };
+    let mut prompt_ids = Vec::new();
+    let mut decoder = None;
+    if let Some(text) = &state.text {
+        match model_prompt(text, &body, endpoint, &mut parsed, &state) {
+            Ok(ids) => prompt_ids = ids,
+            Err(e) => return error(&e),
+        }
+        decoder = Some(text.decoder());
+    }
     if let Err(e) = check_size(&state, &parsed, endpoint) {
         return error(&e);
     }
@@ -338,6 +349,7 @@ async fn generate(
         prompt_tokens: parsed.prompt_tokens,
         max_tokens: parsed.max_tokens,
         block_hashes: std::mem::take(&mut parsed.block_hashes),
+        prompt_ids,
         received,
         events,
     };
@@ -368,6 +380,7 @@ async fn generate(
         created: now_s(),
         model: state.model.clone(),
         parsed,
+        decoder,
     };
     if streamed {
         stream(shape, rx, guard)
@@ -385,6 +398,44 @@ fn failure(why: String, unavailable: bool) -> ApiError {
     }
 }
 
+/// `--model`: the prompt as the model's token ids; the count, the block hashes (over the
+/// ids, so equal prefixes share blocks) and the length check follow them.
+fn model_prompt(
+    text: &super::model_text::ModelText,
+    body: &[u8],
+    endpoint: Endpoint,
+    parsed: &mut Parsed,
+    state: &AppState,
+) -> Result<Vec<u32>, ApiError> {
+    let ids = text.prompt_ids(body, endpoint)?;
+    let param = match endpoint {
+        Endpoint::Completions => "prompt",
+        Endpoint::Chat => "messages",
+    };
+    if ids.is_empty() {
+        return Err(ApiError::field(param, format!("{param} has no tokens")));
+    }
+    if ids.len() > state.max_prompt_tokens as usize {
+        return Err(ApiError::field(
+            param,
+            format!(
+                "{param} has {} tokens, more than this server's limit of {}",
+                ids.len(),
+                state.max_prompt_tokens
+            ),
+        ));
+    }
+    let max_param = match endpoint {
+        Endpoint::Chat => "max_completion_tokens",
+        Endpoint::Completions => "max_tokens",
+    };
+    text.check_length(ids.len() as u32, parsed.max_tokens, max_param)?;
+    parsed.prompt_tokens = ids.len() as u32;
+    let keys: Vec<u64> = ids.iter().map(|&t| u64::from(t)).collect();
+    parsed.block_hashes = api::block_hashes(&keys, state.tokens_per_block);
+    Ok(ids)
+}
+
 /// What every answer of one request repeats.
 struct Shape {
     endpoint: Endpoint,
@@ -392,9 +443,19 @@ struct Shape {
     created: u64,
     model: String,
     parsed: Parsed,
+    /// `--model`: output ids to text.
+    decoder: Option<super::model_text::Decoder>,
 }
 
 impl Shape {
+    /// The text of a step's `count` tokens whose last id is `last`, `before` tokens in.
+    fn render(&mut self, last: u32, count: u32, before: u32) -> String {
+        match &mut self.decoder {
+            Some(d) => d.push(last),
+            None => api::render(last, count, before),
+        }
+    }
+
     fn object(&self, chunk: bool) -> &'static str {
         match (self.endpoint, chunk) {
             (Endpoint::Completions, _) => "text_completion",
@@ -448,7 +509,7 @@ impl Shape {
 /// The whole answer, once the request ended. If `peer` leaves first, `guard` cancels
 /// the request.
 async fn whole(
-    shape: Shape,
+    mut shape: Shape,
     mut rx: UnboundedReceiver<Event>,
     mut guard: CancelOnDrop,
     peer: Option<Peer>,
@@ -477,7 +538,7 @@ async fn whole(
         };
         match event {
             Some(Event::Tokens { last, count, .. }) => {
-                let released = watch.push(&api::render(last, count, generated));
+                let released = watch.push(&shape.render(last, count, generated));
                 text.push_str(&released.text);
                 generated += count;
                 if released.stopped {
@@ -568,7 +629,7 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> Ht
         let done = Bytes::from_static(b"data: [DONE]\n\n");
         match st.rx.recv().await {
             Some(Event::Tokens { last, count, .. }) => {
-                let released = st.watch.push(&api::render(last, count, st.generated));
+                let released = st.watch.push(&st.shape.render(last, count, st.generated));
                 st.generated += count;
                 let finish = if released.stopped {
                     // The answer ends here; the rest of the request is cancelled.

@@ -15,6 +15,7 @@ pub mod api;
 pub mod bridge;
 pub mod http;
 pub mod metrics;
+pub mod model_text;
 pub mod stop;
 
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
@@ -95,6 +96,17 @@ pub enum ServeError {
     /// The fleet failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// `--model` cannot serve text.
+    #[error(transparent)]
+    Model(#[from] crate::model_backend::ModelBackendError),
+}
+
+/// `--model`'s text rules, when a model serves.
+fn model_text_of(real: &RealOptions) -> Result<Option<Arc<model_text::ModelText>>, ServeError> {
+    Ok(match &real.model {
+        Some(m) => Some(Arc::new(model_text::ModelText::new(m)?)),
+        None => None,
+    })
 }
 
 /// What a serve run ended with.
@@ -153,6 +165,7 @@ impl HttpSide {
         opts: &ServeOptions,
         listener: TcpListener,
         board: StatusBoard,
+        text: Option<Arc<model_text::ModelText>>,
         announce: impl FnOnce(SocketAddr),
     ) -> Result<HttpSide, ServeError> {
         let (bridge_tx, bridge_rx) = unbounded();
@@ -182,6 +195,7 @@ impl HttpSide {
             tokens_per_block: fleet.tokens_per_block,
             shapes: fleet.shape_check(),
             rejected: metrics.request_rejected.clone(),
+            text,
         });
         let (handle_tx, handle_rx) = crossbeam_channel::bounded(1);
         let workers = opts.workers.max(1);
@@ -336,11 +350,12 @@ pub fn serve(
     announce: impl FnOnce(SocketAddr),
 ) -> Result<ServeSummary, ServeError> {
     let fleet = plan(scenario, real)?;
+    let text = model_text_of(real)?;
     let clock = WallClock::start();
     let (client_tx, client_rx) = unbounded();
     let (to_client, from_front) = unbounded();
     let board = StatusBoard::default();
-    let http = HttpSide::start(&fleet, opts, listener, board.clone(), announce)?;
+    let http = HttpSide::start(&fleet, opts, listener, board.clone(), text, announce)?;
     let (bridge, http) = http.split(client_tx, from_front);
     let outcome = run_hosts(
         scenario,
@@ -387,6 +402,7 @@ pub fn serve_process(
     announce: impl FnOnce(SocketAddr),
 ) -> Result<Option<MpiServeSummary>, ServeError> {
     let fleet = plan(scenario, &mpi.common)?;
+    let text = model_text_of(&mpi.common)?;
     let board = StatusBoard::default();
     let mut http = None;
     let side = crate::backends::mpi::run_process_with(
@@ -396,7 +412,7 @@ pub fn serve_process(
         Some(board.clone()),
         |ends| {
             let started = bind(opts)
-                .and_then(|listener| HttpSide::start(&fleet, opts, listener, board, announce))
+                .and_then(|listener| HttpSide::start(&fleet, opts, listener, board, text, announce))
                 .map_err(|e| RuntimeError::ClientStart(e.to_string()))?;
             let (bridge, handle) = started.split(ends.to_front, ends.from_front);
             http = Some(handle);

@@ -102,3 +102,19 @@ pub fn forward_dense(
     }
     Ok(logits)
 }
+
+/// The reference generation: `count` greedy tokens after `prompt`, one sequence, no
+/// paging and no batching (what every driver's paged, batched run must reproduce).
+pub fn greedy_reference(model: &Model, prompt: &[u32], count: usize) -> Result<Vec<u32>> {
+    let mut sequence = [DenseSequence::new(model)];
+    let mut logits = forward_dense(model, &mut sequence, &[prompt])?;
+    let mut out = Vec::with_capacity(count);
+    while out.len() < count {
+        let token = super::sampling::argmax(&logits[0]);
+        out.push(token);
+        if out.len() < count {
+            logits = forward_dense(model, &mut sequence, &[&[token]])?;
+        }
+    }
+    Ok(out)
+}

@@ -20,7 +20,7 @@ mod weights;
 use std::path::Path;
 
 pub use config::{Architecture, ModelConfig};
-pub use dense::{DenseSequence, forward_dense};
+pub use dense::{DenseSequence, forward_dense, greedy_reference};
 pub use error::{ModelError, Result};
 pub use forward::{BatchEntry, forward_paged};
 pub use init::{InitOptions, write_random_model};

@@ -87,6 +87,37 @@ impl TextTokenizer {
         }
     }
 
+    /// The prompt for a conversation of `(role, content)` messages, ending where the
+    /// assistant's answer starts: each message in the chat format when the model has
+    /// one, the contents one per line otherwise.
+    pub fn chat_prompt_messages(&self, messages: &[(String, String)]) -> String {
+        let mut text = String::new();
+        for (role, content) in messages {
+            match self.chat_format {
+                Some(ChatFormat::ChatMl) => {
+                    text.push_str(&format!("<|im_start|>{role}\n{content}<|im_end|>\n"));
+                }
+                Some(ChatFormat::Llama3) => text.push_str(&format!(
+                    "<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>"
+                )),
+                None => {
+                    if !text.is_empty() {
+                        text.push('\n');
+                    }
+                    text.push_str(content);
+                }
+            }
+        }
+        match self.chat_format {
+            Some(ChatFormat::ChatMl) => text.push_str("<|im_start|>assistant\n"),
+            Some(ChatFormat::Llama3) => {
+                text.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
+            }
+            None => {}
+        }
+        text
+    }
+
     /// Token ids of `text` (special tokens written in the text are recognised).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self

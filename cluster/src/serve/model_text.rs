@@ -1,0 +1,153 @@
+//! `serve --model`: text through the model's tokenizer. A prompt becomes the model's
+//! token ids (a chat in the model's chat format), which travel with the request to the
+//! rank; output ids become text incrementally, a byte-level token that ends inside a
+//! UTF-8 character held back until the character is whole.
+
+use std::sync::Arc;
+
+use lockstep_gpu::model::TextTokenizer;
+use serde_json::Value;
+
+use super::api::{ApiError, Endpoint};
+use crate::model_backend::{ModelBackend, ModelBackendError};
+
+/// The served model's text rules.
+pub struct ModelText {
+    tokenizer: Arc<TextTokenizer>,
+    vocab: u32,
+    max_positions: u32,
+}
+
+impl ModelText {
+    /// The text rules of `backend`, which needs a `tokenizer.json`.
+    pub fn new(backend: &ModelBackend) -> Result<ModelText, ModelBackendError> {
+        let tokenizer =
+            backend
+                .tokenizer
+                .clone()
+                .ok_or_else(|| ModelBackendError::Unsupported {
+                    server: "(serve)".into(),
+                    why: format!(
+                        "{} has no tokenizer.json: serving text needs one",
+                        backend.dir.display()
+                    ),
+                })?;
+        let config = &backend.model.config;
+        Ok(ModelText {
+            tokenizer,
+            vocab: u32::try_from(config.vocab_size).unwrap_or(u32::MAX),
+            max_positions: u32::try_from(config.max_position_embeddings).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// The prompt's token ids, from a body `api::parse` already checked.
+    pub fn prompt_ids(&self, body: &[u8], endpoint: Endpoint) -> Result<Vec<u32>, ApiError> {
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::status(400, "invalid_request_error", e.to_string()))?;
+        let encode = |param: &str, text: &str| {
+            self.tokenizer
+                .encode(text)
+                .map_err(|e| ApiError::field(param, format!("{param}: {e}")))
+        };
+        match endpoint {
+            Endpoint::Completions => match value.get("prompt") {
+                Some(Value::String(s)) => encode("prompt", s),
+                Some(Value::Array(items)) => match items.as_slice() {
+                    [Value::String(s)] => encode("prompt", s),
+                    _ => {
+                        let ids: Vec<u32> = items
+                            .iter()
+                            .filter_map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+                            .collect();
+                        if let Some(bad) = ids.iter().find(|&&t| t >= self.vocab) {
+                            return Err(ApiError::field(
+                                "prompt",
+                                format!(
+                                    "prompt: token id {bad} is outside the model's vocabulary of {}",
+                                    self.vocab
+                                ),
+                            ));
+                        }
+                        Ok(ids)
+                    }
+                },
+                _ => Err(ApiError::field("prompt", "prompt is required")),
+            },
+            Endpoint::Chat => {
+                let messages: Vec<(String, String)> = value
+                    .get("messages")
+                    .and_then(Value::as_array)
+                    .map(|list| {
+                        list.iter()
+                            .map(|m| {
+                                let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+                                (role.to_string(), content_text(m.get("content")))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                encode("messages", &self.tokenizer.chat_prompt_messages(&messages))
+            }
+        }
+    }
+
+    /// A request the model's positions cannot hold is refused, naming both numbers.
+    pub fn check_length(&self, prompt: u32, max_tokens: u32, param: &str) -> Result<(), ApiError> {
+        if u64::from(prompt) + u64::from(max_tokens) > u64::from(self.max_positions) {
+            return Err(ApiError::field(
+                param,
+                format!(
+                    "{prompt} prompt tokens + {param} {max_tokens} exceed the model's {} positions (max_position_embeddings)",
+                    self.max_positions
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A decoder for one answer.
+    pub fn decoder(&self) -> Decoder {
+        Decoder {
+            tokenizer: self.tokenizer.clone(),
+            ids: Vec::new(),
+            emitted: 0,
+        }
+    }
+}
+
+/// A message's text: a string, or the text parts of an array, one after another.
+fn content_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// Output ids to text, incrementally.
+pub struct Decoder {
+    tokenizer: Arc<TextTokenizer>,
+    ids: Vec<u32>,
+    /// Bytes of the decoded text handed out so far.
+    emitted: usize,
+}
+
+impl Decoder {
+    /// The text `id` adds to the answer (empty while it ends inside a character).
+    pub fn push(&mut self, id: u32) -> String {
+        self.ids.push(id);
+        let Ok(text) = self.tokenizer.decode(&self.ids) else {
+            return String::new();
+        };
+        if text.ends_with('\u{FFFD}') {
+            return String::new();
+        }
+        let new = text.get(self.emitted..).unwrap_or_default().to_string();
+        self.emitted = text.len();
+        new
+    }
+}
