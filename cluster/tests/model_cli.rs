@@ -242,3 +242,75 @@ fn calibrate_writes_a_profile_the_simulator_runs_with() {
     ]);
     assert!(err.contains("coefficients.ctx_token_ns"), "{err}");
 }
+
+/// The calibration of a real run: `run --model --forward-log` writes one line per
+/// forward, `model calibrate --from-log` fits them into a profile the simulator runs
+/// with; a log line that is not a record is an error naming the line; a log without
+/// --model is refused.
+#[test]
+fn a_real_runs_forward_log_calibrates_a_profile() {
+    let tmp = TempDir::new("from-log");
+    let dir = tmp.0.join("tiny");
+    init(&dir);
+    let scenario = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/agg-tiny-model.toml"
+    );
+    let log = tmp.0.join("forwards.jsonl");
+    let report = ok(lockstep(&[
+        "run",
+        scenario,
+        "--driver",
+        "threads",
+        "--model",
+        dir.to_str().unwrap(),
+        "--forward-log",
+        log.to_str().unwrap(),
+    ]));
+    assert!(
+        report.contains("completed 64") && report.contains("(real model)"),
+        "{report}"
+    );
+    let lines = std::fs::read_to_string(&log).expect("the log");
+    assert!(lines.lines().count() >= 20, "{lines}");
+    let profile = tmp.0.join("fitted.toml");
+    let out = ok(lockstep(&[
+        "model",
+        "calibrate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--from-log",
+        log.to_str().unwrap(),
+        "--out",
+        profile.to_str().unwrap(),
+    ]));
+    assert!(
+        out.contains("decode only") && out.contains("fitted:"),
+        "{out}"
+    );
+    let with_file = format!("model.profile=\"{}\"", profile.display());
+    let sim = ok(lockstep(&["sim", scenario, "--set", &with_file]));
+    assert!(sim.contains("completed 64"), "{sim}");
+    std::fs::write(&log, format!("{lines}not json\n")).unwrap();
+    let err = fails(&[
+        "model",
+        "calibrate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--from-log",
+        log.to_str().unwrap(),
+        "--out",
+        profile.to_str().unwrap(),
+    ]);
+    let bad_line = lines.lines().count() + 1;
+    assert!(err.contains(&format!("line {bad_line}")), "{err}");
+    let err = fails(&[
+        "run",
+        scenario,
+        "--driver",
+        "threads",
+        "--forward-log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(err.contains("--model"), "{err}");
+}

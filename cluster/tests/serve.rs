@@ -538,59 +538,97 @@ fn curl_streams_a_chat_completion() {
     assert_words(&text, 5);
 }
 
-/// `serve --model`: a chat completion answered with the tiny model's own text, equal to
-/// its dense greedy generation from the chat prompt; streamed, the same text; a request
-/// past the model's positions refused naming `max_completion_tokens`.
+/// `serve --model`: chat completions answered with the tiny model's own text, equal to
+/// its dense greedy generation from the chat prompt, ending at the model's end of
+/// sequence (`stop`) or at `max_tokens` (`length`), both seen here; streamed, the same
+/// text; a request past the model's positions refused naming `max_completion_tokens`.
 #[test]
-fn a_model_answers_a_chat_completion_with_its_greedy_text() {
+fn a_model_answers_chat_completions_with_its_greedy_text() {
     use lockstep_gpu::model::{InitOptions, Model, TextTokenizer, greedy_reference};
     let dir = std::env::temp_dir().join(format!("lockstep-serve-model-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
     let model = Model::load(&dir).expect("load");
     let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
-    let message = "Hello there, what is the paged KV cache?";
-    let prompt = tokenizer
-        .encode(&tokenizer.chat_prompt_messages(&[("user".into(), message.into())]))
-        .expect("encode");
-    let expected_ids = greedy_reference(&model, &prompt, 10).expect("reference");
-    let expected = tokenizer.decode(&expected_ids).expect("decode");
-
+    let eos: Vec<u32> = model
+        .config
+        .eos_token_id
+        .into_iter()
+        .chain(tokenizer.token_id("<|im_end|>"))
+        .collect();
+    const MAX_TOKENS: usize = 48;
+    // (prompt ids, expected text, completion tokens, finish reason) of a message.
+    let expect = |message: &str| {
+        let prompt = tokenizer
+            .encode(&tokenizer.chat_prompt_messages(&[("user".into(), message.into())]))
+            .expect("encode");
+        let ids = greedy_reference(&model, &prompt, MAX_TOKENS).expect("reference");
+        let (shown, finish) = match ids.iter().position(|t| eos.contains(t)) {
+            Some(end) => (&ids[..end], ("stop", end + 1)),
+            None => (&ids[..], ("length", MAX_TOKENS)),
+        };
+        (
+            prompt.len(),
+            tokenizer.decode(shown).expect("decode"),
+            finish,
+        )
+    };
     let dir_arg = dir.to_string_lossy().into_owned();
     let s = Server::start("agg-tiny-model.toml", &["--model", &dir_arg]);
-    let body = json!({
-        "messages": [{"role": "user", "content": message}],
-        "max_tokens": 10,
-    })
-    .to_string();
-    let (code, answer) = post(&s.url("/v1/chat/completions"), &body, None);
-    assert_eq!(code, 200, "{answer}");
-    let v = json_of(&answer);
-    assert_eq!(v["choices"][0]["message"]["content"], expected.as_str());
-    assert_eq!(v["usage"]["prompt_tokens"], prompt.len());
-    assert_eq!(v["usage"]["completion_tokens"], 10);
-    // Streamed: the deltas add up to the same text.
-    let streamed = json!({
-        "messages": [{"role": "user", "content": message}],
-        "max_tokens": 10,
-        "stream": true,
-    })
-    .to_string();
-    let (code, events) = post(&s.url("/v1/chat/completions"), &streamed, None);
-    assert_eq!(code, 200, "{events}");
-    let text: String = events
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .filter_map(|d| {
-            json_of(d)["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(String::from)
+    let mut finishes = Vec::new();
+    for i in 0..12 {
+        let message = format!("Question {i}: what is the paged KV cache?");
+        let (prompt_len, expected, (finish, completion)) = expect(&message);
+        let body = json!({
+            "messages": [{"role": "user", "content": message}],
+            "max_tokens": MAX_TOKENS,
         })
-        .collect();
-    assert_eq!(text, expected);
+        .to_string();
+        let (code, answer) = post(&s.url("/v1/chat/completions"), &body, None);
+        assert_eq!(code, 200, "{answer}");
+        let v = json_of(&answer);
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            expected.as_str(),
+            "{message}"
+        );
+        assert_eq!(v["choices"][0]["finish_reason"], finish, "{message}");
+        assert_eq!(v["usage"]["prompt_tokens"], prompt_len);
+        assert_eq!(v["usage"]["completion_tokens"], completion);
+        finishes.push(finish);
+        // Streamed: the deltas add up to the same text, with the same finish.
+        let streamed = json!({
+            "messages": [{"role": "user", "content": message}],
+            "max_tokens": MAX_TOKENS,
+            "stream": true,
+        })
+        .to_string();
+        let (code, events) = post(&s.url("/v1/chat/completions"), &streamed, None);
+        assert_eq!(code, 200, "{events}");
+        let chunks: Vec<Value> = events
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(json_of)
+            .collect();
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, expected, "{message}");
+        assert!(
+            chunks
+                .iter()
+                .any(|c| c["choices"][0]["finish_reason"] == finish),
+            "{events}"
+        );
+    }
+    assert!(
+        finishes.contains(&"stop") && finishes.contains(&"length"),
+        "both endings are exercised: {finishes:?}"
+    );
     let too_long = json!({
-        "messages": [{"role": "user", "content": message}],
+        "messages": [{"role": "user", "content": "hi"}],
         "max_completion_tokens": 100_000,
     })
     .to_string();

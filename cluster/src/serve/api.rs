@@ -13,7 +13,12 @@
 //!   text (`finish_reason: "stop"`; see `stop.rs`);
 //! - `temperature`, `top_p`, `seed`, `presence_penalty`, `frequency_penalty`,
 //!   `logit_bias`, `user` are type-checked and otherwise ignored: the zero-cost and
-//!   analytic backends do not sample.
+//!   analytic backends do not sample, and with `--model` the server's `--temperature`,
+//!   `--top-p`, `--top-k` and `--seed` apply to every request;
+//! - with `--model` the model's tokenizer replaces the word rules: the prompt is its
+//!   token ids (a chat in the model's chat format), the output its decoded text, and the
+//!   model's end of sequence ends an answer with `finish_reason: "stop"`
+//!   (`model_text.rs`).
 
 use serde_json::{Value, json};
 

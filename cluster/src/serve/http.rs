@@ -448,6 +448,11 @@ struct Shape {
 }
 
 impl Shape {
+    /// Whether `last` is the model's end of sequence (never without `--model`).
+    fn is_eos(&self, last: u32) -> bool {
+        self.decoder.as_ref().is_some_and(|d| d.is_eos(last))
+    }
+
     /// The text of a step's `count` tokens whose last id is `last`, `before` tokens in.
     fn render(&mut self, last: u32, count: u32, before: u32) -> String {
         match &mut self.decoder {
@@ -517,6 +522,7 @@ async fn whole(
     let mut text = String::new();
     let mut generated = 0;
     let mut watch = StopWatch::new(shape.parsed.stop.clone());
+    let mut ended_by_eos = false;
     // One watch for the whole wait (a watch per event would restart its clock at every
     // token and never look).
     let departure = async {
@@ -537,6 +543,15 @@ async fn whole(
             }
         };
         match event {
+            Some(Event::Tokens { last, count, .. }) if shape.is_eos(last) => {
+                // The model's end of sequence: the answer ends (the token is counted,
+                // not shown) and the rest of the request is cancelled.
+                generated += count;
+                text.push_str(&watch.finish());
+                ended_by_eos = true;
+                guard.stop();
+                break;
+            }
             Some(Event::Tokens { last, count, .. }) => {
                 let released = watch.push(&shape.render(last, count, generated));
                 text.push_str(&released.text);
@@ -564,7 +579,11 @@ async fn whole(
         }
     }
     guard.disarm();
-    let finish = if watch.stopped() { "stop" } else { "length" };
+    let finish = if watch.stopped() || ended_by_eos {
+        "stop"
+    } else {
+        "length"
+    };
     let choices = match shape.endpoint {
         Endpoint::Completions => json!([{
             "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
@@ -628,6 +647,27 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> Ht
         };
         let done = Bytes::from_static(b"data: [DONE]\n\n");
         match st.rx.recv().await {
+            Some(Event::Tokens { last, count, .. }) if st.shape.is_eos(last) => {
+                st.generated += count;
+                st.done = true;
+                st.guard.stop();
+                st.tail.push(done);
+                if st.shape.parsed.include_usage {
+                    st.tail.push(usage(&st));
+                }
+                let rest = st.watch.finish();
+                let chunk = st.shape.wrap(
+                    true,
+                    st.shape.delta(
+                        (!rest.is_empty()).then_some(rest.as_str()),
+                        Some("stop"),
+                        st.first,
+                    ),
+                    Value::Null,
+                );
+                st.first = false;
+                Some((sse(&chunk), st))
+            }
             Some(Event::Tokens { last, count, .. }) => {
                 let released = st.watch.push(&st.shape.render(last, count, st.generated));
                 st.generated += count;

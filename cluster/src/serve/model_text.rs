@@ -16,6 +16,8 @@ pub struct ModelText {
     tokenizer: Arc<TextTokenizer>,
     vocab: u32,
     max_positions: u32,
+    /// Ids that end an answer: `eos_token_id`, and the chat format's end of turn.
+    eos: Arc<Vec<u32>>,
 }
 
 impl ModelText {
@@ -33,7 +35,14 @@ impl ModelText {
                     ),
                 })?;
         let config = &backend.model.config;
+        let mut eos: Vec<u32> = config.eos_token_id.into_iter().collect();
+        eos.extend(
+            ["<|im_end|>", "<|eot_id|>"]
+                .iter()
+                .filter_map(|t| tokenizer.token_id(t)),
+        );
         Ok(ModelText {
+            eos: Arc::new(eos),
             tokenizer,
             vocab: u32::try_from(config.vocab_size).unwrap_or(u32::MAX),
             max_positions: u32::try_from(config.max_position_embeddings).unwrap_or(u32::MAX),
@@ -108,6 +117,7 @@ impl ModelText {
     /// A decoder for one answer.
     pub fn decoder(&self) -> Decoder {
         Decoder {
+            eos: self.eos.clone(),
             tokenizer: self.tokenizer.clone(),
             ids: Vec::new(),
             emitted: 0,
@@ -130,6 +140,7 @@ fn content_text(content: Option<&Value>) -> String {
 
 /// Output ids to text, incrementally.
 pub struct Decoder {
+    eos: Arc<Vec<u32>>,
     tokenizer: Arc<TextTokenizer>,
     ids: Vec<u32>,
     /// Bytes of the decoded text handed out so far.
@@ -137,6 +148,11 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// Whether `id` ends the answer (the model's end of sequence or of its turn).
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos.contains(&id)
+    }
+
     /// The text `id` adds to the answer (empty while it ends inside a character).
     pub fn push(&mut self, id: u32) -> String {
         self.ids.push(id);
