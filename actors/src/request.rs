@@ -119,6 +119,25 @@ pub struct PinnedRank {
     pub strict: bool,
 }
 
+/// How a model backend samples one request's tokens, when the request says
+/// (`lockstep serve --model`: the body's `temperature`, `top_p`, `top_k`, `seed`). The
+/// control plane carries it and never reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RequestSampling {
+    /// 0 is greedy.
+    pub temperature: f32,
+    /// Nucleus mass, in (0, 1].
+    pub top_p: f32,
+    /// The k most likely tokens (0: all).
+    pub top_k: u32,
+    /// The request's random stream: the same seed and prompt give the same tokens.
+    pub seed: u64,
+}
+
+// The API checks every field finite before a request is built, so equality is
+// reflexive here (f32's only exception is NaN).
+impl Eq for RequestSampling {}
+
 /// What a client submits: everything a rank needs to serve the request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestSpec {
@@ -150,6 +169,9 @@ pub struct RequestSpec {
     /// plane itself only counts tokens.
     #[serde(default)]
     pub prompt_tokens: Vec<u32>,
+    /// How a model backend samples this request (`None`: the run's setting).
+    #[serde(default)]
+    pub sampling: Option<RequestSampling>,
 }
 
 impl RequestSpec {
@@ -166,6 +188,7 @@ impl RequestSpec {
             generated_before: 0,
             kv_source: None,
             prompt_tokens: Vec::new(),
+            sampling: None,
         }
     }
 }

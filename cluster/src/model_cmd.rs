@@ -134,6 +134,10 @@ pub enum ModelCommand {
         /// Timed rounds of each path, alternating; the fastest round of each counts.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
         rounds: u64,
+        /// Ranks decoding at once, each on its own thread with its own K/V and batch
+        /// (attention data parallelism on one machine); tokens/s counts them all.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+        dp: u64,
     },
 }
 
@@ -223,6 +227,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
             batch,
             tokens_per_block,
             rounds,
+            dp,
         } => {
             bench(
                 &model,
@@ -233,6 +238,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
                     tokens_per_block: tokens_per_block as usize,
                 },
                 rounds as usize,
+                dp as usize,
             )?;
             Ok(ExitCode::SUCCESS)
         }
@@ -316,7 +322,29 @@ struct BenchShape {
 
 /// Times `decode_tokens` batched decode steps of `batch` requests on both paths, after
 /// an untimed prefill of the same prompts, and prints tokens/s and their ratio.
-fn bench(dir: &Path, shape: BenchShape, rounds: usize) -> anyhow::Result<()> {
+/// `dp` copies of `time` at once, one thread each: the slowest one's time.
+fn on_ranks(
+    dp: usize,
+    time: impl Fn() -> anyhow::Result<Duration> + Sync,
+) -> anyhow::Result<Duration> {
+    let times: Vec<anyhow::Result<Duration>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..dp).map(|_| scope.spawn(&time)).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank's thread panicked")))
+            })
+            .collect()
+    });
+    let mut slowest = Duration::ZERO;
+    for t in times {
+        slowest = slowest.max(t?);
+    }
+    Ok(slowest)
+}
+
+fn bench(dir: &Path, shape: BenchShape, rounds: usize, dp: usize) -> anyhow::Result<()> {
     let model = load(dir)?;
     let config = &model.config;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
@@ -329,16 +357,16 @@ fn bench(dir: &Path, shape: BenchShape, rounds: usize) -> anyhow::Result<()> {
         .collect();
     println!("model {}: {}", dir.display(), config.summary());
     println!(
-        "decode: batch {}, prompt {} tokens, {} steps timed, {} tokens per block, best of {rounds}",
+        "decode: dp {dp}, batch {} per rank, prompt {} tokens, {} steps timed, {} tokens per block, best of {rounds}",
         shape.batch, shape.prompt_len, shape.decode_tokens, shape.tokens_per_block
     );
     let mut paged_best = Duration::MAX;
     let mut dense_best = Duration::MAX;
     for _ in 0..rounds {
-        paged_best = paged_best.min(time_paged(&model, &prompts, shape)?);
-        dense_best = dense_best.min(time_dense(&model, &prompts, shape)?);
+        paged_best = paged_best.min(on_ranks(dp, || time_paged(&model, &prompts, shape))?);
+        dense_best = dense_best.min(on_ranks(dp, || time_dense(&model, &prompts, shape))?);
     }
-    let tokens = (shape.batch * shape.decode_tokens) as f64;
+    let tokens = (dp * shape.batch * shape.decode_tokens) as f64;
     let paged_rate = tokens / paged_best.as_secs_f64();
     let dense_rate = tokens / dense_best.as_secs_f64();
     println!(

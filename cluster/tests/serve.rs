@@ -639,3 +639,71 @@ fn a_model_answers_chat_completions_with_its_greedy_text() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `serve --model`, per request: the same `seed` and `temperature` give the same text
+/// every time, another seed other text across a dozen prompts; `temperature: 0` is the
+/// greedy reference; a field out of range is a 400 naming it.
+#[test]
+fn a_models_per_request_sampling_follows_the_body() {
+    use lockstep_gpu::model::{InitOptions, Model, TextTokenizer, greedy_reference};
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-sampling-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    // The server samples at temperature 1 unless a request says otherwise.
+    let s = Server::start(
+        "agg-tiny-model.toml",
+        &["--model", &dir_arg, "--temperature", "1"],
+    );
+    let complete = |prompt: &str, extra: Value| {
+        let mut body = json!({"prompt": prompt, "max_tokens": 12});
+        for (k, v) in extra.as_object().expect("an object") {
+            body[k] = v.clone();
+        }
+        let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
+        assert_eq!(code, 200, "{answer}");
+        json_of(&answer)["choices"][0]["text"]
+            .as_str()
+            .expect("text")
+            .to_string()
+    };
+    let mut differ = 0;
+    for i in 0..12 {
+        let prompt = format!("sample number {i}");
+        let a = complete(&prompt, json!({"seed": 11, "top_p": 0.95}));
+        let again = complete(&prompt, json!({"seed": 11, "top_p": 0.95}));
+        assert_eq!(a, again, "the same seed, the same text");
+        if complete(&prompt, json!({"seed": 12, "top_p": 0.95})) != a {
+            differ += 1;
+        }
+    }
+    assert!(
+        differ >= 8,
+        "another seed changed only {differ} of 12 answers"
+    );
+    let model = Model::load(&dir).expect("load");
+    let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
+    let prompt = tokenizer.encode("greedy please").expect("encode");
+    let eos: Vec<u32> = model.config.eos_token_id.into_iter().collect();
+    let ids = greedy_reference(&model, &prompt, 12).expect("reference");
+    let shown = match ids.iter().position(|t| eos.contains(t)) {
+        Some(end) => &ids[..end],
+        None => &ids[..],
+    };
+    assert_eq!(
+        complete("greedy please", json!({"temperature": 0})),
+        tokenizer.decode(shown).expect("decode")
+    );
+    for (field, value) in [
+        ("top_p", json!(1.5)),
+        ("temperature", json!(-1)),
+        ("top_k", json!(-2)),
+    ] {
+        let body = json!({"prompt": "x", field: value}).to_string();
+        let (code, err) = post(&s.url("/v1/completions"), &body, None);
+        assert_eq!(code, 400, "{err}");
+        assert_eq!(json_of(&err)["error"]["param"], field, "{err}");
+    }
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

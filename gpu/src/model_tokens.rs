@@ -118,6 +118,8 @@ pub struct PreparedEntry {
     pub spec: Option<RequestSpec>,
     /// Its prompt length (output position p is sequence position `prompt_len + p`).
     pub prompt_len: u32,
+    /// Its own sampling, if it gave one.
+    pub sampling: Option<lockstep_actors::request::RequestSampling>,
     /// A pad dummy.
     pub is_dummy: bool,
 }
@@ -164,6 +166,7 @@ pub fn prepare(exec: &RankExecutor, batch: &ScheduledBatch, batches: u64) -> Pre
                     ForwardKind::Generation { .. } => None,
                 },
                 prompt_len: request.map_or(0, |r| r.spec.prompt_len),
+                sampling: request.and_then(|r| r.spec.sampling),
                 is_dummy: e.is_dummy,
             }
         })
@@ -307,7 +310,7 @@ impl RankModel {
                 out.sampled.push(0);
                 continue;
             }
-            let token = sample_one(self.sampling, e.id, e.position, logits)?;
+            let token = sample_one(self.sampling, e.sampling, e.id, e.position, logits)?;
             let samples = match e.kind {
                 ForwardKind::Context { samples, .. } => samples,
                 ForwardKind::Generation { .. } => true,
@@ -330,17 +333,30 @@ impl RankModel {
     }
 }
 
-/// Request `id`'s token at output `position`: a pure function of the run's seed, the
-/// request, the position and the logits.
+/// Request `id`'s token at output `position`: a pure function of the sampling, the
+/// request's seed (its own, or the run's mixed with its id), the position and the logits.
 fn sample_one(
-    sampling: ModelSampling,
+    run: ModelSampling,
+    own: Option<lockstep_actors::request::RequestSampling>,
     id: ReqId,
     position: u32,
     logits: &[f32],
 ) -> Result<u32, String> {
+    let (params, seed) = match own {
+        Some(o) => (
+            SamplingParams {
+                temperature: o.temperature,
+                top_p: o.top_p,
+                top_k: o.top_k as usize,
+                seed: 0,
+            },
+            o.seed,
+        ),
+        None => (run.params, run.seed ^ mix(id.0)),
+    };
     let params = SamplingParams {
-        seed: mix(sampling.seed ^ mix(id.0) ^ u64::from(position).rotate_left(40)),
-        ..sampling.params
+        seed: mix(seed ^ u64::from(position).rotate_left(40)),
+        ..params
     };
     Sampler::new(params)
         .and_then(|mut s| s.sample(logits))

@@ -11,10 +11,11 @@
 //!   step names only its last token id) all read as the word of that last id;
 //! - `stop` (a string or up to four) ends the output before the first stop string in its
 //!   text (`finish_reason: "stop"`; see `stop.rs`);
-//! - `temperature`, `top_p`, `seed`, `presence_penalty`, `frequency_penalty`,
-//!   `logit_bias`, `user` are type-checked and otherwise ignored: the zero-cost and
-//!   analytic backends do not sample, and with `--model` the server's `--temperature`,
-//!   `--top-p`, `--top-k` and `--seed` apply to every request;
+//! - `temperature` (0 or more), `top_p` (in (0, 1]), `top_k` (-1 or more) and `seed`
+//!   are checked; a model backend (`--model`) samples by them, the server's
+//!   `--temperature`, `--top-p`, `--top-k` and `--seed` standing in for any not given;
+//!   the zero-cost and analytic backends do not sample. `presence_penalty`,
+//!   `frequency_penalty`, `logit_bias`, `user` are type-checked and otherwise ignored;
 //! - with `--model` the model's tokenizer replaces the word rules: the prompt is its
 //!   token ids (a chat in the model's chat format), the output its decoded text, and the
 //!   model's end of sequence ends an answer with `finish_reason: "stop"`
@@ -74,6 +75,90 @@ pub struct Parsed {
     pub include_usage: bool,
     /// Stop strings.
     pub stop: Vec<String>,
+    /// The sampling fields the body gave (a model backend uses them; `None`: not given).
+    pub sampling: SamplingFields,
+}
+
+/// `temperature`, `top_p`, `top_k` and `seed` as the body gave them, each checked.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SamplingFields {
+    /// 0 or more.
+    pub temperature: Option<f32>,
+    /// In (0, 1].
+    pub top_p: Option<f32>,
+    /// 0 or more (-1, vLLM's "all", reads as 0).
+    pub top_k: Option<u32>,
+    /// Any integer (a negative one is taken modulo 2^64).
+    pub seed: Option<u64>,
+}
+
+// Every float is checked finite.
+impl Eq for SamplingFields {}
+
+impl SamplingFields {
+    /// Whether the body gave any of them.
+    pub fn any(&self) -> bool {
+        self.temperature.is_some()
+            || self.top_p.is_some()
+            || self.top_k.is_some()
+            || self.seed.is_some()
+    }
+}
+
+/// The sampling fields of `obj`, each checked in range (the error names the field).
+fn sampling_fields(obj: &serde_json::Map<String, Value>) -> Result<SamplingFields, ApiError> {
+    let given = |k: &str| obj.get(k).filter(|v| !v.is_null());
+    let mut f = SamplingFields::default();
+    if let Some(v) = given("temperature") {
+        match v.as_f64() {
+            Some(t) if t.is_finite() && t >= 0.0 => f.temperature = Some(t as f32),
+            _ => {
+                return Err(ApiError::field(
+                    "temperature",
+                    format!(
+                        "temperature must be a number of 0 or more, got {}",
+                        short(v)
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(v) = given("top_p") {
+        match v.as_f64() {
+            Some(p) if p > 0.0 && p <= 1.0 => f.top_p = Some(p as f32),
+            _ => {
+                return Err(ApiError::field(
+                    "top_p",
+                    format!("top_p must be a number in (0, 1], got {}", short(v)),
+                ));
+            }
+        }
+    }
+    if let Some(v) = given("top_k") {
+        match v.as_i64() {
+            Some(-1) => f.top_k = Some(0),
+            Some(k) if (0..=i64::from(u32::MAX)).contains(&k) => f.top_k = Some(k as u32),
+            _ => {
+                return Err(ApiError::field(
+                    "top_k",
+                    format!("top_k must be an integer of -1 or more, got {}", short(v)),
+                ));
+            }
+        }
+    }
+    if let Some(v) = given("seed") {
+        match (v.as_u64(), v.as_i64()) {
+            (Some(s), _) => f.seed = Some(s),
+            (None, Some(s)) => f.seed = Some(s as u64),
+            _ => {
+                return Err(ApiError::field(
+                    "seed",
+                    format!("seed must be an integer, got {}", short(v)),
+                ));
+            }
+        }
+    }
+    Ok(f)
 }
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
@@ -301,13 +386,12 @@ pub fn parse(
             format!("n must be 1 (one choice per request), got {}", short(n)),
         ));
     }
-    // Accepted and ignored (no sampling in these backends), but of the right type.
+    // Used by a model backend only, but always checked.
+    let sampling = sampling_fields(obj)?;
+    // Accepted and ignored, but of the right type.
     for (field, ok) in [
-        ("temperature", Value::is_number as fn(&Value) -> bool),
-        ("top_p", Value::is_number),
-        ("presence_penalty", Value::is_number),
+        ("presence_penalty", Value::is_number as fn(&Value) -> bool),
         ("frequency_penalty", Value::is_number),
-        ("seed", |v: &Value| v.is_i64() || v.is_u64()),
         ("user", Value::is_string),
         ("logit_bias", Value::is_object),
     ] {
@@ -329,6 +413,7 @@ pub fn parse(
         stream,
         include_usage,
         stop,
+        sampling,
     })
 }
 

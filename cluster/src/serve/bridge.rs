@@ -35,6 +35,8 @@ pub enum BridgeMsg {
         block_hashes: Vec<u64>,
         /// `--model`: the prompt's token ids (empty otherwise).
         prompt_ids: Vec<u32>,
+        /// `--model`: the request's own sampling, if its body gave any.
+        sampling: Option<lockstep_actors::request::RequestSampling>,
         /// When the HTTP server received it.
         received: Instant,
         /// Where its events go.
@@ -138,6 +140,7 @@ pub fn run(
                     max_tokens,
                     block_hashes,
                     prompt_ids,
+                    sampling,
                     received,
                     events,
                 }) => {
@@ -146,6 +149,7 @@ pub fn run(
                     let mut spec = RequestSpec::new(id.0, prompt_tokens, max_tokens);
                     spec.block_hashes = block_hashes;
                     spec.prompt_tokens = prompt_ids;
+                    spec.sampling = sampling;
                     if to_front.send(ClientItem::Request(spec)).is_err() {
                         metrics.request_failure.inc();
                         pending.release();

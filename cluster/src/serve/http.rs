@@ -343,6 +343,10 @@ async fn generate(
         return error(&e);
     }
     let id = ReqId(state.next_id.fetch_add(1, Ordering::Relaxed));
+    let sampling = state
+        .text
+        .as_ref()
+        .and_then(|t| t.sampling_of(&parsed.sampling, id.0));
     let (events, rx) = unbounded_channel();
     let submit = BridgeMsg::Submit {
         id,
@@ -350,6 +354,7 @@ async fn generate(
         max_tokens: parsed.max_tokens,
         block_hashes: std::mem::take(&mut parsed.block_hashes),
         prompt_ids,
+        sampling,
         received,
         events,
     };

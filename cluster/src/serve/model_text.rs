@@ -18,6 +18,8 @@ pub struct ModelText {
     max_positions: u32,
     /// Ids that end an answer: `eos_token_id`, and the chat format's end of turn.
     eos: Arc<Vec<u32>>,
+    /// The server's sampling (`--temperature`, `--top-p`, `--top-k`, `--seed`).
+    defaults: lockstep_gpu::model_tokens::ModelSampling,
 }
 
 impl ModelText {
@@ -42,6 +44,7 @@ impl ModelText {
                 .filter_map(|t| tokenizer.token_id(t)),
         );
         Ok(ModelText {
+            defaults: backend.sampling,
             eos: Arc::new(eos),
             tokenizer,
             vocab: u32::try_from(config.vocab_size).unwrap_or(u32::MAX),
@@ -112,6 +115,26 @@ impl ModelText {
             ));
         }
         Ok(())
+    }
+
+    /// Request `id`'s own sampling, when its body gave any of the fields: the server's
+    /// setting fills the others; without a `seed`, the server's seed mixed with the id.
+    pub fn sampling_of(
+        &self,
+        fields: &super::api::SamplingFields,
+        id: u64,
+    ) -> Option<lockstep_actors::request::RequestSampling> {
+        fields.any().then(|| {
+            let d = self.defaults;
+            lockstep_actors::request::RequestSampling {
+                temperature: fields.temperature.unwrap_or(d.params.temperature),
+                top_p: fields.top_p.unwrap_or(d.params.top_p),
+                top_k: fields
+                    .top_k
+                    .unwrap_or(u32::try_from(d.params.top_k).unwrap_or(u32::MAX)),
+                seed: fields.seed.unwrap_or(d.seed ^ lockstep_actors::kv::mix(id)),
+            }
+        })
     }
 
     /// A decoder for one answer.
