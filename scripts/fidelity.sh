@@ -15,14 +15,14 @@ work=target/fidelity
 rm -rf "$work"
 mkdir -p "$work"
 "$bin" model init "$work/model" --layers 4 --hidden 256 --heads 8 --kv-heads 4 --vocab 4096
-"$bin" run examples/fidelity-calibrate.toml --driver threads --model "$work/model" \
+"$bin" run examples/model/fidelity-calibrate.toml --driver threads --model "$work/model" \
     --time-scale 1 --forward-log "$work/forwards.jsonl" >"$work/calibration-run.txt"
 "$bin" model calibrate --model "$work/model" --from-log "$work/forwards.jsonl" \
     --out "$work/profile.toml"
 profile="$(cd "$work" && pwd)/profile.toml"
-"$bin" sim examples/fidelity-predict.toml --set "model.profile=\"$profile\"" >"$work/sim.txt"
+"$bin" sim examples/model/fidelity-predict.toml --set "model.profile=\"$profile\"" >"$work/sim.txt"
 for i in $(seq 1 "$runs"); do
-    "$bin" run examples/fidelity-predict.toml --driver threads --model "$work/model" \
+    "$bin" run examples/model/fidelity-predict.toml --driver threads --model "$work/model" \
         --time-scale 1 >"$work/run-$i.txt"
 done
 # The mean column of a latency row of a report.

@@ -254,7 +254,7 @@ fn a_real_runs_forward_log_calibrates_a_profile() {
     init(&dir);
     let scenario = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../examples/agg-tiny-model.toml"
+        "/../examples/model/agg-tiny.toml"
     );
     let log = tmp.0.join("forwards.jsonl");
     let report = ok(lockstep(&[

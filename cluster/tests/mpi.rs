@@ -487,7 +487,7 @@ fn mpi_with_a_real_model_streams_the_simulators_tokens_greedy_and_seeded() {
     let dir = temp("mpi-model");
     let _ = std::fs::remove_dir_all(&dir);
     write_random_model(&dir, &InitOptions::default()).expect("init the tiny model");
-    let text = std::fs::read_to_string(common::serve::example("agg-tiny-model.toml"))
+    let text = std::fs::read_to_string(common::serve::example("model/agg-tiny.toml"))
         .expect("the example")
         .replace("num_requests = 64", "num_requests = 24");
     for temperature in [0.0f32, 0.8] {

@@ -574,7 +574,7 @@ fn a_model_answers_chat_completions_with_its_greedy_text() {
         )
     };
     let dir_arg = dir.to_string_lossy().into_owned();
-    let s = Server::start("agg-tiny-model.toml", &["--model", &dir_arg]);
+    let s = Server::start("model/agg-tiny.toml", &["--model", &dir_arg]);
     let mut finishes = Vec::new();
     for i in 0..12 {
         let message = format!("Question {i}: what is the paged KV cache?");
@@ -652,7 +652,7 @@ fn a_models_per_request_sampling_follows_the_body() {
     let dir_arg = dir.to_string_lossy().into_owned();
     // The server samples at temperature 1 unless a request says otherwise.
     let s = Server::start(
-        "agg-tiny-model.toml",
+        "model/agg-tiny.toml",
         &["--model", &dir_arg, "--temperature", "1"],
     );
     let complete = |prompt: &str, extra: Value| {
