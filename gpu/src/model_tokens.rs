@@ -263,6 +263,16 @@ impl RankModel {
                     let spec = e.spec.as_ref().ok_or_else(|| {
                         format!("request {} decodes but its prompt was never seen", e.id.0)
                     })?;
+                    if !spec.prompt_tokens.is_empty()
+                        && spec.prompt_tokens.len() != spec.prompt_len as usize
+                    {
+                        return Err(format!(
+                            "request {} carries {} prompt ids for a prompt of {} tokens",
+                            e.id.0,
+                            spec.prompt_tokens.len(),
+                            spec.prompt_len
+                        ));
+                    }
                     v.insert(prompt_tokens(spec, tokens_per_block, vocab))
                 }
             };

@@ -190,3 +190,69 @@ impl Decoder {
         new
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_gpu::model::{InitOptions, SamplingParams, write_random_model};
+
+    fn text_rules(name: &str) -> (ModelText, std::path::PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("lockstep-model-text-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_random_model(&dir, &InitOptions::default()).expect("init");
+        let backend = ModelBackend::load(&dir, SamplingParams::default(), 0).expect("load");
+        (ModelText::new(&backend).expect("a tokenizer"), dir)
+    }
+
+    #[test]
+    fn decoding_token_by_token_holds_back_split_characters_and_adds_up_to_the_whole() {
+        let (text, dir) = text_rules("decode");
+        let words = "héllo wörld — ünïcödé 漢字 ok";
+        let ids = text.tokenizer.encode(words).expect("encode");
+        // Byte-level BPE splits some of these characters over several tokens.
+        assert!(ids.len() > words.chars().count() / 2, "{ids:?}");
+        let mut d = text.decoder();
+        let mut out = String::new();
+        for &id in &ids {
+            let piece = d.push(id);
+            assert!(
+                !piece.contains('\u{FFFD}'),
+                "a split character leaked: {piece:?}"
+            );
+            out.push_str(&piece);
+        }
+        assert_eq!(out, text.tokenizer.decode(&ids).expect("decode"));
+        assert_eq!(out, words);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_chat_prompt_is_the_models_chat_format_and_token_ids_are_checked() {
+        let (text, dir) = text_rules("prompt");
+        let body = br#"{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}"#;
+        let ids = text.prompt_ids(body, Endpoint::Chat).expect("ids");
+        let expected = text
+            .tokenizer
+            .encode("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+            .expect("encode");
+        assert_eq!(ids, expected);
+        let ids = text
+            .prompt_ids(br#"{"prompt": [1, 2, 3]}"#, Endpoint::Completions)
+            .expect("ids");
+        assert_eq!(ids, vec![1, 2, 3]);
+        let err = text
+            .prompt_ids(br#"{"prompt": [1, 99999]}"#, Endpoint::Completions)
+            .expect_err("outside the vocabulary");
+        assert_eq!(err.param.as_deref(), Some("prompt"));
+        assert!(err.message.contains("99999"), "{err}");
+        let err = text
+            .check_length(4000, 100, "max_tokens")
+            .expect_err("too long");
+        assert!(
+            err.message.contains("4000") && err.message.contains("4096"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
