@@ -758,6 +758,7 @@ fn run_server_rank(
         Some(m) => DeviceHandle::real(
             m.rank_model(),
             "device".into(),
+            opts.common.collective_timeout,
             opts.common.forward_log.clone().map(|l| (l, s, at.rank.0)),
         ),
         None if opts.common.time_scale > 0.0 => DeviceHandle::modeled(),

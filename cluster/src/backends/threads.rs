@@ -312,6 +312,7 @@ pub fn run_hosts<R>(
                     Some(m) => DeviceHandle::real(
                         m.rank_model(),
                         format!("{}-device-{r}", p.config.name),
+                        opts.collective_timeout,
                         opts.forward_log.clone().map(|l| (l, s, r as u32)),
                     ),
                     None if opts.time_scale > 0.0 => DeviceHandle::modeled(),

@@ -34,6 +34,16 @@ pub enum DeviceError {
     /// The device thread is gone (it could not start, or it panicked).
     #[error("the model's device thread is gone")]
     ThreadGone,
+    /// A forward ran past the bound (a stuck device is an error, not a hang).
+    #[error(
+        "batch {batch}: the model's forward took longer than {limit:?} (--timeout-ms raises the bound)"
+    )]
+    ForwardTimeout {
+        /// The batch awaited.
+        batch: BatchNumber,
+        /// The bound.
+        limit: Duration,
+    },
 }
 
 /// Where a real model's device threads write one JSON line per forward: the rank's batch
@@ -60,6 +70,8 @@ struct ModelThread {
     outputs: Receiver<Result<ForwardOutput, ForwardError>>,
     launched: u64,
     answered: u64,
+    /// The longest one forward may take.
+    limit: Duration,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -100,11 +112,13 @@ impl DeviceHandle {
         }
     }
 
-    /// A device that runs a real model on its own thread, named `name`; with a log, each
-    /// forward's shape and time go to it, tagged `(server, rank)`.
+    /// A device that runs a real model on its own thread, named `name`; a forward longer
+    /// than `limit` fails the rank; with a log, each forward's shape and time go to it,
+    /// tagged `(server, rank)`.
     pub fn real(
         mut model: RankModel,
         name: String,
+        limit: Duration,
         log: Option<(ForwardLog, usize, u32)>,
     ) -> DeviceHandle {
         let (launches, inbox) = unbounded::<PreparedBatch>();
@@ -142,6 +156,7 @@ impl DeviceHandle {
                 outputs,
                 launched: 0,
                 answered: 0,
+                limit,
                 thread: thread.ok(),
             }),
             ..DeviceHandle::zero_cost()
@@ -199,7 +214,18 @@ impl DeviceHandle {
             // The thread answers every launch in order: older outputs nobody awaited
             // are dropped, a batch never launched is never answered.
             while m.answered < m.launched {
-                let out = m.outputs.recv().map_err(|_| DeviceError::ThreadGone)??;
+                let out = match m.outputs.recv_timeout(m.limit) {
+                    Ok(out) => out?,
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        return Err(DeviceError::ForwardTimeout {
+                            batch: number,
+                            limit: m.limit,
+                        });
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                        return Err(DeviceError::ThreadGone);
+                    }
+                };
                 m.answered += 1;
                 if out.batch == number {
                     return Ok(out);
