@@ -308,7 +308,8 @@ enum Command {
         /// Policy preset (applied before --set).
         #[arg(long, value_parser = ["fixed", "legacy"])]
         policy: Option<String>,
-        /// The served model's name (default: the scenario file's stem).
+        /// The served model's name (default: the --model directory's name, or else the
+        /// scenario file's stem).
         #[arg(long)]
         model_name: Option<String>,
         /// Largest request body in bytes (413 past it).
@@ -791,9 +792,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             use lockstep_cluster::serve::ServeOptions;
             let scenario = load(&args, policy.as_deref(), None)?;
+            // As vLLM names a model by its path: the model directory's name, or else the
+            // scenario's.
             let model = model_name.unwrap_or_else(|| {
-                args.scenario
-                    .file_stem()
+                model_args
+                    .model
+                    .as_deref()
+                    .and_then(Path::file_name)
+                    .or_else(|| args.scenario.file_stem())
                     .map_or("lockstep".into(), |s| s.to_string_lossy().into_owned())
             });
             let opts = ServeOptions {

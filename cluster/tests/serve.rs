@@ -575,6 +575,14 @@ fn a_model_answers_chat_completions_with_its_greedy_text() {
     };
     let dir_arg = dir.to_string_lossy().into_owned();
     let s = Server::start("model/agg-tiny.toml", &["--model", &dir_arg]);
+    // Served under the model directory's name, as vLLM serves a path.
+    let (_, models) = get(&s.url("/v1/models"));
+    let name = dir
+        .file_name()
+        .expect("a name")
+        .to_string_lossy()
+        .into_owned();
+    assert_eq!(json_of(&models)["data"][0]["id"], name.as_str());
     let mut finishes = Vec::new();
     for i in 0..12 {
         let message = format!("Question {i}: what is the paged KV cache?");
