@@ -278,7 +278,7 @@ pub fn calibrate(o: &CalibrateOptions<'_>) -> anyhow::Result<()> {
 }
 
 /// Prefills `cached` tokens of each prompt (untimed), then times the forward of the
-/// rest of every prompt together, `repeats` times; the fastest in nanoseconds. A repeat
+/// rest of every prompt together, `repeats` times; the median in nanoseconds. A repeat
 /// writes the same slots again, which leaves the cache as it was.
 fn time_batch(
     model: &Model,

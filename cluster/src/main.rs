@@ -65,15 +65,9 @@ struct ModelArgs {
     /// the model's own time. Aggregated servers only.
     #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
-    /// With --model: 0 samples greedily; above 0 divides the logits before sampling.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// With --model: nucleus sampling's probability mass, in (0, 1].
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// With --model: sample among the k most likely tokens (0: all).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
+    /// With --model.
+    #[command(flatten)]
+    sampling: model_cmd::SamplingArgs,
 }
 
 impl ModelArgs {
@@ -83,12 +77,8 @@ impl ModelArgs {
         let Some(dir) = &self.model else {
             return Ok(None);
         };
-        let params = lockstep_gpu::model::SamplingParams {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            seed: 0,
-        };
+        // Each request's stream is seeded from the run's seed and its id (ModelSampling).
+        let params = self.sampling.params(0);
         Ok(Some(ModelBackend::load(dir, params, seed)?))
     }
 
@@ -97,16 +87,9 @@ impl ModelArgs {
         let Some(dir) = &self.model else {
             return Vec::new();
         };
-        vec![
-            "--model".into(),
-            dir.display().to_string(),
-            "--temperature".into(),
-            self.temperature.to_string(),
-            "--top-p".into(),
-            self.top_p.to_string(),
-            "--top-k".into(),
-            self.top_k.to_string(),
-        ]
+        let mut args = vec!["--model".into(), dir.display().to_string()];
+        args.extend(self.sampling.to_args());
+        args
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use lockstep_actors::config::Role;
 use lockstep_actors::group::TokenSource;
 use lockstep_gpu::model::{Model, ModelError, SamplingParams, TextTokenizer};
-use lockstep_gpu::model_tokens::{MAX_POOL_BYTES, ModelSampling, ModelTokens, RankModel};
+use lockstep_gpu::model_tokens::{ModelSampling, ModelTokens, RankModel};
 
 use crate::fleet::Fleet;
 
@@ -101,20 +101,12 @@ impl ModelBackend {
                     p.sizes.draft_len
                 )));
             }
-            let bytes = ModelTokens::pool_bytes(
+            ModelTokens::check_pool(
                 &self.model,
                 p.sizes.kv_blocks_per_rank,
                 p.sizes.tokens_per_block,
-            );
-            if bytes > MAX_POOL_BYTES {
-                return Err(unsupported(format!(
-                    "{} KV blocks of {} tokens need a K/V pool of {} MiB per rank for this model, more than {} MiB",
-                    p.sizes.kv_blocks_per_rank,
-                    p.sizes.tokens_per_block,
-                    bytes >> 20,
-                    MAX_POOL_BYTES >> 20
-                )));
-            }
+            )
+            .map_err(unsupported)?;
         }
         Ok(())
     }

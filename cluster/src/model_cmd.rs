@@ -70,15 +70,8 @@ pub enum ModelCommand {
         /// Most tokens to generate.
         #[arg(long, default_value_t = 32)]
         max_tokens: usize,
-        /// 0 is greedy.
-        #[arg(long, default_value_t = 0.0)]
-        temperature: f32,
-        /// Nucleus sampling threshold (1 keeps every token).
-        #[arg(long, default_value_t = 1.0)]
-        top_p: f32,
-        /// Keep the k most likely tokens (0 keeps all).
-        #[arg(long, default_value_t = 0)]
-        top_k: usize,
+        #[command(flatten)]
+        sampling: SamplingArgs,
         /// Seed of the request's sampling.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -141,6 +134,44 @@ pub enum ModelCommand {
     },
 }
 
+/// How tokens are sampled: `model generate`, and `--model` on `sim`, `run`, `serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SamplingArgs {
+    /// 0 samples greedily; above 0 divides the logits before sampling.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus sampling's probability mass, in (0, 1] (1 keeps every token).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Sample among the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+}
+
+impl SamplingArgs {
+    /// The sampling parameters, with `seed`.
+    pub fn params(&self, seed: u64) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed,
+        }
+    }
+
+    /// The same options as arguments (for processes under mpirun).
+    pub fn to_args(&self) -> Vec<String> {
+        vec![
+            "--temperature".into(),
+            self.temperature.to_string(),
+            "--top-p".into(),
+            self.top_p.to_string(),
+            "--top-k".into(),
+            self.top_k.to_string(),
+        ]
+    }
+}
+
 /// Runs one `lockstep model` subcommand.
 pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
     match command {
@@ -177,19 +208,12 @@ pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
             prompt,
             chat,
             max_tokens,
-            temperature,
-            top_p,
-            top_k,
+            sampling,
             seed,
             chunk,
             tokens_per_block,
         } => {
-            let params = SamplingParams {
-                temperature,
-                top_p,
-                top_k,
-                seed,
-            };
+            let params = sampling.params(seed);
             let text = generate(
                 &model,
                 &prompt,
@@ -270,9 +294,7 @@ fn generate(
     };
     let prompt_ids = tokenizer.encode(&text)?;
     anyhow::ensure!(!prompt_ids.is_empty(), "the prompt encodes to no tokens");
-    let mut stop: Vec<u32> = model.config.eos_token_id.into_iter().collect();
-    stop.extend(tokenizer.token_id("<|im_end|>"));
-    stop.extend(tokenizer.token_id("<|eot_id|>"));
+    let stop = tokenizer.end_of_answer_ids(model.config.eos_token_id);
     let capacity = prompt_ids.len() + max_tokens;
     let num_blocks = capacity.div_ceil(tokens_per_block);
     let mut cache = model.paged_cache(num_blocks, tokens_per_block)?;

@@ -81,6 +81,20 @@ impl ModelTokens {
             * c.num_key_value_heads as u64
             * c.head_dim as u64
     }
+
+    /// The one rule on a rank's pool size: at most [`MAX_POOL_BYTES`] (the error names
+    /// both numbers).
+    pub fn check_pool(model: &Model, blocks: u32, tokens_per_block: u32) -> Result<(), String> {
+        let bytes = Self::pool_bytes(model, blocks, tokens_per_block);
+        if bytes > MAX_POOL_BYTES {
+            return Err(format!(
+                "{blocks} KV blocks of {tokens_per_block} tokens need a K/V pool of {} MiB per rank for this model, more than {} MiB",
+                bytes >> 20,
+                MAX_POOL_BYTES >> 20
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl TokenSource for ModelTokens {
@@ -233,12 +247,7 @@ impl RankModel {
         let model = &*self.model;
         let (blocks, tokens_per_block) = batch.pool;
         if self.cache.is_none() {
-            let bytes = ModelTokens::pool_bytes(model, blocks, tokens_per_block);
-            if bytes > MAX_POOL_BYTES {
-                return Err(format!(
-                    "the K/V pool of {blocks} blocks of {tokens_per_block} tokens needs {bytes} bytes, more than {MAX_POOL_BYTES}"
-                ));
-            }
+            ModelTokens::check_pool(model, blocks, tokens_per_block)?;
             let cache = model
                 .paged_cache(blocks as usize, tokens_per_block as usize)
                 .map_err(|e| e.to_string())?;
@@ -248,10 +257,7 @@ impl RankModel {
         // Per entry: start position and token ids.
         let mut inputs: Vec<(usize, Vec<u32>)> = Vec::with_capacity(batch.entries.len());
         for e in &batch.entries {
-            let tokens = match e.kind {
-                ForwardKind::Context { chunk, .. } => chunk,
-                ForwardKind::Generation { tokens } => tokens,
-            };
+            let tokens = e.kind.tokens();
             if e.is_dummy {
                 // Arithmetic only: a dummy writes and reads no block.
                 inputs.push((0, vec![0; tokens.max(1) as usize]));
@@ -321,11 +327,9 @@ impl RankModel {
                 continue;
             }
             let token = sample_one(self.sampling, e.sampling, e.id, e.position, logits)?;
-            let samples = match e.kind {
-                ForwardKind::Context { samples, .. } => samples,
-                ForwardKind::Generation { .. } => true,
-            };
-            if samples && let Some(history) = self.histories.get_mut(&e.id) {
+            if e.kind.samples()
+                && let Some(history) = self.histories.get_mut(&e.id)
+            {
                 let at = e.prompt_len as usize + e.position as usize;
                 history.truncate(at);
                 if history.len() == at {

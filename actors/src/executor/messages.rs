@@ -286,13 +286,29 @@ pub struct ForwardEntry {
     pub is_dummy: bool,
 }
 
-impl ForwardEntry {
-    /// Tokens this entry puts into the forward.
-    pub fn tokens(&self) -> u32 {
-        match self.kind {
+impl ForwardKind {
+    /// Tokens the step puts into the forward.
+    pub fn tokens(self) -> u32 {
+        match self {
             ForwardKind::Context { chunk, .. } => chunk,
             ForwardKind::Generation { tokens } => tokens,
         }
+    }
+
+    /// Whether the forward samples a token for the step (a prefill's last chunk, every
+    /// generation step).
+    pub fn samples(self) -> bool {
+        match self {
+            ForwardKind::Context { samples, .. } => samples,
+            ForwardKind::Generation { .. } => true,
+        }
+    }
+}
+
+impl ForwardEntry {
+    /// Tokens this entry puts into the forward.
+    pub fn tokens(&self) -> u32 {
+        self.kind.tokens()
     }
 }
 

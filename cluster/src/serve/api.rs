@@ -69,6 +69,9 @@ pub struct Parsed {
     pub block_hashes: Vec<u64>,
     /// Output tokens to generate.
     pub max_tokens: u32,
+    /// The field that gave them (`max_tokens`, or a chat's `max_completion_tokens`), for
+    /// errors about them.
+    pub max_tokens_param: &'static str,
     /// Server-sent events.
     pub stream: bool,
     /// A last chunk with the usage (`stream_options.include_usage`).
@@ -293,31 +296,12 @@ pub fn parse(
         }
     }
     let mut keys = Vec::new();
-    let param = match endpoint {
-        Endpoint::Completions => {
-            completion_prompt(obj.get("prompt"), &mut keys)?;
-            "prompt"
-        }
-        Endpoint::Chat => {
-            chat_prompt(obj.get("messages"), &mut keys)?;
-            "messages"
-        }
-    };
-    let prompt_tokens = keys.len() as u64;
-    if prompt_tokens == 0 {
-        return Err(ApiError::field(
-            param,
-            format!("{param} is empty: at least one token is needed"),
-        ));
+    match endpoint {
+        Endpoint::Completions => completion_prompt(obj.get("prompt"), &mut keys)?,
+        Endpoint::Chat => chat_prompt(obj.get("messages"), &mut keys)?,
     }
-    if prompt_tokens > u64::from(max_prompt_tokens) {
-        return Err(ApiError::field(
-            param,
-            format!(
-                "{param} has {prompt_tokens} tokens, more than this server's limit of {max_prompt_tokens}"
-            ),
-        ));
-    }
+    let prompt_tokens = keys.len();
+    check_prompt_tokens(endpoint, prompt_tokens, max_prompt_tokens)?;
     let max_param = match endpoint {
         Endpoint::Chat if obj.contains_key("max_completion_tokens") => "max_completion_tokens",
         _ => "max_tokens",
@@ -408,6 +392,7 @@ pub fn parse(
     let stop = stop_strings(obj.get("stop"))?;
     Ok(Parsed {
         prompt_tokens: prompt_tokens as u32,
+        max_tokens_param: max_param,
         block_hashes: block_hashes(&keys, tokens_per_block),
         max_tokens,
         stream,
@@ -415,6 +400,39 @@ pub fn parse(
         stop,
         sampling,
     })
+}
+
+/// The field a prompt comes in.
+pub fn prompt_param(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::Completions => "prompt",
+        Endpoint::Chat => "messages",
+    }
+}
+
+/// A prompt of `count` tokens must have one and at most `max_prompt_tokens` (the error
+/// names the field).
+pub fn check_prompt_tokens(
+    endpoint: Endpoint,
+    count: usize,
+    max_prompt_tokens: u32,
+) -> Result<(), ApiError> {
+    let param = prompt_param(endpoint);
+    if count == 0 {
+        return Err(ApiError::field(
+            param,
+            format!("{param} is empty: at least one token is needed"),
+        ));
+    }
+    if count as u64 > u64::from(max_prompt_tokens) {
+        return Err(ApiError::field(
+            param,
+            format!(
+                "{param} has {count} tokens, more than this server's limit of {max_prompt_tokens}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Stop strings at most, as OpenAI's API allows.

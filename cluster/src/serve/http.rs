@@ -17,7 +17,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::api::{self, ApiError, Endpoint, Parsed};
 use super::bridge::{BridgeMsg, Event, Pending};
-use super::stop::StopWatch;
+use super::stop::{Released, StopWatch};
 use crate::fleet::ShapeCheck;
 use lockstep_actors::config::RequestShape;
 use lockstep_actors::ids::ReqId;
@@ -159,14 +159,10 @@ fn check_size(state: &AppState, parsed: &Parsed, endpoint: Endpoint) -> Result<(
         max_new_tokens,
         draft_len: 0,
     };
-    let prompt_param = match endpoint {
-        Endpoint::Completions => "prompt",
-        Endpoint::Chat => "messages",
-    };
     let (param, why) = if let Some(why) = state.shapes.refusal(shape(1)) {
-        (prompt_param, why)
+        (api::prompt_param(endpoint), why)
     } else if let Some(why) = state.shapes.refusal(shape(parsed.max_tokens)) {
-        ("max_tokens", why)
+        (parsed.max_tokens_param, why)
     } else {
         return Ok(());
     };
@@ -413,28 +409,8 @@ fn model_prompt(
     state: &AppState,
 ) -> Result<Vec<u32>, ApiError> {
     let ids = text.prompt_ids(body, endpoint)?;
-    let param = match endpoint {
-        Endpoint::Completions => "prompt",
-        Endpoint::Chat => "messages",
-    };
-    if ids.is_empty() {
-        return Err(ApiError::field(param, format!("{param} has no tokens")));
-    }
-    if ids.len() > state.max_prompt_tokens as usize {
-        return Err(ApiError::field(
-            param,
-            format!(
-                "{param} has {} tokens, more than this server's limit of {}",
-                ids.len(),
-                state.max_prompt_tokens
-            ),
-        ));
-    }
-    let max_param = match endpoint {
-        Endpoint::Chat => "max_completion_tokens",
-        Endpoint::Completions => "max_tokens",
-    };
-    text.check_length(ids.len() as u32, parsed.max_tokens, max_param)?;
+    api::check_prompt_tokens(endpoint, ids.len(), state.max_prompt_tokens)?;
+    text.check_length(ids.len() as u32, parsed.max_tokens, parsed.max_tokens_param)?;
     parsed.prompt_tokens = ids.len() as u32;
     let keys: Vec<u64> = ids.iter().map(|&t| u64::from(t)).collect();
     parsed.block_hashes = api::block_hashes(&keys, state.tokens_per_block);
@@ -453,16 +429,15 @@ struct Shape {
 }
 
 impl Shape {
-    /// Whether `last` is the model's end of sequence (never without `--model`).
-    fn is_eos(&self, last: u32) -> bool {
-        self.decoder.as_ref().is_some_and(|d| d.is_eos(last))
-    }
-
-    /// The text of a step's `count` tokens whose last id is `last`, `before` tokens in.
-    fn render(&mut self, last: u32, count: u32, before: u32) -> String {
+    /// What a step's `count` tokens, the last of id `last`, `before` tokens in, let the
+    /// answer send: their text through the stop-string watch, or, at the model's end of
+    /// sequence (`--model`), the end of the answer as at a stop string (the token is
+    /// counted, not shown).
+    fn release(&mut self, watch: &mut StopWatch, last: u32, count: u32, before: u32) -> Released {
         match &mut self.decoder {
-            Some(d) => d.push(last),
-            None => api::render(last, count, before),
+            Some(d) if d.is_eos(last) => watch.end_of_sequence(),
+            Some(d) => watch.push(&d.push(last)),
+            None => watch.push(&api::render(last, count, before)),
         }
     }
 
@@ -527,7 +502,6 @@ async fn whole(
     let mut text = String::new();
     let mut generated = 0;
     let mut watch = StopWatch::new(shape.parsed.stop.clone());
-    let mut ended_by_eos = false;
     // One watch for the whole wait (a watch per event would restart its clock at every
     // token and never look).
     let departure = async {
@@ -548,17 +522,8 @@ async fn whole(
             }
         };
         match event {
-            Some(Event::Tokens { last, count, .. }) if shape.is_eos(last) => {
-                // The model's end of sequence: the answer ends (the token is counted,
-                // not shown) and the rest of the request is cancelled.
-                generated += count;
-                text.push_str(&watch.finish());
-                ended_by_eos = true;
-                guard.stop();
-                break;
-            }
             Some(Event::Tokens { last, count, .. }) => {
-                let released = watch.push(&shape.render(last, count, generated));
+                let released = shape.release(&mut watch, last, count, generated);
                 text.push_str(&released.text);
                 generated += count;
                 if released.stopped {
@@ -584,11 +549,7 @@ async fn whole(
         }
     }
     guard.disarm();
-    let finish = if watch.stopped() || ended_by_eos {
-        "stop"
-    } else {
-        "length"
-    };
+    let finish = if watch.stopped() { "stop" } else { "length" };
     let choices = match shape.endpoint {
         Endpoint::Completions => json!([{
             "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
@@ -652,29 +613,8 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> Ht
         };
         let done = Bytes::from_static(b"data: [DONE]\n\n");
         match st.rx.recv().await {
-            Some(Event::Tokens { last, count, .. }) if st.shape.is_eos(last) => {
-                st.generated += count;
-                st.done = true;
-                st.guard.stop();
-                st.tail.push(done);
-                if st.shape.parsed.include_usage {
-                    st.tail.push(usage(&st));
-                }
-                let rest = st.watch.finish();
-                let chunk = st.shape.wrap(
-                    true,
-                    st.shape.delta(
-                        (!rest.is_empty()).then_some(rest.as_str()),
-                        Some("stop"),
-                        st.first,
-                    ),
-                    Value::Null,
-                );
-                st.first = false;
-                Some((sse(&chunk), st))
-            }
             Some(Event::Tokens { last, count, .. }) => {
-                let released = st.watch.push(&st.shape.render(last, count, st.generated));
+                let released = st.shape.release(&mut st.watch, last, count, st.generated);
                 st.generated += count;
                 let finish = if released.stopped {
                     // The answer ends here; the rest of the request is cancelled.

@@ -37,12 +37,7 @@ impl ModelText {
                     ),
                 })?;
         let config = &backend.model.config;
-        let mut eos: Vec<u32> = config.eos_token_id.into_iter().collect();
-        eos.extend(
-            ["<|im_end|>", "<|eot_id|>"]
-                .iter()
-                .filter_map(|t| tokenizer.token_id(t)),
-        );
+        let eos = tokenizer.end_of_answer_ids(config.eos_token_id);
         Ok(ModelText {
             defaults: backend.sampling,
             eos: Arc::new(eos),

@@ -79,6 +79,17 @@ impl StopWatch {
         }
     }
 
+    /// The model's end of sequence (`serve --model`): the output ends here as at a stop
+    /// string; what was held back is released, since nothing can extend it now.
+    pub fn end_of_sequence(&mut self) -> Released {
+        let text = self.finish();
+        self.stopped = true;
+        Released {
+            text,
+            stopped: true,
+        }
+    }
+
     /// What is still held back, once the output ended without a stop string.
     pub fn finish(&mut self) -> String {
         if self.stopped {
@@ -111,6 +122,24 @@ mod tests {
         }
         sent.push_str(&w.finish());
         (sent, false)
+    }
+
+    #[test]
+    fn the_end_of_sequence_releases_the_held_back_text_and_ends_the_output() {
+        let mut w = StopWatch::new(vec!["xyz".into()]);
+        // The last `longest stop - 1` bytes are held back.
+        assert_eq!(w.push("hello ab").text, "hello ");
+        let end = w.end_of_sequence();
+        assert_eq!(
+            end,
+            Released {
+                text: "ab".into(),
+                stopped: true
+            }
+        );
+        assert!(w.stopped());
+        assert_eq!(w.push("more").text, "");
+        assert_eq!(w.finish(), "");
     }
 
     #[test]

@@ -76,15 +76,19 @@ impl TextTokenizer {
     /// The prompt for one user message: wrapped in the chat format when the model has
     /// one, the message itself otherwise.
     pub fn chat_prompt(&self, user_message: &str) -> String {
-        match self.chat_format {
-            Some(ChatFormat::ChatMl) => {
-                format!("<|im_start|>user\n{user_message}<|im_end|>\n<|im_start|>assistant\n")
-            }
-            Some(ChatFormat::Llama3) => format!(
-                "<|start_header_id|>user<|end_header_id|>\n\n{user_message}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
-            ),
-            None => user_message.to_string(),
-        }
+        self.chat_prompt_messages(&[("user".into(), user_message.into())])
+    }
+
+    /// The ids that end an answer: the model's `eos_token_id` and the chat format's
+    /// end-of-turn token, where the vocabulary has them.
+    pub fn end_of_answer_ids(&self, eos_token_id: Option<u32>) -> Vec<u32> {
+        let mut ids: Vec<u32> = eos_token_id.into_iter().collect();
+        ids.extend(
+            ["<|im_end|>", "<|eot_id|>"]
+                .iter()
+                .filter_map(|t| self.token_id(t)),
+        );
+        ids
     }
 
     /// The prompt for a conversation of `(role, content)` messages, ending where the
