@@ -1,19 +1,23 @@
 //! `--model DIR`: a real model behind the ranks of `sim`, `run` and `serve`.
 //!
-//! Loading happens once per process; every rank gets its own [`ModelTokens`] (its own
-//! paged K/V pool) over the shared weights. What the model backend cannot run yet is
-//! refused at startup, naming the server and the setting: disaggregated servers (the
-//! transceiver does not move real K/V yet) and speculative decoding.
+//! Loading happens once per process; every rank gets its own paged K/V pool over the
+//! shared weights. On a disaggregated server each rank's transceiver reads (ctx) or
+//! writes (gen) that pool through a [`KvCodec::Model`], so a gen rank decodes from the
+//! K/V its ctx rank computed. What the model backend cannot run yet is refused at
+//! startup, naming the server and the setting: speculative decoding, and a pool too
+//! large.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use lockstep_actors::config::Role;
 use lockstep_actors::group::TokenSource;
+use lockstep_actors::transceiver::{KvCodec, KvStore};
+use lockstep_gpu::kv_contents;
 use lockstep_gpu::model::{Model, ModelError, SamplingParams, TextTokenizer};
 use lockstep_gpu::model_tokens::{ModelSampling, ModelTokens, RankModel};
 
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, PlannedServer};
 
 /// Why `--model` cannot serve this scenario.
 #[derive(Debug, thiserror::Error)]
@@ -89,12 +93,6 @@ impl ModelBackend {
                 server: p.config.name.clone(),
                 why,
             };
-            if p.config.role != Role::Agg {
-                return Err(unsupported(format!(
-                    "role {:?}: the model backend runs aggregated servers (the transceiver does not move real K/V yet)",
-                    p.config.role
-                )));
-            }
             if p.sizes.draft_len > 0 {
                 return Err(unsupported(format!(
                     "draft_len {}: the model backend does not run speculative decoding",
@@ -111,13 +109,41 @@ impl ModelBackend {
         Ok(())
     }
 
-    /// A real driver's rank: its device thread's half of the model.
-    pub fn rank_model(&self) -> RankModel {
-        RankModel::new(self.model.clone(), self.sampling)
+    /// A real driver's rank of server `p`: its device thread's half of the model and,
+    /// on a ctx or gen server, its transceiver's codec over the same pool.
+    pub fn rank_model(&self, p: &PlannedServer<'_>) -> (RankModel, Option<KvCodec>) {
+        let rank = RankModel::new(self.model.clone(), self.sampling);
+        let codec = (p.config.role != Role::Agg).then(|| {
+            model_codec(rank.kv_store(p.sizes.kv_blocks_per_rank, p.sizes.tokens_per_block))
+        });
+        (rank, codec)
     }
 
-    /// The simulator's token source for one server (inline, every rank).
-    pub fn tokens(&self) -> Box<dyn TokenSource + Send> {
-        Box::new(ModelTokens::new(self.model.clone(), self.sampling))
+    /// The simulator's token source for server `p` (inline, every rank) and, on a ctx
+    /// or gen server, each rank's transceiver codec over that rank's pool.
+    pub fn sim_server(&self, p: &PlannedServer<'_>) -> (Box<dyn TokenSource>, Vec<KvCodec>) {
+        let mut tokens = ModelTokens::new(self.model.clone(), self.sampling);
+        let codecs = if p.config.role == Role::Agg {
+            Vec::new()
+        } else {
+            (0..p.sizes.dp as usize)
+                .map(|r| {
+                    model_codec(tokens.kv_store(
+                        r,
+                        p.sizes.kv_blocks_per_rank,
+                        p.sizes.tokens_per_block,
+                    ))
+                })
+                .collect()
+        };
+        (Box::new(tokens), codecs)
+    }
+}
+
+/// The transceiver's codec over a rank's pool: the model's own K/V, checksummed.
+fn model_codec(store: std::sync::Arc<dyn KvStore>) -> KvCodec {
+    KvCodec::Model {
+        store,
+        checksum: kv_contents::checksum,
     }
 }

@@ -1,8 +1,9 @@
 //! `--model`: a real transformer behind the ranks. Every request's tokens equal the
 //! same model's dense reference generation (no paging, no batching), so the paged
 //! forward read the right blocks through the KV manager's block tables, under chunked
-//! prefill, mixed batches, prefix reuse and dp 2; and the simulator and the threads
-//! driver agree token for token, greedy and seeded.
+//! prefill, mixed batches, prefix reuse and dp 2; on a disaggregated fleet too, where
+//! the gen rank decodes from the K/V its ctx rank computed and the transceiver moved;
+//! and the simulator and the threads driver agree token for token, greedy and seeded.
 
 mod common;
 
@@ -24,14 +25,21 @@ use lockstep_gpu::model_tokens::prompt_tokens;
 /// dp 2, chunked prefill in chunks smaller than the longest prompt, a shared prefix of
 /// 48 tokens (three blocks every request reuses once one computed them).
 fn scenario(shared_prefix: u32, requests: u32) -> Scenario {
-    parse(
-        &format!(
-            r#"
-name = "model-runs"
+    fleet_scenario(&server_text("agg0", "agg"), shared_prefix, requests)
+}
 
+/// The same requests on a disaggregated fleet: a ctx server and a gen server, dp 2 each.
+fn disagg_scenario(shared_prefix: u32, requests: u32) -> Scenario {
+    let servers = server_text("ctx0", "ctx") + &server_text("gen0", "gen");
+    fleet_scenario(&servers, shared_prefix, requests)
+}
+
+fn server_text(name: &str, role: &str) -> String {
+    format!(
+        r#"
 [[server]]
-name = "agg0"
-role = "agg"
+name = "{name}"
+role = "{role}"
 tensor_parallel_size = 2
 enable_attention_dp = true
 max_batch_size = 6
@@ -42,6 +50,16 @@ enable_chunked_prefill = true
 tokens_per_block = 16
 max_tokens = 4096
 enable_block_reuse = true
+"#
+    )
+}
+
+fn fleet_scenario(servers: &str, shared_prefix: u32, requests: u32) -> Scenario {
+    parse(
+        &format!(
+            r#"
+name = "model-runs"
+{servers}
 
 [workload]
 kind = "open_loop"
@@ -181,6 +199,22 @@ fn every_request_generates_the_dense_reference_tokens_in_the_simulator_and_on_th
     };
     assert_eq!(digests(&sim), expected, "simulator vs dense reference");
     assert_eq!(digests(&threads), expected, "threads vs dense reference");
+    // Disaggregated: the ctx ranks prefill (reusing the shared prefix) and sample the
+    // first token; the gen ranks decode from the K/V that arrived.
+    let disagg = disagg_scenario(48, 16);
+    let sim_disagg = sim_with(&disagg, Some(model.clone()));
+    let threads_disagg = threads_with(&disagg, model.clone());
+    for r in [&sim_disagg, &threads_disagg] {
+        assert_eq!(r.requests.completed, 16, "{:?}", r.per_request);
+        let moved: u64 = r.servers[1].transfers.count;
+        assert_eq!(moved, 16, "every request's K/V reached a gen rank");
+        assert!(r.servers[0].kv.reuse_hits >= 3, "{:?}", r.servers[0].kv);
+        for s in &r.servers {
+            assert_eq!(s.kv.used_blocks_at_end, 0, "leaked KV on {}", s.name);
+        }
+    }
+    assert_eq!(digests(&sim_disagg), expected, "disaggregated simulator");
+    assert_eq!(digests(&threads_disagg), expected, "disaggregated threads");
     // Negative control: the stand-in backend's tokens are not the model's.
     let stand_in = sim_with(&s, None);
     assert_ne!(digests(&stand_in), expected);
@@ -206,6 +240,19 @@ fn seeded_sampling_gives_the_same_tokens_on_every_driver_and_other_tokens_for_an
     };
     assert!(differ(&a, &other) > 6, "another seed, other tokens");
     assert!(differ(&a, &greedy) > 6, "sampling is not greedy");
+    // Disaggregated serving samples the same tokens: the first on a ctx rank, the rest
+    // on a gen rank, each a function of the request's seed, position and logits.
+    let disagg = disagg_scenario(0, 12);
+    let c = sim_with(&disagg, Some(backend(&dir, 0.8, 7)));
+    let d = threads_with(&disagg, backend(&dir, 0.8, 7));
+    assert_eq!(c.requests.completed, 12);
+    assert_eq!(d.requests.completed, 12);
+    assert_eq!(digests(&c), digests(&a), "disaggregated vs aggregated");
+    assert_eq!(
+        digests(&d),
+        digests(&a),
+        "disaggregated threads vs aggregated"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -213,25 +260,31 @@ fn seeded_sampling_gives_the_same_tokens_on_every_driver_and_other_tokens_for_an
 fn a_model_the_scenario_cannot_use_is_refused_at_startup_naming_the_setting() {
     let dir = tiny_model("refused");
     let model = backend(&dir, 0.0, 0);
-    let disagg = parse(&common::disagg_text(4), &[]);
+    let speculative = parse(
+        &(server_text("agg0", "agg").replace(
+            "enable_chunked_prefill = true",
+            "enable_chunked_prefill = true\nmax_draft_len = 2",
+        ) + "[workload]\nkind = \"closed_loop\"\nconcurrency = 2\nnum_requests = 2\n"),
+        &[],
+    );
     let err = sim::run(
-        &disagg,
+        &speculative,
         SimOptions {
             model: Some(model.clone()),
             ..SimOptions::default()
         },
     )
-    .expect_err("disaggregated servers are refused");
-    assert!(err.to_string().contains("aggregated"), "{err}");
+    .expect_err("speculative decoding is refused");
+    assert!(err.to_string().contains("draft_len 2"), "{err}");
     let err = lockstep_cluster::backends::threads::run(
-        &disagg,
+        &speculative,
         &RealOptions {
             model: Some(model),
             ..real_options()
         },
     )
     .expect_err("on threads too");
-    assert!(err.to_string().contains("aggregated"), "{err}");
+    assert!(err.to_string().contains("draft_len 2"), "{err}");
     let bad = ModelBackend::load(
         &dir,
         SamplingParams {

@@ -477,7 +477,8 @@ fn mpi_serve_streams_cancels_and_drains_a_disaggregated_fleet_over_http() {
 
 /// `--model` under mpirun: every rank process loads the model and runs its forwards on
 /// its device thread; every request's greedy and seeded tokens equal the simulator's
-/// (which equal the dense reference: `model_runs.rs`).
+/// (which equal the dense reference: `model_runs.rs`), on an aggregated fleet and on a
+/// disaggregated one whose gen ranks decode from K/V moved between processes.
 #[test]
 #[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_with_a_real_model_streams_the_simulators_tokens_greedy_and_seeded() {
@@ -487,12 +488,16 @@ fn mpi_with_a_real_model_streams_the_simulators_tokens_greedy_and_seeded() {
     let dir = temp("mpi-model");
     let _ = std::fs::remove_dir_all(&dir);
     write_random_model(&dir, &InitOptions::default()).expect("init the tiny model");
-    let text = std::fs::read_to_string(common::serve::example("model/agg-tiny.toml"))
-        .expect("the example")
-        .replace("num_requests = 64", "num_requests = 24");
-    for temperature in [0.0f32, 0.8] {
-        let name = format!("mpi-model-{temperature}");
-        let (mut args, json) = rank_args(&text, &[], &name);
+    let example = |name: &str| {
+        std::fs::read_to_string(common::serve::example(name))
+            .expect("the example")
+            .replace("num_requests = 64", "num_requests = 24")
+    };
+    let agg = example("model/agg-tiny.toml");
+    let disagg = example("model/disagg-tiny.toml");
+    for (temperature, text) in [(0.0f32, &agg), (0.8, &agg), (0.0, &disagg), (0.8, &disagg)] {
+        let name = format!("mpi-model-{temperature}-{}", text.len());
+        let (mut args, json) = rank_args(text, &[], &name);
         let dir_arg = dir.to_string_lossy().into_owned();
         args.extend([
             "--model".into(),
@@ -503,7 +508,7 @@ fn mpi_with_a_real_model_streams_the_simulators_tokens_greedy_and_seeded() {
             "40".into(),
         ]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let s = parse(&text, &[]);
+        let s = parse(text, &[]);
         let out = output_within(mpirun(&bin, processes(&s), &args), Duration::from_secs(120));
         assert!(
             out.status.success(),
@@ -517,8 +522,10 @@ fn mpi_with_a_real_model_streams_the_simulators_tokens_greedy_and_seeded() {
             ..SamplingParams::default()
         };
         let model = ModelBackend::load(&dir, params, 3).expect("load");
+        // The simulator runs the aggregated fleet: the disaggregated one's tokens equal
+        // it too.
         let sim = lockstep_cluster::sim::run(
-            &s,
+            &parse(&agg, &[]),
             lockstep_cluster::sim::SimOptions {
                 seed: 3,
                 preload: true,
@@ -534,7 +541,12 @@ fn mpi_with_a_real_model_streams_the_simulators_tokens_greedy_and_seeded() {
                 .map(|d| (d.id, d.output_tokens, d.token_digest.clone()))
                 .collect()
         };
-        assert_eq!(streams(&mpi), streams(&sim), "temperature {temperature}");
+        assert_eq!(
+            streams(&mpi),
+            streams(&sim),
+            "temperature {temperature}, {}",
+            s.name
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

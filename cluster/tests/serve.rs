@@ -538,6 +538,18 @@ fn curl_streams_a_chat_completion() {
     assert_words(&text, 5);
 }
 
+/// A whole (not streamed) chat completion of one user message.
+fn chat_answer(s: &Server, message: &str, max_tokens: usize) -> Value {
+    let body = json!({
+        "messages": [{"role": "user", "content": message}],
+        "max_tokens": max_tokens,
+    })
+    .to_string();
+    let (code, answer) = post(&s.url("/v1/chat/completions"), &body, None);
+    assert_eq!(code, 200, "{answer}");
+    json_of(&answer)
+}
+
 /// `serve --model`: chat completions answered with the tiny model's own text, equal to
 /// its dense greedy generation from the chat prompt, ending at the model's end of
 /// sequence (`stop`) or at `max_tokens` (`length`), both seen here; streamed, the same
@@ -587,14 +599,7 @@ fn a_model_answers_chat_completions_with_its_greedy_text() {
     for i in 0..12 {
         let message = format!("Question {i}: what is the paged KV cache?");
         let (prompt_len, expected, (finish, completion)) = expect(&message);
-        let body = json!({
-            "messages": [{"role": "user", "content": message}],
-            "max_tokens": MAX_TOKENS,
-        })
-        .to_string();
-        let (code, answer) = post(&s.url("/v1/chat/completions"), &body, None);
-        assert_eq!(code, 200, "{answer}");
-        let v = json_of(&answer);
+        let v = chat_answer(&s, &message, MAX_TOKENS);
         assert_eq!(
             v["choices"][0]["message"]["content"],
             expected.as_str(),
@@ -644,6 +649,22 @@ fn a_model_answers_chat_completions_with_its_greedy_text() {
     assert_eq!(code, 400, "{err}");
     assert_eq!(json_of(&err)["error"]["param"], "max_completion_tokens");
     assert!(err.contains("max_position_embeddings"), "{err}");
+    drop(s);
+    // Disaggregated: a ctx rank prefills and samples the first token, a gen rank decodes
+    // from the K/V that moved between them; the text is the same.
+    let s = Server::start("model/disagg-tiny.toml", &["--model", &dir_arg]);
+    for i in 0..12 {
+        let message = format!("Question {i}: what is the paged KV cache?");
+        let (_, expected, (finish, completion)) = expect(&message);
+        let v = chat_answer(&s, &message, MAX_TOKENS);
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            expected.as_str(),
+            "disaggregated: {message}"
+        );
+        assert_eq!(v["choices"][0]["finish_reason"], finish, "{message}");
+        assert_eq!(v["usage"]["completion_tokens"], completion);
+    }
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -15,13 +15,14 @@
 //! logits, so a request gets the same tokens on every driver and under any batching.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use lockstep_actors::executor::{ForwardKind, ForwardOutput, RankExecutor, ScheduledBatch};
 use lockstep_actors::group::{ForwardError, TokenSource};
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::kv::{chain_keys, mix};
 use lockstep_actors::request::{Request, RequestSpec};
+use lockstep_actors::transceiver::{KvBlock, KvStore};
 
 use crate::model::{
     BatchEntry, Model, ModelError, PagedKvCache, Sampler, SamplingParams, forward_paged,
@@ -104,13 +105,30 @@ impl TokenSource for ModelTokens {
         batch: &ScheduledBatch,
         out: &mut ForwardOutput,
     ) -> Result<(), ForwardError> {
-        let index = exec.rank().index();
+        let rank = self.rank(exec.rank().index());
+        let prepared = prepare(exec, batch, rank.batches);
+        rank.compute_into(prepared, out)
+    }
+}
+
+impl ModelTokens {
+    fn rank(&mut self, index: usize) -> &mut RankModel {
         while self.ranks.len() <= index {
             self.ranks
                 .push(RankModel::new(self.model.clone(), self.sampling));
         }
-        let prepared = prepare(exec, batch, self.ranks[index].batches);
-        self.ranks[index].compute_into(prepared, out)
+        &mut self.ranks[index]
+    }
+
+    /// Rank `index`'s K/V pool of `blocks` blocks of `tokens_per_block` tokens, for its
+    /// transceiver (a disaggregated server's ranks hand K/V to each other through it).
+    pub fn kv_store(
+        &mut self,
+        index: usize,
+        blocks: u32,
+        tokens_per_block: u32,
+    ) -> Arc<dyn KvStore> {
+        self.rank(index).kv_store(blocks, tokens_per_block)
     }
 }
 
@@ -203,13 +221,125 @@ pub fn prepare(exec: &RankExecutor, batch: &ScheduledBatch, batches: u64) -> Pre
     }
 }
 
+/// What a rank's forwards and its transceiver share: the K/V pool and each request's
+/// token history.
+#[derive(Default)]
+struct RankMemory {
+    cache: Option<PagedKvCache>,
+    histories: HashMap<ReqId, Vec<u32>>,
+}
+
+impl RankMemory {
+    /// The pool, made on first use with `blocks` blocks of `tokens_per_block` tokens.
+    fn pool(
+        &mut self,
+        model: &Model,
+        blocks: u32,
+        tokens_per_block: u32,
+    ) -> Result<&mut PagedKvCache, String> {
+        if self.cache.is_none() {
+            ModelTokens::check_pool(model, blocks, tokens_per_block)?;
+            let cache = model
+                .paged_cache(blocks as usize, tokens_per_block as usize)
+                .map_err(|e| e.to_string())?;
+            self.cache = Some(cache);
+        }
+        self.cache.as_mut().ok_or_else(|| "no K/V pool".into())
+    }
+}
+
 /// The device's half of one rank: its K/V pool and its requests' token histories.
 pub struct RankModel {
     model: Arc<Model>,
     sampling: ModelSampling,
-    cache: Option<PagedKvCache>,
-    histories: HashMap<ReqId, Vec<u32>>,
+    memory: Arc<Mutex<RankMemory>>,
     batches: u64,
+}
+
+/// A rank's memory as its transceiver sees it ([`KvStore`]): the ctx side reads a
+/// request's blocks and tokens, the gen side writes them.
+struct RankKvStore {
+    model: Arc<Model>,
+    memory: Arc<Mutex<RankMemory>>,
+    pool: (u32, u32),
+    block_bytes: u64,
+}
+
+impl RankKvStore {
+    fn memory(&self) -> MutexGuard<'_, RankMemory> {
+        // A forward that panicked left the pool as it was; the data is still whole.
+        self.memory.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl KvStore for RankKvStore {
+    fn block_bytes(&self) -> u64 {
+        self.block_bytes
+    }
+
+    fn export(&self, id: ReqId, block_ids: &[u32]) -> Result<(Vec<Vec<u8>>, Vec<u32>), String> {
+        let mut memory = self.memory();
+        let tokens = memory
+            .histories
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| format!("no tokens of request {} on this rank", id.0))?;
+        let pool = memory.pool(&self.model, self.pool.0, self.pool.1)?;
+        let blocks = block_ids
+            .iter()
+            .map(|&b| {
+                pool.read_block(b)
+                    .ok_or_else(|| format!("block id {b} outside the pool"))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok((blocks, tokens))
+    }
+
+    fn import(
+        &self,
+        id: ReqId,
+        block_ids: &[u32],
+        blocks: &[KvBlock],
+        tokens: &[u32],
+    ) -> Result<(), String> {
+        if block_ids.len() != blocks.len() {
+            return Err(format!(
+                "{} blocks arrived for {} reserved",
+                blocks.len(),
+                block_ids.len()
+            ));
+        }
+        // The blocks hold the prompt; the tokens are the prompt and the first token.
+        let prompt = tokens.len().saturating_sub(1);
+        if tokens.is_empty() || prompt.div_ceil(self.pool.1.max(1) as usize) != blocks.len() {
+            return Err(format!(
+                "{} token ids arrived with {} blocks of {} tokens",
+                tokens.len(),
+                blocks.len(),
+                self.pool.1
+            ));
+        }
+        let mut memory = self.memory();
+        let pool = memory.pool(&self.model, self.pool.0, self.pool.1)?;
+        // Check every block before writing any: a failed import writes nothing.
+        if let Some(bad) = blocks
+            .iter()
+            .find(|b| b.bytes.len() as u64 != self.block_bytes)
+        {
+            return Err(format!(
+                "block {} is {} bytes, a block of this model is {}",
+                bad.index,
+                bad.bytes.len(),
+                self.block_bytes
+            ));
+        }
+        for (&to, block) in block_ids.iter().zip(blocks) {
+            pool.write_block(to, &block.bytes)
+                .map_err(|e| e.to_string())?;
+        }
+        memory.histories.insert(id, tokens.to_vec());
+        Ok(())
+    }
 }
 
 impl RankModel {
@@ -218,10 +348,20 @@ impl RankModel {
         RankModel {
             model,
             sampling,
-            cache: None,
-            histories: HashMap::new(),
+            memory: Arc::default(),
             batches: 0,
         }
+    }
+
+    /// The rank's memory as its transceiver sees it, for a pool of `blocks` blocks of
+    /// `tokens_per_block` tokens (the size the rank's KV manager gives its forwards).
+    pub fn kv_store(&self, blocks: u32, tokens_per_block: u32) -> Arc<dyn KvStore> {
+        Arc::new(RankKvStore {
+            model: self.model.clone(),
+            memory: self.memory.clone(),
+            pool: (blocks, tokens_per_block),
+            block_bytes: ModelTokens::pool_bytes(&self.model, 1, tokens_per_block),
+        })
     }
 
     /// Forwards run so far (what [`prepare`] takes).
@@ -246,13 +386,9 @@ impl RankModel {
     fn compute(&mut self, batch: PreparedBatch, out: &mut ForwardOutput) -> Result<(), String> {
         let model = &*self.model;
         let (blocks, tokens_per_block) = batch.pool;
-        if self.cache.is_none() {
-            ModelTokens::check_pool(model, blocks, tokens_per_block)?;
-            let cache = model
-                .paged_cache(blocks as usize, tokens_per_block as usize)
-                .map_err(|e| e.to_string())?;
-            self.cache = Some(cache);
-        }
+        let mut guard = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        let memory = &mut *guard;
+        memory.pool(model, blocks, tokens_per_block)?;
         let vocab = model.config.vocab_size as u32;
         // Per entry: start position and token ids.
         let mut inputs: Vec<(usize, Vec<u32>)> = Vec::with_capacity(batch.entries.len());
@@ -263,7 +399,7 @@ impl RankModel {
                 inputs.push((0, vec![0; tokens.max(1) as usize]));
                 continue;
             }
-            let history = match self.histories.entry(e.id) {
+            let history = match memory.histories.entry(e.id) {
                 std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                 std::collections::hash_map::Entry::Vacant(v) => {
                     let spec = e.spec.as_ref().ok_or_else(|| {
@@ -317,7 +453,7 @@ impl RankModel {
                 dummy: e.is_dummy,
             })
             .collect();
-        let cache = self.cache.as_mut().ok_or("no K/V pool")?;
+        let cache = memory.cache.as_mut().ok_or("no K/V pool")?;
         let logits = forward_paged(model, cache, &entries).map_err(|e| e.to_string())?;
         out.batch = batch.number;
         out.sampled.clear();
@@ -328,7 +464,7 @@ impl RankModel {
             }
             let token = sample_one(self.sampling, e.sampling, e.id, e.position, logits)?;
             if e.kind.samples()
-                && let Some(history) = self.histories.get_mut(&e.id)
+                && let Some(history) = memory.histories.get_mut(&e.id)
             {
                 let at = e.prompt_len as usize + e.position as usize;
                 history.truncate(at);
@@ -341,7 +477,7 @@ impl RankModel {
         self.batches += 1;
         if let Some(live) = batch.live {
             let live: std::collections::HashSet<ReqId> = live.into_iter().collect();
-            self.histories.retain(|id, _| live.contains(id));
+            memory.histories.retain(|id, _| live.contains(id));
         }
         Ok(())
     }

@@ -56,6 +56,7 @@ fn send(id: u64, blocks: u32) -> TransceiverIn {
     TransceiverIn::Command(TransferCommand::Send {
         id: ReqId(id),
         blocks,
+        block_ids: vec![],
     })
 }
 
@@ -64,6 +65,7 @@ fn receive(id: u64, blocks: u32) -> TransceiverIn {
         id: ReqId(id),
         blocks,
         from: Some(CTX),
+        block_ids: vec![],
     })
 }
 
@@ -483,6 +485,7 @@ fn a_receive_without_a_kv_location_fails_at_once_and_pulls_nothing() {
             id: ReqId(1),
             blocks: 1,
             from: None,
+            block_ids: vec![],
         }),
     );
     assert_eq!(
@@ -529,7 +532,7 @@ fn poll_timeout_reports_the_earliest_open_deadline_as_transfers_come_and_go() {
 #[test]
 fn a_modeled_transfer_carries_sizes_only_and_completes_on_both_sides() {
     let codec = KvCodec::Modeled { block_bytes: 4096 };
-    let mut ctx = Transceiver::new(CTX, TIMEOUT_MS, codec);
+    let mut ctx = Transceiver::new(CTX, TIMEOUT_MS, codec.clone());
     let mut gen_side = Transceiver::new(GEN, TIMEOUT_MS, codec);
     ctx.handle(0, send(13, 5));
     gen_side.handle(0, receive(13, 5));

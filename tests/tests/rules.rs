@@ -536,6 +536,7 @@ fn s8_gen_request_waits_for_its_kv_then_decodes() {
             id: ReqId(1),
             blocks: 2,
             from: None,
+            ..
         }]
     ));
     h.group.ranks_mut()[0]

@@ -386,6 +386,9 @@ pub enum TransferCommand {
         id: ReqId,
         /// Blocks to send.
         blocks: u32,
+        /// Their ids in this rank's pool, in sequence order (where a model backend's
+        /// K/V is read from).
+        block_ids: Vec<u32>,
     },
     /// gen side: receive the KV of `id` into `blocks` reserved blocks.
     Receive {
@@ -395,6 +398,9 @@ pub enum TransferCommand {
         blocks: u32,
         /// Where the KV lives, if the request said (`RequestSpec::kv_source`).
         from: Option<crate::transceiver::KvAddress>,
+        /// The reserved blocks' ids in this rank's pool, in sequence order (where a
+        /// model backend's K/V is written).
+        block_ids: Vec<u32>,
     },
     /// Either side: the executor dropped `id` while its transfer was in flight
     /// (cancelled, or failed with its server); end it and tell the counterpart.

@@ -363,9 +363,13 @@ impl RankExecutor {
         let from = r.spec.kv_source;
         self.totals.transfer_budget_admitted += 1;
         let blocks = self.kv.blocks_of(id);
-        self.iter
-            .commands
-            .push(TransferCommand::Receive { id, blocks, from });
+        let block_ids = self.kv.block_ids_of(id).iter().map(|b| b.0).collect();
+        self.iter.commands.push(TransferCommand::Receive {
+            id,
+            blocks,
+            from,
+            block_ids,
+        });
     }
 
     /// The vote's outcome (§3.6, §6): commit or roll back the tentative dummy, and set

@@ -209,9 +209,12 @@ impl RankExecutor {
             Role::Ctx => {
                 r.state = RequestState::DisaggContextTransInProgress;
                 let blocks = self.kv.blocks_of(r.id());
-                self.iter
-                    .commands
-                    .push(TransferCommand::Send { id: r.id(), blocks });
+                let block_ids = self.kv.block_ids_of(r.id()).iter().map(|b| b.0).collect();
+                self.iter.commands.push(TransferCommand::Send {
+                    id: r.id(),
+                    blocks,
+                    block_ids,
+                });
                 self.resident.sending.push(r);
             }
             Role::Agg | Role::Gen => {

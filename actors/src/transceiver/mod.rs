@@ -35,9 +35,15 @@
 //!
 //! What a block carries depends on the [`KvCodec`]: real bytes with a checksum (the real
 //! drivers, where the bytes stand for the model's KV), or only its size (the simulator,
-//! which models the wire time from it).
+//! which models the wire time from it), or — with a model behind the ranks — the model's
+//! own K/V, read from the ctx rank's pool and written into the gen rank's through a
+//! [`KvStore`], with the request's token ids so far (the gen rank continues the sequence
+//! from them). The store is the one place the transceiver touches rank memory, as a
+//! transfer engine reads and writes registered device memory; what it reads is fixed by
+//! the forwards before the `Send` command, so a transfer's contents stay deterministic.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +77,14 @@ pub const DEFAULT_PULL_TIMEOUT_MS: u64 = 480_000;
 pub enum KvPayload {
     /// Blocks with their bytes and checksums, in order.
     Blocks(Vec<KvBlock>),
+    /// A model's K/V: its blocks, checksummed, and the token ids of the sequence so far
+    /// (the prompt and the tokens sampled on the ctx rank).
+    Sequence {
+        /// Blocks, in order.
+        blocks: Vec<KvBlock>,
+        /// Token ids.
+        tokens: Vec<u32>,
+    },
     /// `blocks` blocks of `bytes` bytes in all, modeled, not materialised.
     Modeled {
         /// Blocks.
@@ -85,6 +99,9 @@ impl KvPayload {
     pub fn bytes(&self) -> u64 {
         match self {
             KvPayload::Blocks(blocks) => blocks.iter().map(|b| b.bytes.len() as u64).sum(),
+            KvPayload::Sequence { blocks, tokens } => {
+                blocks.iter().map(|b| b.bytes.len() as u64).sum::<u64>() + 4 * tokens.len() as u64
+            }
             KvPayload::Modeled { bytes, .. } => *bytes,
         }
     }
@@ -92,7 +109,7 @@ impl KvPayload {
     /// Blocks carried.
     pub fn blocks(&self) -> u32 {
         match self {
-            KvPayload::Blocks(blocks) => blocks.len() as u32,
+            KvPayload::Blocks(blocks) | KvPayload::Sequence { blocks, .. } => blocks.len() as u32,
             KvPayload::Modeled { blocks, .. } => *blocks,
         }
     }
@@ -178,9 +195,29 @@ pub struct Outgoing {
     pub message: PeerMessage,
 }
 
+/// Where a model backend keeps one rank's K/V: the ctx side reads a request's blocks from
+/// it, the gen side writes them in (the driver plugs in the backend's: the transceiver
+/// stays independent of any backend crate).
+pub trait KvStore: Send + Sync {
+    /// Bytes of one block.
+    fn block_bytes(&self) -> u64;
+    /// ctx side: the contents of `id`'s blocks `block_ids` (this rank's pool, in
+    /// sequence order) and the token ids of its sequence so far.
+    fn export(&self, id: ReqId, block_ids: &[u32]) -> Result<(Vec<Vec<u8>>, Vec<u32>), String>;
+    /// gen side: writes `blocks` into `block_ids` (in order) and takes `tokens` as `id`'s
+    /// sequence so far. An error writes nothing a request reads.
+    fn import(
+        &self,
+        id: ReqId,
+        block_ids: &[u32],
+        blocks: &[KvBlock],
+        tokens: &[u32],
+    ) -> Result<(), String>;
+}
+
 /// How block contents are produced and checked (the driver plugs in the backend's: the
 /// transceiver stays independent of any backend crate).
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub enum KvCodec {
     /// Real bytes, written by `fill` and checked on arrival.
     Real {
@@ -200,17 +237,50 @@ pub enum KvCodec {
         /// Bytes per block.
         block_bytes: u64,
     },
+    /// A model's own K/V (`--model`, every driver): read from and written to the rank's
+    /// pool through `store`, checked on arrival.
+    Model {
+        /// This rank's pool.
+        store: Arc<dyn KvStore>,
+        /// Checksum of a block's bytes.
+        checksum: fn(&[u8]) -> u64,
+    },
+}
+
+impl std::fmt::Debug for KvCodec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvCodec::Real {
+                block_bytes,
+                model_block_bytes,
+                ..
+            } => f
+                .debug_struct("Real")
+                .field("block_bytes", block_bytes)
+                .field("model_block_bytes", model_block_bytes)
+                .finish_non_exhaustive(),
+            KvCodec::Modeled { block_bytes } => f
+                .debug_struct("Modeled")
+                .field("block_bytes", block_bytes)
+                .finish(),
+            KvCodec::Model { store, .. } => f
+                .debug_struct("Model")
+                .field("block_bytes", &store.block_bytes())
+                .finish_non_exhaustive(),
+        }
+    }
 }
 
 impl KvCodec {
     /// The model's bytes for `blocks` blocks (what a transfer stands for, whatever the
     /// wire carried).
     pub fn model_bytes(&self, blocks: u32) -> u64 {
-        let per_block = match *self {
+        let per_block = match self {
             KvCodec::Real {
                 model_block_bytes, ..
-            } => model_block_bytes,
-            KvCodec::Modeled { block_bytes } => block_bytes,
+            } => *model_block_bytes,
+            KvCodec::Modeled { block_bytes } => *block_bytes,
+            KvCodec::Model { store, .. } => store.block_bytes(),
         };
         u64::from(blocks) * per_block
     }
@@ -242,6 +312,8 @@ pub struct TransferStats {
 struct Sending {
     /// From the `Send` command: blocks held and when it started.
     command: Option<(u32, u64)>,
+    /// From the `Send` command: the held blocks' ids.
+    block_ids: Vec<u32>,
     /// From the pull: who pulls and how many blocks it reserved.
     pull: Option<(KvAddress, u32)>,
     /// When the pull arrived: the transfer's own deadline counts from here.
@@ -268,6 +340,7 @@ impl Sending {
 struct Receiving {
     from: KvAddress,
     blocks: u32,
+    block_ids: Vec<u32>,
     started_ns: u64,
 }
 
@@ -419,15 +492,25 @@ impl Transceiver {
     /// receive fails at once.
     pub fn on_command(&mut self, now_ns: u64, command: &TransferCommand) {
         match *command {
-            TransferCommand::Send { id, blocks } => {
+            TransferCommand::Send {
+                id,
+                blocks,
+                ref block_ids,
+            } => {
                 if self.ended.contains_key(&id) {
                     return;
                 }
                 let s = self.sending.entry(id).or_default();
                 s.command = Some((blocks, now_ns));
+                s.block_ids.clone_from(block_ids);
                 self.advance_send(now_ns, id);
             }
-            TransferCommand::Receive { id, blocks, from } => {
+            TransferCommand::Receive {
+                id,
+                blocks,
+                from,
+                ref block_ids,
+            } => {
                 if self.ended.contains_key(&id) || self.receiving.contains_key(&id) {
                     return;
                 }
@@ -445,6 +528,7 @@ impl Transceiver {
                     Receiving {
                         from,
                         blocks,
+                        block_ids: block_ids.clone(),
                         started_ns: now_ns,
                     },
                 );
@@ -628,8 +712,8 @@ impl Transceiver {
         }
         // Send what the gen rank reserved: the prompt's blocks (the ctx rank may hold
         // one more for the sampled token, whose KV the gen rank computes itself).
-        let payload = match self.codec {
-            KvCodec::Real {
+        let payload = match &self.codec {
+            &KvCodec::Real {
                 block_bytes,
                 fill,
                 checksum,
@@ -647,10 +731,34 @@ impl Transceiver {
                     })
                     .collect(),
             ),
-            KvCodec::Modeled { block_bytes } => KvPayload::Modeled {
+            &KvCodec::Modeled { block_bytes } => KvPayload::Modeled {
                 blocks: wanted,
                 bytes: u64::from(wanted) * block_bytes,
             },
+            KvCodec::Model { store, checksum } => {
+                let ids = s.block_ids.get(..wanted as usize).unwrap_or(&[]);
+                match store.export(id, ids) {
+                    Ok((blocks, tokens)) => KvPayload::Sequence {
+                        blocks: blocks
+                            .into_iter()
+                            .zip(0..)
+                            .map(|(bytes, index)| KvBlock {
+                                index,
+                                checksum: checksum(&bytes),
+                                bytes,
+                            })
+                            .collect(),
+                        tokens,
+                    },
+                    Err(why) => {
+                        let reason = format!("kv of request {id} could not be read: {why}");
+                        self.sending.remove(&id);
+                        self.stats.failed += 1;
+                        self.fail_here(now_ns, id, reason, Some(puller));
+                        return;
+                    }
+                }
+            }
         };
         if let Some(s) = self.sending.get_mut(&id) {
             s.sent_bytes = Some(self.codec.model_bytes(payload.blocks()));
@@ -668,6 +776,17 @@ impl Transceiver {
         };
         let problem = match &payload {
             KvPayload::Blocks(blocks) => self.check_blocks(blocks, r.blocks),
+            KvPayload::Sequence { blocks, tokens } => {
+                self.check_blocks(blocks, r.blocks).or_else(|| {
+                    let KvCodec::Model { store, .. } = &self.codec else {
+                        return Some("a model's kv reached a transceiver without a model".into());
+                    };
+                    store
+                        .import(id, &r.block_ids, blocks, tokens)
+                        .err()
+                        .map(|why| format!("kv of request {id} could not be written: {why}"))
+                })
+            }
             KvPayload::Modeled { blocks, .. } => (*blocks != r.blocks)
                 .then(|| format!("kv transfer brought {blocks} blocks, {} expected", r.blocks)),
         };
@@ -693,8 +812,11 @@ impl Transceiver {
 
     /// What is wrong with real blocks, if anything: count, order, checksums.
     fn check_blocks(&self, blocks: &[KvBlock], expected: u32) -> Option<String> {
-        let KvCodec::Real { checksum, .. } = self.codec else {
-            return Some("real kv blocks reached a modeled transceiver".into());
+        let checksum = match &self.codec {
+            KvCodec::Real { checksum, .. } | KvCodec::Model { checksum, .. } => *checksum,
+            KvCodec::Modeled { .. } => {
+                return Some("real kv blocks reached a modeled transceiver".into());
+            }
         };
         if blocks.len() != expected as usize {
             Some(format!(

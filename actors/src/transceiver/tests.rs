@@ -59,7 +59,11 @@ fn a_pull_moves_checked_blocks_and_both_sides_finish() {
     for pull_first in [false, true] {
         let (mut ctx, mut gen_side) = pair();
         let id = ReqId(5);
-        let send = TransferCommand::Send { id, blocks: 3 };
+        let send = TransferCommand::Send {
+            id,
+            blocks: 3,
+            block_ids: vec![],
+        };
         if !pull_first {
             ctx.on_command(0, &send);
         }
@@ -69,6 +73,7 @@ fn a_pull_moves_checked_blocks_and_both_sides_finish() {
                 id,
                 blocks: 3,
                 from: Some(addr(0, 1)),
+                block_ids: vec![],
             },
         );
         assert_eq!(pump(MS, &mut gen_side, &mut ctx), 1, "the pull");
@@ -94,7 +99,14 @@ fn a_release_frees_the_send_without_a_pull() {
     let id = ReqId(9);
     ctx.on_message(0, PeerMessage::Release { id });
     assert!(ctx.take_events().is_empty());
-    ctx.on_command(MS, &TransferCommand::Send { id, blocks: 2 });
+    ctx.on_command(
+        MS,
+        &TransferCommand::Send {
+            id,
+            blocks: 2,
+            block_ids: vec![],
+        },
+    );
     assert_eq!(ctx.take_events(), done(9));
     assert_eq!(ctx.stats().released, 1);
     assert_eq!(ctx.stats().completed, 0);
@@ -104,13 +116,21 @@ fn a_release_frees_the_send_without_a_pull() {
 fn lost_blocks_time_out_on_both_sides_and_late_blocks_are_ignored() {
     let (mut ctx, mut gen_side) = pair();
     let id = ReqId(7);
-    ctx.on_command(0, &TransferCommand::Send { id, blocks: 2 });
+    ctx.on_command(
+        0,
+        &TransferCommand::Send {
+            id,
+            blocks: 2,
+            block_ids: vec![],
+        },
+    );
     gen_side.on_command(
         MS,
         &TransferCommand::Receive {
             id,
             blocks: 2,
             from: Some(addr(0, 1)),
+            block_ids: vec![],
         },
     );
     pump(MS, &mut gen_side, &mut ctx);
@@ -158,7 +178,14 @@ fn lost_blocks_time_out_on_both_sides_and_late_blocks_are_ignored() {
 fn the_ctx_side_holds_an_unpulled_send_up_to_the_pull_timeout_and_aborts_a_later_pull() {
     let (mut ctx, mut gen_side) = pair();
     let id = ReqId(3);
-    ctx.on_command(0, &TransferCommand::Send { id, blocks: 1 });
+    ctx.on_command(
+        0,
+        &TransferCommand::Send {
+            id,
+            blocks: 1,
+            block_ids: vec![],
+        },
+    );
     // Waiting in the gen server's queue longer than the transfer timeout fails nothing.
     ctx.on_tick(299 * MS);
     assert!(ctx.take_events().is_empty());
@@ -175,6 +202,7 @@ fn the_ctx_side_holds_an_unpulled_send_up_to_the_pull_timeout_and_aborts_a_later
             id,
             blocks: 1,
             from: Some(addr(0, 1)),
+            block_ids: vec![],
         },
     );
     pump(350 * MS, &mut gen_side, &mut ctx);
@@ -189,13 +217,21 @@ fn the_ctx_side_holds_an_unpulled_send_up_to_the_pull_timeout_and_aborts_a_later
 fn the_ctx_side_times_out_from_the_pull_when_the_ack_never_comes() {
     let (mut ctx, mut gen_side) = pair();
     let id = ReqId(8);
-    ctx.on_command(0, &TransferCommand::Send { id, blocks: 1 });
+    ctx.on_command(
+        0,
+        &TransferCommand::Send {
+            id,
+            blocks: 1,
+            block_ids: vec![],
+        },
+    );
     gen_side.on_command(
         250 * MS,
         &TransferCommand::Receive {
             id,
             blocks: 1,
             from: Some(addr(0, 1)),
+            block_ids: vec![],
         },
     );
     pump(250 * MS, &mut gen_side, &mut ctx);
@@ -223,13 +259,21 @@ fn the_ctx_side_times_out_from_the_pull_when_the_ack_never_comes() {
 fn a_corrupted_block_fails_the_transfer_naming_the_block() {
     let (mut ctx, mut gen_side) = pair();
     let id = ReqId(4);
-    ctx.on_command(0, &TransferCommand::Send { id, blocks: 3 });
+    ctx.on_command(
+        0,
+        &TransferCommand::Send {
+            id,
+            blocks: 3,
+            block_ids: vec![],
+        },
+    );
     gen_side.on_command(
         0,
         &TransferCommand::Receive {
             id,
             blocks: 3,
             from: Some(addr(0, 1)),
+            block_ids: vec![],
         },
     );
     pump(0, &mut gen_side, &mut ctx);
@@ -270,6 +314,7 @@ fn a_receive_without_a_kv_location_fails_at_once() {
             id: ReqId(1),
             blocks: 1,
             from: None,
+            block_ids: vec![],
         },
     );
     assert!(matches!(
@@ -290,6 +335,7 @@ fn the_next_deadline_is_the_oldest_open_transfer_plus_the_timeout() {
         TransceiverIn::Command(TransferCommand::Send {
             id: ReqId(1),
             blocks: 1,
+            block_ids: vec![],
         }),
     );
     ctx.handle(
@@ -297,6 +343,7 @@ fn the_next_deadline_is_the_oldest_open_transfer_plus_the_timeout() {
         TransceiverIn::Command(TransferCommand::Send {
             id: ReqId(2),
             blocks: 1,
+            block_ids: vec![],
         }),
     );
     assert_eq!(
@@ -311,6 +358,7 @@ fn the_next_deadline_is_the_oldest_open_transfer_plus_the_timeout() {
             id: ReqId(3),
             blocks: 1,
             from: Some(addr(0, 1)),
+            block_ids: vec![],
         }),
     );
     assert_eq!(gen_side.poll_timeout(), Some(107 * MS));
@@ -333,13 +381,21 @@ fn the_next_deadline_is_the_oldest_open_transfer_plus_the_timeout() {
 fn an_abort_command_ends_the_transfer_without_an_event_and_tells_the_peer() {
     let (mut ctx, mut gen_side) = pair();
     let id = ReqId(6);
-    ctx.on_command(0, &TransferCommand::Send { id, blocks: 2 });
+    ctx.on_command(
+        0,
+        &TransferCommand::Send {
+            id,
+            blocks: 2,
+            block_ids: vec![],
+        },
+    );
     gen_side.on_command(
         0,
         &TransferCommand::Receive {
             id,
             blocks: 2,
             from: Some(addr(0, 1)),
+            block_ids: vec![],
         },
     );
     pump(0, &mut gen_side, &mut ctx);
@@ -376,16 +432,24 @@ fn an_abort_command_ends_the_transfer_without_an_event_and_tells_the_peer() {
 #[test]
 fn a_modeled_transfer_carries_its_size_and_no_bytes() {
     let modeled = KvCodec::Modeled { block_bytes: 1000 };
-    let mut ctx = Transceiver::new(addr(0, 1), 100, modeled);
+    let mut ctx = Transceiver::new(addr(0, 1), 100, modeled.clone());
     let mut gen_side = Transceiver::new(addr(1, 2), 100, modeled);
     let id = ReqId(8);
-    ctx.on_command(0, &TransferCommand::Send { id, blocks: 3 });
+    ctx.on_command(
+        0,
+        &TransferCommand::Send {
+            id,
+            blocks: 3,
+            block_ids: vec![],
+        },
+    );
     gen_side.on_command(
         0,
         &TransferCommand::Receive {
             id,
             blocks: 3,
             from: Some(addr(0, 1)),
+            block_ids: vec![],
         },
     );
     pump(0, &mut gen_side, &mut ctx);
@@ -416,4 +480,183 @@ fn the_wire_loses_the_same_requests_whatever_the_order() {
     assert_eq!(lost, vec![7, 14]);
     assert!(!lost_on_the_wire(ReqId(7), None));
     assert!(!lost_on_the_wire(ReqId(7), Some(0)));
+}
+
+/// A rank's memory as a model backend keeps it: block id → bytes, request → tokens.
+#[derive(Default)]
+struct Memory {
+    blocks: std::sync::Mutex<BTreeMap<u32, Vec<u8>>>,
+    tokens: std::sync::Mutex<BTreeMap<ReqId, Vec<u32>>>,
+    refuse_imports: bool,
+}
+
+impl KvStore for Memory {
+    fn block_bytes(&self) -> u64 {
+        8
+    }
+
+    fn export(&self, id: ReqId, block_ids: &[u32]) -> Result<(Vec<Vec<u8>>, Vec<u32>), String> {
+        let blocks = self.blocks.lock().unwrap();
+        let contents = block_ids
+            .iter()
+            .map(|b| blocks.get(b).cloned().ok_or(format!("no block {b}")))
+            .collect::<Result<_, _>>()?;
+        let tokens = self.tokens.lock().unwrap().get(&id).cloned();
+        Ok((contents, tokens.ok_or("no tokens")?))
+    }
+
+    fn import(
+        &self,
+        id: ReqId,
+        block_ids: &[u32],
+        blocks: &[KvBlock],
+        tokens: &[u32],
+    ) -> Result<(), String> {
+        if self.refuse_imports {
+            return Err("a K/V block of this model is 16 bytes, 8 arrived".into());
+        }
+        let mut memory = self.blocks.lock().unwrap();
+        for (&to, b) in block_ids.iter().zip(blocks) {
+            memory.insert(to, b.bytes.clone());
+        }
+        self.tokens.lock().unwrap().insert(id, tokens.to_vec());
+        Ok(())
+    }
+}
+
+fn model_pair(gen_memory: Memory) -> (Transceiver, Transceiver, Arc<Memory>, Arc<Memory>) {
+    let ctx_memory = Arc::new(Memory::default());
+    let gen_memory = Arc::new(gen_memory);
+    let codec = |store: Arc<Memory>| KvCodec::Model {
+        store,
+        checksum: sum,
+    };
+    (
+        Transceiver::new(addr(0, 1), 100, codec(ctx_memory.clone())),
+        Transceiver::new(addr(1, 2), 100, codec(gen_memory.clone())),
+        ctx_memory,
+        gen_memory,
+    )
+}
+
+/// Runs one transfer of request 4: the ctx rank holds blocks 7 and 3 (and 9, for the
+/// first token), the gen rank reserved 0 and 5.
+fn move_model_kv(ctx: &mut Transceiver, gen_side: &mut Transceiver, corrupt: bool) {
+    let id = ReqId(4);
+    ctx.on_command(
+        0,
+        &TransferCommand::Send {
+            id,
+            blocks: 3,
+            block_ids: vec![7, 3, 9],
+        },
+    );
+    gen_side.on_command(
+        0,
+        &TransferCommand::Receive {
+            id,
+            blocks: 2,
+            from: Some(addr(0, 1)),
+            block_ids: vec![0, 5],
+        },
+    );
+    pump(MS, gen_side, ctx);
+    for mut o in ctx.take_outgoing() {
+        if corrupt
+            && let PeerMessage::KvBlocks {
+                payload: KvPayload::Sequence { blocks, .. },
+                ..
+            } = &mut o.message
+        {
+            blocks[1].bytes[0] ^= 1;
+        }
+        gen_side.on_message(2 * MS, o.message);
+    }
+}
+
+#[test]
+fn a_models_kv_moves_from_the_ctx_ranks_blocks_into_the_gen_ranks_with_its_tokens() {
+    let (mut ctx, mut gen_side, ctx_memory, gen_memory) = model_pair(Memory::default());
+    for (block, fill) in [(7u32, 1u8), (3, 2), (9, 3)] {
+        ctx_memory
+            .blocks
+            .lock()
+            .unwrap()
+            .insert(block, vec![fill; 8]);
+    }
+    ctx_memory
+        .tokens
+        .lock()
+        .unwrap()
+        .insert(ReqId(4), vec![10, 11, 12]);
+    move_model_kv(&mut ctx, &mut gen_side, false);
+    assert_eq!(gen_side.take_events(), done(4));
+    let arrived = gen_memory.blocks.lock().unwrap().clone();
+    assert_eq!(
+        arrived,
+        BTreeMap::from([(0, vec![1u8; 8]), (5, vec![2u8; 8])]),
+        "the prompt's blocks, in order, into the reserved ids"
+    );
+    assert_eq!(
+        gen_memory.tokens.lock().unwrap()[&ReqId(4)],
+        vec![10, 11, 12]
+    );
+    pump(3 * MS, &mut gen_side, &mut ctx);
+    assert_eq!(ctx.take_events(), done(4));
+    assert_eq!(gen_side.stats().bytes, 16, "the store's block size");
+}
+
+#[test]
+fn a_models_kv_that_changed_on_the_wire_or_cannot_be_written_fails_both_sides() {
+    for refuse in [false, true] {
+        let gen_memory = Memory {
+            refuse_imports: refuse,
+            ..Memory::default()
+        };
+        let (mut ctx, mut gen_side, ctx_memory, gen_memory) = model_pair(gen_memory);
+        for block in [7u32, 3, 9] {
+            ctx_memory.blocks.lock().unwrap().insert(block, vec![6; 8]);
+        }
+        ctx_memory.tokens.lock().unwrap().insert(ReqId(4), vec![1]);
+        move_model_kv(&mut ctx, &mut gen_side, !refuse);
+        let events = gen_side.take_events();
+        let TransferOutcome::Failed(why) = &events[0].outcome else {
+            panic!("{events:?}");
+        };
+        let expected = if refuse {
+            "could not be written: a K/V block of this model is 16 bytes"
+        } else {
+            "kv block 1 checksum mismatch"
+        };
+        assert!(why.contains(expected), "{why}");
+        assert!(
+            gen_memory.blocks.lock().unwrap().is_empty(),
+            "nothing written"
+        );
+        pump(3 * MS, &mut gen_side, &mut ctx);
+        assert!(matches!(
+            ctx.take_events()[..],
+            [TransferEvent {
+                outcome: TransferOutcome::Failed(_),
+                ..
+            }]
+        ));
+    }
+}
+
+#[test]
+fn a_ctx_rank_that_cannot_read_a_models_kv_fails_the_transfer_naming_why() {
+    // Nothing in the ctx rank's memory: block 7 is unknown.
+    let (mut ctx, mut gen_side, _, _) = model_pair(Memory::default());
+    move_model_kv(&mut ctx, &mut gen_side, false);
+    let events = ctx.take_events();
+    let TransferOutcome::Failed(why) = &events[0].outcome else {
+        panic!("{events:?}");
+    };
+    assert!(
+        why.contains("kv of request 4 could not be read: no block 7"),
+        "{why}"
+    );
+    let events = gen_side.take_events();
+    assert!(matches!(events[0].outcome, TransferOutcome::Failed(_)));
 }

@@ -718,8 +718,15 @@ fn run_server_rank(
         commands: commands_tx.clone(),
         events: events_rx,
     });
+    let (rank_model, model_codec) = match &opts.common.model {
+        Some(m) => {
+            let (rank, codec) = m.rank_model(p);
+            (Some(rank), codec)
+        }
+        None => (None, None),
+    };
     let transceiver_thread = if moves_kv {
-        let transceiver = p.transceiver(at, fleet.real_codec());
+        let transceiver = p.transceiver(at, model_codec.unwrap_or_else(|| fleet.real_codec()));
         let lose = opts
             .common
             .lose_kv_blocks_every
@@ -754,9 +761,9 @@ fn run_server_rank(
     } else {
         None
     };
-    let mut device = match &opts.common.model {
-        Some(m) => DeviceHandle::real(
-            m.rank_model(),
+    let mut device = match rank_model {
+        Some(rank_model) => DeviceHandle::real(
+            rank_model,
             "device".into(),
             opts.common.collective_timeout,
             opts.common.forward_log.clone().map(|l| (l, s, at.rank.0)),

@@ -291,9 +291,16 @@ pub fn run_hosts<R>(
                     server: s as u32,
                     rank: lockstep_actors::ids::RankId(r as u32),
                 };
+                let (rank_model, model_codec) = match &opts.model {
+                    Some(m) => {
+                        let (rank, codec) = m.rank_model(p);
+                        (Some(rank), codec)
+                    }
+                    None => (None, None),
+                };
                 let transceiver = inboxes[s][r].take().map(|inbox| {
                     (
-                        p.transceiver(me, fleet.real_codec()),
+                        p.transceiver(me, model_codec.unwrap_or_else(|| fleet.real_codec())),
                         inbox,
                         net.transceivers[s][r].clone().expect("a sender per inbox"),
                     )
@@ -308,9 +315,9 @@ pub fn run_hosts<R>(
                     .lose_kv_blocks_every
                     .or(scenario.faults.lost_transfer_every);
                 let wire = fleet.wire_model(opts.time_scale);
-                let device = match &opts.model {
-                    Some(m) => DeviceHandle::real(
-                        m.rank_model(),
+                let device = match rank_model {
+                    Some(rank_model) => DeviceHandle::real(
+                        rank_model,
                         format!("{}-device-{r}", p.config.name),
                         opts.collective_timeout,
                         opts.forward_log.clone().map(|l| (l, s, r as u32)),

@@ -79,12 +79,7 @@ impl WireModel {
     pub fn delay_ns(&self, message: &PeerMessage) -> u64 {
         let modeled = match message {
             PeerMessage::KvBlocks { payload, .. } => {
-                let blocks = match payload {
-                    lockstep_actors::transceiver::KvPayload::Blocks(b) => b.len() as u64,
-                    lockstep_actors::transceiver::KvPayload::Modeled { blocks, .. } => {
-                        u64::from(*blocks)
-                    }
-                };
+                let blocks = u64::from(payload.blocks());
                 64 + blocks * self.block_bytes
             }
             _ => 64,

@@ -141,10 +141,116 @@ impl PagedKvCache {
         ))
     }
 
-    /// The raw K floats of one block of one layer (what a transceiver would move).
+    /// The raw K floats of one block of one layer.
     pub fn block_keys(&self, layer: usize, block: u32) -> Option<&[f32]> {
         let stride = self.geometry.block_stride();
         let start = block as usize * stride;
         self.keys.get(layer)?.get(start..start + stride)
+    }
+
+    /// Bytes of one block across every layer, K then V (what a transceiver moves).
+    pub fn block_bytes(&self) -> usize {
+        2 * self.geometry.layers * self.geometry.block_stride() * std::mem::size_of::<f32>()
+    }
+
+    /// Block `block`'s K and V of every layer as little-endian bytes: layer 0's K, layer
+    /// 0's V, layer 1's K, and so on. `None` outside the pool.
+    pub fn read_block(&self, block: u32) -> Option<Vec<u8>> {
+        let stride = self.geometry.block_stride();
+        let start = (block as usize).checked_mul(stride)?;
+        let mut out = Vec::with_capacity(self.block_bytes());
+        for (keys, values) in self.keys.iter().zip(&self.values) {
+            for pool in [keys, values] {
+                let floats = pool.get(start..start + stride)?;
+                out.extend(floats.iter().flat_map(|f| f.to_le_bytes()));
+            }
+        }
+        Some(out)
+    }
+
+    /// Writes what [`read_block`](Self::read_block) read into block `block`. Bytes of
+    /// the wrong length or a block outside the pool are an error that writes nothing.
+    pub fn write_block(&mut self, block: u32, bytes: &[u8]) -> Result<()> {
+        let g = self.geometry;
+        if block as usize >= g.num_blocks {
+            return Err(ModelError::InvalidBatch(format!(
+                "block id {block} outside the pool of {} blocks",
+                g.num_blocks
+            )));
+        }
+        if bytes.len() != self.block_bytes() {
+            return Err(ModelError::InvalidBatch(format!(
+                "a K/V block of this model is {} bytes, {} arrived",
+                self.block_bytes(),
+                bytes.len()
+            )));
+        }
+        let stride = g.block_stride();
+        let start = block as usize * stride;
+        let mut floats = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        for layer in 0..g.layers {
+            for pool in [&mut self.keys[layer], &mut self.values[layer]] {
+                for (slot, f) in pool[start..start + stride].iter_mut().zip(&mut floats) {
+                    *slot = f;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool() -> PagedKvCache {
+        PagedKvCache::new(PagedKvGeometry {
+            layers: 2,
+            num_blocks: 3,
+            tokens_per_block: 2,
+            kv_heads: 1,
+            head_dim: 2,
+        })
+        .expect("pool")
+    }
+
+    #[test]
+    fn a_block_read_from_one_pool_and_written_into_another_holds_the_same_k_and_v() {
+        let mut from = pool();
+        // Positions 0..4 of a request whose table is [2, 0]: blocks 2 and 0.
+        for layer in 0..2 {
+            let keys: Vec<f32> = (0..8).map(|i| (layer * 100 + i) as f32).collect();
+            let values: Vec<f32> = keys.iter().map(|k| -k).collect();
+            from.write(layer, &[2, 0], 0, &keys, &values);
+        }
+        let bytes = from.read_block(2).expect("in the pool");
+        assert_eq!(bytes.len(), from.block_bytes());
+        let mut to = pool();
+        to.write_block(1, &bytes).expect("written");
+        for layer in 0..2 {
+            assert_eq!(to.block_keys(layer, 1), from.block_keys(layer, 2));
+            let (_, v_to) = to.gather(layer, &[1], 2).expect("gather");
+            let (_, v_from) = from.gather(layer, &[2], 2).expect("gather");
+            assert_eq!(
+                v_to.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                v_from.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            );
+        }
+        // Another block differs (the copy was not of zeros).
+        assert_ne!(to.block_keys(0, 1), to.block_keys(0, 0));
+    }
+
+    #[test]
+    fn a_block_of_the_wrong_size_or_outside_the_pool_is_refused_and_writes_nothing() {
+        let mut p = pool();
+        let size = p.block_bytes();
+        let err = p.write_block(0, &vec![1u8; size - 4]).unwrap_err();
+        assert!(err.to_string().contains(&format!("{size} bytes")), "{err}");
+        let err = p.write_block(3, &vec![1u8; size]).unwrap_err();
+        assert!(err.to_string().contains("block id 3"), "{err}");
+        assert!(p.read_block(0).unwrap().iter().all(|&b| b == 0));
+        assert_eq!(p.read_block(3), None);
     }
 }

@@ -164,20 +164,22 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         if let Some(w) = &p.warning {
             tracing::warn!(server = %p.config.name, "{w}");
         }
-        let tokens: Box<dyn TokenSource> = match &opts.model {
-            Some(m) => m.tokens(),
-            None => Box::new(DeterministicTokens),
+        let (tokens, mut model_codecs): (Box<dyn TokenSource>, _) = match &opts.model {
+            Some(m) => m.sim_server(p),
+            None => (Box::new(DeterministicTokens), Vec::new()),
         };
         let mut server = SimServer::new(p, scenario.policy, tokens)?;
         server.log_enabled = opts.iter_log.is_some();
         if p.config.role != lockstep_actors::config::Role::Agg {
+            // With a model the ranks move its K/V; otherwise only sizes.
+            let mut model_codecs = model_codecs.drain(..);
             for r in 0..p.sizes.dp {
                 let me = KvAddress {
                     server: s as u32,
                     rank: RankId(r),
                 };
-                server.transceivers[r as usize] =
-                    Some((p.transceiver(me, fleet.modeled_codec()), None));
+                let codec = model_codecs.next().unwrap_or_else(|| fleet.modeled_codec());
+                server.transceivers[r as usize] = Some((p.transceiver(me, codec), None));
             }
         }
         servers.push(server);
