@@ -288,7 +288,7 @@ fn generate(
     let tokenizer = TextTokenizer::load(dir)?;
     let mut sampler = Sampler::new(params)?;
     let text = if chat {
-        tokenizer.chat_prompt(prompt)
+        tokenizer.chat_prompt(prompt)?
     } else {
         prompt.to_string()
     };

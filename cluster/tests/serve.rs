@@ -572,7 +572,11 @@ fn a_model_answers_chat_completions_with_its_greedy_text() {
     // (prompt ids, expected text, completion tokens, finish reason) of a message.
     let expect = |message: &str| {
         let prompt = tokenizer
-            .encode(&tokenizer.chat_prompt_messages(&[("user".into(), message.into())]))
+            .encode(
+                &tokenizer
+                    .chat_prompt_messages(&[("user".into(), message.into())])
+                    .expect("the chat template"),
+            )
             .expect("encode");
         let ids = greedy_reference(&model, &prompt, MAX_TOKENS).expect("reference");
         let (shown, finish) = match ids.iter().position(|t| eos.contains(t)) {

@@ -93,7 +93,11 @@ impl ModelText {
                             .collect()
                     })
                     .unwrap_or_default();
-                encode("messages", &self.tokenizer.chat_prompt_messages(&messages))
+                let prompt = self
+                    .tokenizer
+                    .chat_prompt_messages(&messages)
+                    .map_err(|e| ApiError::field("messages", format!("messages: {e}")))?;
+                encode("messages", &prompt)
             }
         }
     }
@@ -198,6 +202,40 @@ mod tests {
         write_random_model(&dir, &InitOptions::default()).expect("init");
         let backend = ModelBackend::load(&dir, SamplingParams::default(), 0).expect("load");
         (ModelText::new(&backend).expect("a tokenizer"), dir)
+    }
+
+    #[test]
+    fn a_conversation_the_models_template_rejects_is_a_400_naming_messages() {
+        let dir =
+            std::env::temp_dir().join(format!("lockstep-model-text-raise-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_random_model(&dir, &InitOptions::default()).expect("init");
+        std::fs::write(
+            dir.join("chat_template.jinja"),
+            "{% if messages[0]['role'] != 'user' %}{{ raise_exception('the first message must be the user\\'s') }}{% endif %}{{ messages[0]['content'] }}",
+        )
+        .expect("a template");
+        let backend = ModelBackend::load(&dir, SamplingParams::default(), 0).expect("load");
+        let text = ModelText::new(&backend).expect("a tokenizer");
+        let err = text
+            .prompt_ids(
+                br#"{"messages": [{"role": "assistant", "content": "hi"}]}"#,
+                Endpoint::Chat,
+            )
+            .expect_err("the template raises");
+        assert_eq!(err.param.as_deref(), Some("messages"));
+        assert!(
+            err.message.contains("the first message must be the user's"),
+            "{err}"
+        );
+        let ids = text
+            .prompt_ids(
+                br#"{"messages": [{"role": "user", "content": "hi"}]}"#,
+                Endpoint::Chat,
+            )
+            .expect("the template renders");
+        assert_eq!(ids, text.tokenizer.encode("hi").expect("encode"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -87,6 +87,14 @@ pub enum ModelError {
         /// The tokenizers crate's reason.
         message: String,
     },
+    /// The chat template does not compile, or a conversation makes it fail.
+    #[error("{}: chat template: {message}", path.display())]
+    ChatTemplate {
+        /// The file the template came from.
+        path: PathBuf,
+        /// What went wrong (the template's own message when it raised one).
+        message: String,
+    },
     /// A forward was asked for something the cache or the model cannot hold.
     #[error("invalid batch: {0}")]
     InvalidBatch(String),

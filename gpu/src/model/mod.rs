@@ -6,6 +6,7 @@
 //! decode tokens; [`DenseSequence`] is the same model without paging, the reference the
 //! paged path is tested and benchmarked against.
 
+mod chat_template;
 mod config;
 mod dense;
 mod error;
@@ -19,6 +20,7 @@ mod weights;
 
 use std::path::Path;
 
+pub use chat_template::ChatTemplate;
 pub use config::{Architecture, ModelConfig};
 pub use dense::{DenseSequence, forward_dense, greedy_reference};
 pub use error::{ModelError, Result};
@@ -26,7 +28,7 @@ pub use forward::{BatchEntry, forward_paged};
 pub use init::{InitOptions, write_random_model};
 pub use paged_kv::{PagedKvCache, PagedKvGeometry};
 pub use sampling::{Sampler, SamplingParams, argmax};
-pub use tokenizer::{ChatFormat, TextTokenizer};
+pub use tokenizer::TextTokenizer;
 pub use weights::{LayerWeights, Linear, ModelWeights};
 
 /// A loaded model: its config and its weights.

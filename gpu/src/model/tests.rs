@@ -360,8 +360,10 @@ fn generated_tokenizer_round_trips_text() {
     );
     assert!(ids.iter().all(|&t| (t as usize) < model.config.vocab_size));
     assert_eq!(tokenizer.decode(&ids).unwrap(), text);
-    assert_eq!(tokenizer.chat_format(), Some(ChatFormat::ChatMl));
-    let chat = tokenizer.encode(&tokenizer.chat_prompt("hi")).unwrap();
+    assert!(tokenizer.has_chat_template());
+    let chat = tokenizer
+        .encode(&tokenizer.chat_prompt("hi").unwrap())
+        .unwrap();
     assert_eq!(Some(chat[0]), tokenizer.token_id("<|im_start|>"));
 }
 

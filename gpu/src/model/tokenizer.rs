@@ -3,38 +3,28 @@
 
 use std::path::{Path, PathBuf};
 
+use super::chat_template::ChatTemplate;
 use super::error::{ModelError, Result};
 
-/// The chat formats recognised in a `chat_template`. Templates are Jinja programs; rather
-/// than embed a Jinja engine, the two formats nearly every Llama / Qwen2 checkpoint
-/// uses are recognised by their markers and formatted here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChatFormat {
-    /// `<|im_start|>role\ncontent<|im_end|>\n` (Qwen2, and `lockstep model init`).
-    ChatMl,
-    /// `<|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>` (Llama 3).
-    Llama3,
-}
-
-/// A loaded tokenizer and the model's chat format, if any.
+/// A loaded tokenizer and the model's chat template, if any.
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
-    chat_format: Option<ChatFormat>,
+    chat_template: Option<ChatTemplate>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TextTokenizer")
             .field("path", &self.path)
-            .field("chat_format", &self.chat_format)
+            .field("chat_template", &self.chat_template)
             .finish()
     }
 }
 
 impl TextTokenizer {
-    /// Loads `DIR/tokenizer.json`, and the chat template of `DIR/tokenizer_config.json`
-    /// when that file exists.
+    /// Loads `DIR/tokenizer.json`, and the chat template (`DIR/chat_template.jinja`, or
+    /// that of `DIR/tokenizer_config.json`) when there is one.
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         let bytes = std::fs::read(&path).map_err(|source| ModelError::Io {
@@ -47,35 +37,31 @@ impl TextTokenizer {
                 message: e.to_string(),
             })?;
         let config_path = dir.join("tokenizer_config.json");
-        let chat_format = match std::fs::read_to_string(&config_path) {
-            Ok(text) => {
-                let value: serde_json::Value =
-                    serde_json::from_str(&text).map_err(|e| ModelError::Json {
-                        path: config_path.clone(),
-                        message: e.to_string(),
-                    })?;
-                value
-                    .get("chat_template")
-                    .and_then(|t| t.as_str())
-                    .and_then(chat_format_of)
-            }
+        let config = match std::fs::read_to_string(&config_path) {
+            Ok(text) => Some(
+                serde_json::from_str::<serde_json::Value>(&text).map_err(|e| ModelError::Json {
+                    path: config_path.clone(),
+                    message: e.to_string(),
+                })?,
+            ),
             Err(_) => None,
         };
+        let chat_template = ChatTemplate::of_dir(dir, config.as_ref(), &config_path)?;
         Ok(TextTokenizer {
             inner,
             path,
-            chat_format,
+            chat_template,
         })
     }
 
-    /// The chat format the model's template uses, if one was recognised.
-    pub fn chat_format(&self) -> Option<ChatFormat> {
-        self.chat_format
+    /// Whether the model ships a chat template.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
     }
 
-    /// The prompt for one user message: wrapped in the chat format when the model has
+    /// The prompt for one user message: through the chat template when the model has
     /// one, the message itself otherwise.
-    pub fn chat_prompt(&self, user_message: &str) -> String {
+    pub fn chat_prompt(&self, user_message: &str) -> Result<String> {
         self.chat_prompt_messages(&[("user".into(), user_message.into())])
     }
 
@@ -92,34 +78,18 @@ impl TextTokenizer {
     }
 
     /// The prompt for a conversation of `(role, content)` messages, ending where the
-    /// assistant's answer starts: each message in the chat format when the model has
-    /// one, the contents one per line otherwise.
-    pub fn chat_prompt_messages(&self, messages: &[(String, String)]) -> String {
-        let mut text = String::new();
-        for (role, content) in messages {
-            match self.chat_format {
-                Some(ChatFormat::ChatMl) => {
-                    text.push_str(&format!("<|im_start|>{role}\n{content}<|im_end|>\n"));
-                }
-                Some(ChatFormat::Llama3) => text.push_str(&format!(
-                    "<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>"
-                )),
-                None => {
-                    if !text.is_empty() {
-                        text.push('\n');
-                    }
-                    text.push_str(content);
-                }
-            }
+    /// assistant's answer starts: the model's chat template rendered, or without one the
+    /// contents one per line. A conversation the template rejects is an error with the
+    /// template's message.
+    pub fn chat_prompt_messages(&self, messages: &[(String, String)]) -> Result<String> {
+        match &self.chat_template {
+            Some(template) => template.render(messages),
+            None => Ok(messages
+                .iter()
+                .map(|(_, content)| content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")),
         }
-        match self.chat_format {
-            Some(ChatFormat::ChatMl) => text.push_str("<|im_start|>assistant\n"),
-            Some(ChatFormat::Llama3) => {
-                text.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
-            }
-            None => {}
-        }
-        text
     }
 
     /// Token ids of `text` (special tokens written in the text are recognised).
@@ -153,15 +123,5 @@ impl TextTokenizer {
             path: self.path.clone(),
             message,
         }
-    }
-}
-
-fn chat_format_of(template: &str) -> Option<ChatFormat> {
-    if template.contains("<|im_start|>") {
-        Some(ChatFormat::ChatMl)
-    } else if template.contains("<|start_header_id|>") {
-        Some(ChatFormat::Llama3)
-    } else {
-        None
     }
 }
