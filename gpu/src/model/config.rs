@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::error::{ModelError, Result};
+use super::rope::RopeScaling;
 
 /// The architectures this backend implements. They share one forward; they differ in
 /// whether Q/K/V projections carry a bias.
@@ -62,6 +63,8 @@ pub struct ModelConfig {
     pub rms_norm_eps: f64,
     /// Base of the rotary position embedding's frequencies.
     pub rope_theta: f64,
+    /// How those frequencies are stretched for long contexts (`rope_scaling`).
+    pub rope_scaling: RopeScaling,
     /// Whether the LM head reuses the embedding matrix.
     pub tie_word_embeddings: bool,
     /// Longest sequence the rotary tables cover.
@@ -134,11 +137,7 @@ impl ModelConfig {
         }
         let float =
             |field: &str, default: f64| value.get(field).and_then(Value::as_f64).unwrap_or(default);
-        if value.get("rope_scaling").is_some_and(|v| !v.is_null()) {
-            return Err(invalid(
-                "rope_scaling is not supported by the CPU backend".into(),
-            ));
-        }
+        let rope_scaling = RopeScaling::parse(value.get("rope_scaling")).map_err(invalid)?;
         let config = ModelConfig {
             architecture,
             hidden_size,
@@ -150,6 +149,7 @@ impl ModelConfig {
             vocab_size: get("vocab_size")?,
             rms_norm_eps: float("rms_norm_eps", 1e-6),
             rope_theta: float("rope_theta", 10_000.0),
+            rope_scaling,
             tie_word_embeddings: value
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
@@ -192,7 +192,16 @@ impl ModelConfig {
         if let Some(eos) = self.eos_token_id {
             value["eos_token_id"] = eos.into();
         }
+        if let Some(scaling) = self.rope_scaling.to_json() {
+            value["rope_scaling"] = scaling;
+        }
         serde_json::to_string_pretty(&value).unwrap_or_default() + "\n"
+    }
+
+    /// The rotary inverse frequencies, `head_dim / 2` of them, scaled as configured.
+    pub fn inverse_frequencies(&self) -> Vec<f64> {
+        self.rope_scaling
+            .inverse_frequencies(self.head_dim, self.rope_theta)
     }
 
     /// Query heads that share one key/value head.

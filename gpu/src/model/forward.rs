@@ -85,7 +85,7 @@ pub(crate) fn forward_with(
     );
     let ids = Tensor::from_vec(tokens, total, &Device::Cpu)?;
     let mut x = model.weights.embed_tokens.index_select(&ids, 0)?;
-    let rotary = RotaryAngles::new(&positions, head_dim, config.rope_theta)?;
+    let rotary = RotaryAngles::new(&positions, &config.inverse_frequencies())?;
     for (layer_index, layer) in model.weights.layers.iter().enumerate() {
         let h = rms_norm(&x, &layer.input_layernorm, config.rms_norm_eps)?;
         let q = layer

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::config::{Architecture, ModelConfig};
 use super::error::{ModelError, Result};
+use super::rope::RopeScaling;
 
 /// The shape and seed of a random model.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -120,6 +121,7 @@ pub fn write_random_model(dir: &Path, options: &InitOptions) -> Result<ModelConf
         vocab_size: options.vocab,
         rms_norm_eps: 1e-6,
         rope_theta: 10_000.0,
+        rope_scaling: RopeScaling::None,
         tie_word_embeddings: false,
         max_position_embeddings: 4096,
         attention_bias: options.architecture == Architecture::Qwen2,

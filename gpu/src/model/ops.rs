@@ -22,15 +22,15 @@ pub(crate) struct RotaryAngles {
 }
 
 impl RotaryAngles {
-    /// Angles for `positions` with frequencies `theta^(-2i / head_dim)`, computed in f64
-    /// so a long position loses no precision before the cast.
-    pub(crate) fn new(positions: &[u32], head_dim: usize, theta: f64) -> Result<Self> {
-        let half = head_dim / 2;
+    /// Angles for `positions` with the given inverse frequencies (`head_dim / 2` of
+    /// them: `ModelConfig::inverse_frequencies`), computed in f64 so a long position
+    /// loses no precision before the cast.
+    pub(crate) fn new(positions: &[u32], inverse_frequencies: &[f64]) -> Result<Self> {
+        let half = inverse_frequencies.len();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
         for &p in positions {
-            for i in 0..half {
-                let inverse_frequency = theta.powf(-2.0 * i as f64 / head_dim as f64);
+            for &inverse_frequency in inverse_frequencies {
                 let angle = p as f64 * inverse_frequency;
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);

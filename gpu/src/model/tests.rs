@@ -523,7 +523,9 @@ fn tied_embeddings_need_no_lm_head() {
 /// A scalar, f64 transformer written from the Llama/Qwen2 definitions with plain loops:
 /// an independent check of the arithmetic the paged and dense forwards share (RMSNorm,
 /// rotate-half RoPE, grouped-query causal attention, SwiGLU, biases).
-fn scalar_reference_logits(model: &Model, sequence: &[u32]) -> Vec<f32> {
+/// `stretch` divides every position before rotation (linear `rope_scaling`, written as
+/// position interpolation rather than as scaled frequencies).
+fn scalar_reference_logits(model: &Model, sequence: &[u32], stretch: f64) -> Vec<f32> {
     let config = &model.config;
     let matrix = |t: &candle_core::Tensor| -> Vec<Vec<f64>> {
         t.to_vec2::<f32>()
@@ -567,7 +569,8 @@ fn scalar_reference_logits(model: &Model, sequence: &[u32]) -> Vec<f32> {
     let rope = |v: &mut [f64], position: usize| {
         for head in v.chunks_mut(hd) {
             for i in 0..hd / 2 {
-                let angle = position as f64 * config.rope_theta.powf(-2.0 * i as f64 / hd as f64);
+                let angle =
+                    position as f64 / stretch * config.rope_theta.powf(-2.0 * i as f64 / hd as f64);
                 let (a, b) = (head[i], head[i + hd / 2]);
                 head[i] = a * angle.cos() - b * angle.sin();
                 head[i + hd / 2] = b * angle.cos() + a * angle.sin();
@@ -631,6 +634,26 @@ fn scalar_reference_logits(model: &Model, sequence: &[u32]) -> Vec<f32> {
         .collect()
 }
 
+/// A model small enough for the scalar reference.
+fn scalar_sized() -> InitOptions {
+    InitOptions {
+        layers: 2,
+        hidden: 32,
+        heads: 4,
+        kv_heads: 2,
+        vocab: 300,
+        intermediate: 48,
+        ..InitOptions::default()
+    }
+}
+
+fn largest_gap(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max)
+}
+
 #[test]
 fn forward_arithmetic_matches_a_scalar_reference() {
     for (name, architecture) in [
@@ -641,31 +664,65 @@ fn forward_arithmetic_matches_a_scalar_reference() {
             name,
             InitOptions {
                 architecture,
-                layers: 2,
-                hidden: 32,
-                heads: 4,
-                kv_heads: 2,
-                vocab: 300,
-                intermediate: 48,
                 seed: 9,
+                ..scalar_sized()
             },
         );
         let sequence = tokens(9, 21, model.config.vocab_size);
-        let reference = scalar_reference_logits(&model, &sequence);
+        let reference = scalar_reference_logits(&model, &sequence, 1.0);
         let mut cache = model.paged_cache(4, 4).unwrap();
         let table = [3u32, 0, 2];
         forward_paged(&model, &mut cache, &[entry(&table, 0, &sequence[..4])]).unwrap();
         let paged = forward_paged(&model, &mut cache, &[entry(&table, 4, &sequence[4..])]).unwrap();
-        let worst = paged[0]
-            .iter()
-            .zip(&reference)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let worst = largest_gap(&paged[0], &reference);
         assert!(
             worst < 1e-3,
             "{name}: paged differs from the scalar reference by {worst}"
         );
     }
+}
+
+#[test]
+fn linear_rope_scaling_interpolates_positions() {
+    let dir = TempDir::new("rope-linear");
+    let options = InitOptions {
+        seed: 5,
+        ..scalar_sized()
+    };
+    write_random_model(&dir.0, &options).expect("init");
+    let plain = Model::load(&dir.0).expect("load");
+    let path = dir.0.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["rope_scaling"] = serde_json::json!({"rope_type": "linear", "factor": 4.0});
+    std::fs::write(&path, config.to_string()).unwrap();
+    let scaled = Model::load(&dir.0).expect("a scaled model loads");
+    let sequence = tokens(12, 3, 300);
+    let mut cache = scaled.paged_cache(4, 4).unwrap();
+    let paged = forward_paged(&scaled, &mut cache, &[entry(&[1, 0, 3], 0, &sequence)]).unwrap();
+    let gap = largest_gap;
+    let reference = scalar_reference_logits(&scaled, &sequence, 4.0);
+    assert!(
+        gap(&paged[0], &reference) < 1e-3,
+        "scaled vs interpolated reference"
+    );
+    // Negative control: the scaling changes the logits.
+    let unscaled = scalar_reference_logits(&plain, &sequence, 1.0);
+    assert!(
+        gap(&paged[0], &unscaled) > 1e-3,
+        "rope_scaling had no effect"
+    );
+    assert_close(&paged[0], &dense_logits(&scaled, &sequence), "scaled dense");
+    // A scaling this backend cannot apply is refused, naming it.
+    config["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0});
+    std::fs::write(&path, config.to_string()).unwrap();
+    let err = Model::load(&dir.0)
+        .expect_err("yarn is refused")
+        .to_string();
+    assert!(
+        err.contains("config.json") && err.contains("\"yarn\""),
+        "{err}"
+    );
 }
 
 #[test]
