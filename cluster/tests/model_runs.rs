@@ -9,12 +9,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::{parse, real_options, threads_run};
 use lockstep_cluster::backends::RealOptions;
 use lockstep_cluster::fleet::Fleet;
 use lockstep_cluster::model_backend::ModelBackend;
-use lockstep_cluster::report::Report;
+use lockstep_cluster::report::{Outcome, Report};
 use lockstep_cluster::scenario::Scenario;
 use lockstep_cluster::sim::{self, SimOptions};
 use lockstep_gpu::model::{
@@ -295,5 +296,83 @@ fn a_model_the_scenario_cannot_use_is_refused_at_startup_naming_the_setting() {
     )
     .expect_err("top_p out of range");
     assert!(bad.to_string().contains("top_p 1.5"), "{bad}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A forward slower than the collective timeout fails its rank with an error naming the
+/// bound, within about that bound, instead of hanging it; a bound the forward meets runs
+/// the same scenario to the end (the control).
+#[test]
+fn a_forward_past_the_timeout_fails_the_rank_naming_the_bound() {
+    let dir = std::env::temp_dir().join(format!("lockstep-model-slow-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // Wide enough that one 1,000-token prefill takes far longer than 1 ms.
+    write_random_model(
+        &dir,
+        &InitOptions {
+            layers: 4,
+            hidden: 256,
+            heads: 8,
+            kv_heads: 4,
+            vocab: 512,
+            intermediate: 512,
+            ..InitOptions::default()
+        },
+    )
+    .expect("write the model");
+    let s = parse(
+        r#"
+name = "slow-forward"
+
+[[server]]
+name = "agg0"
+role = "agg"
+max_batch_size = 1
+max_num_tokens = 1024
+
+[server.kv_cache_config]
+tokens_per_block = 16
+max_tokens = 4096
+
+[workload]
+kind = "closed_loop"
+concurrency = 1
+num_requests = 1
+input_len = [1000, 1000]
+output_len = [2, 2]
+"#,
+        &[],
+    );
+    let model = backend(&dir, 0.0, 0);
+    let run = |timeout: Duration| {
+        common::threads_try(
+            &s,
+            RealOptions {
+                model: Some(model.clone()),
+                collective_timeout: timeout,
+                ..real_options()
+            },
+        )
+    };
+    let started = std::time::Instant::now();
+    let failed = run(Duration::from_millis(1)).expect("a report");
+    assert_eq!(failed.outcome, Outcome::Failed);
+    let why = failed.outcome_detail.clone().unwrap_or_default();
+    assert!(
+        why.contains("rank 0: device: batch 0: the model's forward took longer than 1ms (--timeout-ms raises the bound)"),
+        "{why}"
+    );
+    // Accounted for: the request failed, with a reason.
+    assert_eq!(failed.requests.failed, 1);
+    assert!(failed.per_request[0].failure.is_some());
+    // The device thread finishes its forward before the run returns: bounded by it.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "ended in {:?}",
+        started.elapsed()
+    );
+    let report = run(Duration::from_secs(20)).expect("a bound the forward meets");
+    assert_eq!(report.outcome, Outcome::Completed);
+    assert_eq!(report.requests.completed, 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
