@@ -123,8 +123,9 @@ struct RealArgs {
     stall_timeout_ms: u64,
     #[command(flatten)]
     model: ModelArgs,
-    /// With --model, `--driver threads`: write each forward's batch shape and measured
-    /// time, one JSON line each, for `lockstep model calibrate --from-log`.
+    /// With --model: write each forward's batch shape and measured time, one JSON line
+    /// each, for `lockstep model calibrate --from-log`. Under mpirun every rank process
+    /// appends whole lines to PATH (on its own host); `run --driver mpi` empties it first.
     #[arg(long, value_name = "PATH")]
     forward_log: Option<PathBuf>,
 }
@@ -1165,9 +1166,6 @@ fn relaunch_under_mpirun(
     mpirun: &MpirunArgs,
 ) -> anyhow::Result<ExitCode> {
     require_mpi_build()?;
-    if real.forward_log.is_some() {
-        anyhow::bail!("--forward-log needs --driver threads (one process writes the file)");
-    }
     let scenario = load(args, real.policy.as_deref(), real.seed)?;
     let mut cmd = mpirun_command(processes_of(&scenario)?, mpirun)?;
     cmd.arg("rank").arg(&args.scenario).args([
@@ -1195,6 +1193,15 @@ fn relaunch_under_mpirun(
     if let Some(slo) = &real.slo {
         cmd.args(["--slo", &slo.to_string()]);
     }
+    if let Some(log) = &real.forward_log {
+        if real.model.model.is_none() {
+            anyhow::bail!("--forward-log records the forwards of --model: give --model DIR");
+        }
+        // Empty it here: the ranks append.
+        std::fs::File::create(log)
+            .with_context(|| format!("--forward-log: creating {}", log.display()))?;
+        cmd.arg("--forward-log").arg(log);
+    }
     cmd.args(real.model.to_args());
     let status = cmd
         .status()
@@ -1203,7 +1210,15 @@ fn relaunch_under_mpirun(
 }
 
 impl RealArgs {
+    /// The options of a run in this process (`threads`): a `--forward-log` is emptied.
     fn options(&self) -> anyhow::Result<RealOptions> {
+        self.options_logging(false)
+    }
+
+    /// `append`: a rank process under mpirun, one of several writing the same
+    /// `--forward-log`; each line goes out in one write to a file opened for appending,
+    /// so the processes' lines interleave whole.
+    fn options_logging(&self, append: bool) -> anyhow::Result<RealOptions> {
         let seed = self.seed.unwrap_or(0);
         Ok(RealOptions {
             seed,
@@ -1217,10 +1232,15 @@ impl RealArgs {
                     anyhow::bail!("--forward-log records the forwards of --model: give --model DIR")
                 }
                 Some(p) => {
-                    let file = std::fs::File::create(p)
-                        .with_context(|| format!("--forward-log: creating {}", p.display()))?;
+                    let file = std::fs::OpenOptions::new()
+                        .create(true)
+                        .write(true)
+                        .append(append)
+                        .truncate(!append)
+                        .open(p)
+                        .with_context(|| format!("--forward-log: opening {}", p.display()))?;
                     let log: lockstep_cluster::runtime::device::ForwardLog =
-                        std::sync::Arc::new(std::sync::Mutex::new(BufWriter::new(file)));
+                        std::sync::Arc::new(std::sync::Mutex::new(std::io::LineWriter::new(file)));
                     Some(log)
                 }
             },
@@ -1251,7 +1271,7 @@ fn rank_command(
     let opts = MpiOptions {
         common: RealOptions {
             mismatch_tag_at: mismatch,
-            ..real.options()?
+            ..real.options_logging(true)?
         },
         watchdog: std::time::Duration::from_millis(watchdog_ms),
     };

@@ -16,6 +16,7 @@ use common::*;
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::transceiver::lost_on_the_wire;
 use lockstep_cluster::report::{Outcome, Report};
+use lockstep_cluster::runtime::device::ForwardRecord;
 
 #[test]
 #[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
@@ -499,7 +500,11 @@ fn mpi_with_a_real_model_streams_the_simulators_tokens_greedy_and_seeded() {
         let name = format!("mpi-model-{temperature}-{}", text.len());
         let (mut args, json) = rank_args(text, &[], &name);
         let dir_arg = dir.to_string_lossy().into_owned();
+        let log = temp(&format!("{name}.forwards.jsonl"));
+        let _ = std::fs::remove_file(&log);
         args.extend([
+            "--forward-log".into(),
+            log.to_string_lossy().into_owned(),
             "--model".into(),
             dir_arg,
             "--temperature".into(),
@@ -547,6 +552,24 @@ fn mpi_with_a_real_model_streams_the_simulators_tokens_greedy_and_seeded() {
             "temperature {temperature}, {}",
             s.name
         );
+        // Every rank process appended its forwards to the one log, in whole lines.
+        let lines = std::fs::read_to_string(&log).expect("the forward log");
+        let mut writers = std::collections::BTreeSet::new();
+        for (n, line) in lines.lines().enumerate() {
+            let r: ForwardRecord = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("line {}: {e}: {line}", n + 1));
+            writers.insert((r.server, r.rank));
+        }
+        let ranks: Vec<(usize, u32)> = s
+            .servers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, c)| {
+                let dp = c.derive(&s.policy).expect("valid").sizes.dp;
+                (0..dp).map(move |r| (i, r))
+            })
+            .collect();
+        assert_eq!(writers.into_iter().collect::<Vec<_>>(), ranks, "{}", s.name);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -141,8 +141,10 @@ impl DeviceHandle {
                         ns: started.elapsed().as_nanos() as u64,
                     };
                     if let (Ok(line), Ok(mut w)) = (serde_json::to_string(&record), log.lock()) {
-                        // A log that cannot be written loses lines, not the run.
-                        let _ = writeln!(w, "{line}");
+                        // One write of the whole line: rank processes under mpirun
+                        // append to one file, and whole lines cannot interleave. A log
+                        // that cannot be written loses lines, not the run.
+                        let _ = w.write_all(format!("{line}\n").as_bytes());
                     }
                 }
                 if outbox.send(result).is_err() {
