@@ -15,8 +15,8 @@ pub enum Architecture {
     Llama,
     /// `Qwen2ForCausalLM`: Llama with biases on the Q, K and V projections.
     Qwen2,
-    /// `MistralForCausalLM` (sliding-window attention is not applied: prompts here are
-    /// shorter than any Mistral window).
+    /// `MistralForCausalLM`: Llama with sliding-window attention where the config gives
+    /// a window.
     Mistral,
 }
 
@@ -73,6 +73,9 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     /// End-of-sequence token, if the config names one.
     pub eos_token_id: Option<u32>,
+    /// Sliding-window attention: a query sees only the keys of its last this-many
+    /// positions, itself included (Mistral's `sliding_window`; `None`: all of them).
+    pub sliding_window: Option<usize>,
 }
 
 impl ModelConfig {
@@ -138,6 +141,7 @@ impl ModelConfig {
         let float =
             |field: &str, default: f64| value.get(field).and_then(Value::as_f64).unwrap_or(default);
         let rope_scaling = RopeScaling::parse(value.get("rope_scaling")).map_err(invalid)?;
+        let sliding_window = sliding_window_of(&value, architecture).map_err(invalid)?;
         let config = ModelConfig {
             architecture,
             hidden_size,
@@ -163,6 +167,7 @@ impl ModelConfig {
                 .and_then(Value::as_bool)
                 .unwrap_or(architecture == Architecture::Qwen2),
             eos_token_id: eos_of(&value),
+            sliding_window,
         };
         if config.hidden_size == 0 || config.intermediate_size == 0 || config.vocab_size == 0 {
             return Err(invalid("sizes must be positive".into()));
@@ -194,6 +199,9 @@ impl ModelConfig {
         }
         if let Some(scaling) = self.rope_scaling.to_json() {
             value["rope_scaling"] = scaling;
+        }
+        if let Some(window) = self.sliding_window {
+            value["sliding_window"] = window.into();
         }
         serde_json::to_string_pretty(&value).unwrap_or_default() + "\n"
     }
@@ -271,5 +279,32 @@ fn eos_of(value: &Value) -> Option<u32> {
         Value::Number(n) => n.as_u64().map(|v| v as u32),
         Value::Array(a) => a.first().and_then(Value::as_u64).map(|v| v as u32),
         _ => None,
+    }
+}
+
+/// The attention window: Mistral's `sliding_window` (a positive integer, or null for
+/// none). Qwen2 configs carry a `sliding_window` too, applied only under
+/// `use_sliding_window` and then to some layers: that case is refused rather than run
+/// with the wrong attention. Llama has no window.
+fn sliding_window_of(
+    value: &Value,
+    architecture: Architecture,
+) -> std::result::Result<Option<usize>, String> {
+    match architecture {
+        Architecture::Llama => Ok(None),
+        Architecture::Qwen2 => match value.get("use_sliding_window").and_then(Value::as_bool) {
+            Some(true) => Err(
+                "use_sliding_window true is not supported by the CPU backend (Qwen2 applies it to some layers only)"
+                    .into(),
+            ),
+            _ => Ok(None),
+        },
+        Architecture::Mistral => match value.get("sliding_window") {
+            None | Some(Value::Null) => Ok(None),
+            Some(w) => match w.as_u64() {
+                Some(w) if w > 0 => Ok(Some(w as usize)),
+                _ => Err(format!("sliding_window must be a positive integer or null, got {w}")),
+            },
+        },
     }
 }

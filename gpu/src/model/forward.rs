@@ -119,6 +119,7 @@ pub(crate) fn forward_with(
                 &values,
                 start,
                 context_start,
+                config.sliding_window,
             )?);
             row += n;
         }

@@ -122,6 +122,7 @@ pub fn write_random_model(dir: &Path, options: &InitOptions) -> Result<ModelConf
         rms_norm_eps: 1e-6,
         rope_theta: 10_000.0,
         rope_scaling: RopeScaling::None,
+        sliding_window: None,
         tie_word_embeddings: false,
         max_position_embeddings: 4096,
         attention_bias: options.architecture == Architecture::Qwen2,

@@ -60,14 +60,15 @@ impl RotaryAngles {
 ///
 /// `queries` is `[n, heads, head_dim]` for positions `start..start + n`; `keys` and
 /// `values` are `[ctx, kv_heads, head_dim]` for positions `context_start..context_start +
-/// ctx`. Query `i` sees key `j` iff `context_start + j <= start + i`. Returns `[n, heads *
-/// head_dim]`.
+/// ctx`. Query `i` sees key `j` iff `context_start + j <= start + i` and, with a sliding
+/// `window`, `start + i - (context_start + j) < window`. Returns `[n, heads * head_dim]`.
 pub(crate) fn attention(
     queries: &Tensor,
     keys: &Tensor,
     values: &Tensor,
     start: usize,
     context_start: usize,
+    window: Option<usize>,
 ) -> Result<Tensor> {
     let (n, heads, head_dim) = queries.dims3()?;
     let (context, kv_heads, _) = keys.dims3()?;
@@ -83,14 +84,17 @@ pub(crate) fn attention(
     let scale = 1.0 / (head_dim as f64).sqrt();
     let mut scores = (q.matmul(&k.t()?)? * scale)?;
     let last_key = context_start + context;
-    if last_key > start + 1 {
-        // Some key lies after some query: mask it. (A decode step's single query sees
-        // every key, so it skips building the mask.)
+    let last_query = start + n.max(1) - 1;
+    let outside_window = window.is_some_and(|w| last_query.saturating_sub(context_start) >= w);
+    if last_key > start + 1 || outside_window {
+        // Some key lies after some query, or too far before it: mask it. (A decode
+        // step's single query sees every key of its window, so it skips the mask.)
         let mut mask = Vec::with_capacity(group * n * context);
         for _ in 0..group {
             for i in 0..n {
                 for j in 0..context {
-                    let visible = context_start + j <= start + i;
+                    let (query, key) = (start + i, context_start + j);
+                    let visible = key <= query && window.is_none_or(|w| query - key < w);
                     mask.push(if visible { 0.0f32 } else { f32::NEG_INFINITY });
                 }
             }

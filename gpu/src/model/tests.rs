@@ -596,7 +596,11 @@ fn scalar_reference_logits(model: &Model, sequence: &[u32], stretch: f64) -> Vec
             for h in 0..heads {
                 let kv = h / group;
                 let q = &qs[p][h * hd..(h + 1) * hd];
-                let scores: Vec<f64> = (0..=p)
+                // Mistral's window: the last `w` positions, this one included.
+                let first = config
+                    .sliding_window
+                    .map_or(0, |w| (p + 1).saturating_sub(w));
+                let scores: Vec<f64> = (first..=p)
                     .map(|j| {
                         let k = &ks[j][kv * hd..(kv + 1) * hd];
                         q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt()
@@ -605,7 +609,7 @@ fn scalar_reference_logits(model: &Model, sequence: &[u32], stretch: f64) -> Vec
                 let max = scores.iter().cloned().fold(f64::MIN, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let total: f64 = weights.iter().sum();
-                for (j, w) in weights.iter().enumerate() {
+                for (j, w) in (first..=p).zip(&weights) {
                     for d in 0..hd {
                         attended[h * hd + d] += w / total * vs[j][kv * hd + d];
                     }
@@ -684,19 +688,16 @@ fn forward_arithmetic_matches_a_scalar_reference() {
 
 #[test]
 fn linear_rope_scaling_interpolates_positions() {
-    let dir = TempDir::new("rope-linear");
-    let options = InitOptions {
-        seed: 5,
-        ..scalar_sized()
-    };
-    write_random_model(&dir.0, &options).expect("init");
-    let plain = Model::load(&dir.0).expect("load");
+    let (dir, plain, scaled) = with_config_field(
+        "rope-linear",
+        Architecture::Llama,
+        "rope_scaling",
+        serde_json::json!({"rope_type": "linear", "factor": 4.0}),
+    );
+    let scaled = scaled.expect("a scaled model loads");
     let path = dir.0.join("config.json");
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    config["rope_scaling"] = serde_json::json!({"rope_type": "linear", "factor": 4.0});
-    std::fs::write(&path, config.to_string()).unwrap();
-    let scaled = Model::load(&dir.0).expect("a scaled model loads");
     let sequence = tokens(12, 3, 300);
     let mut cache = scaled.paged_cache(4, 4).unwrap();
     let paged = forward_paged(&scaled, &mut cache, &[entry(&[1, 0, 3], 0, &sequence)]).unwrap();
@@ -721,6 +722,87 @@ fn linear_rope_scaling_interpolates_positions() {
         .to_string();
     assert!(
         err.contains("config.json") && err.contains("\"yarn\""),
+        "{err}"
+    );
+}
+
+/// Writes a scalar-sized model of `architecture`, then sets `field` of its config.
+fn with_config_field(
+    name: &str,
+    architecture: Architecture,
+    field: &str,
+    value: serde_json::Value,
+) -> (TempDir, Model, Result<Model>) {
+    let dir = TempDir::new(name);
+    let options = InitOptions {
+        architecture,
+        seed: 5,
+        ..scalar_sized()
+    };
+    write_random_model(&dir.0, &options).expect("init");
+    let plain = Model::load(&dir.0).expect("load");
+    let path = dir.0.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config[field] = value;
+    std::fs::write(&path, config.to_string()).unwrap();
+    let changed = Model::load(&dir.0);
+    (dir, plain, changed)
+}
+
+#[test]
+fn mistrals_sliding_window_hides_keys_older_than_the_window() {
+    let (_dir, plain, windowed) =
+        with_config_field("window", Architecture::Mistral, "sliding_window", 5.into());
+    let windowed = windowed.expect("a windowed model loads");
+    assert_eq!(windowed.config.sliding_window, Some(5));
+    let sequence = tokens(13, 4, 300);
+    // Chunked prefill (4 + 6 tokens) then three decode steps, over scattered blocks.
+    let table = [2u32, 0, 3, 1];
+    let mut cache = windowed.paged_cache(4, 4).unwrap();
+    forward_paged(&windowed, &mut cache, &[entry(&table, 0, &sequence[..4])]).unwrap();
+    let mut last =
+        forward_paged(&windowed, &mut cache, &[entry(&table, 4, &sequence[4..10])]).unwrap();
+    for p in 10..13 {
+        last = forward_paged(&windowed, &mut cache, &[entry(&table, p, &sequence[p..=p])]).unwrap();
+    }
+    let reference = scalar_reference_logits(&windowed, &sequence, 1.0);
+    assert!(
+        largest_gap(&last[0], &reference) < 1e-3,
+        "windowed vs the scalar reference"
+    );
+    assert_close(
+        &last[0],
+        &dense_logits(&windowed, &sequence),
+        "windowed dense",
+    );
+    // Negative control: without the window the same weights answer otherwise.
+    let unwindowed = scalar_reference_logits(&plain, &sequence, 1.0);
+    assert!(
+        largest_gap(&last[0], &unwindowed) > 1e-3,
+        "the window had no effect"
+    );
+    // Qwen2's per-layer window is refused, naming the field; a bad window too.
+    let (_d, _, qwen) = with_config_field(
+        "qwen-window",
+        Architecture::Qwen2,
+        "use_sliding_window",
+        true.into(),
+    );
+    let err = qwen.expect_err("refused").to_string();
+    assert!(
+        err.contains("config.json") && err.contains("use_sliding_window true"),
+        "{err}"
+    );
+    let (_d, _, zero) = with_config_field(
+        "zero-window",
+        Architecture::Mistral,
+        "sliding_window",
+        0.into(),
+    );
+    let err = zero.expect_err("refused").to_string();
+    assert!(
+        err.contains("sliding_window must be a positive integer or null, got 0"),
         "{err}"
     );
 }
