@@ -114,7 +114,11 @@ impl ModelBackend {
     pub fn rank_model(&self, p: &PlannedServer<'_>) -> (RankModel, Option<KvCodec>) {
         let rank = RankModel::new(self.model.clone(), self.sampling);
         let codec = (p.config.role != Role::Agg).then(|| {
-            model_codec(rank.kv_store(p.sizes.kv_blocks_per_rank, p.sizes.tokens_per_block))
+            model_codec(rank.kv_store(
+                p.sizes.kv_blocks_per_rank,
+                p.sizes.tokens_per_block,
+                p.config.role == Role::Ctx,
+            ))
         });
         (rank, codec)
     }
@@ -132,6 +136,7 @@ impl ModelBackend {
                         r,
                         p.sizes.kv_blocks_per_rank,
                         p.sizes.tokens_per_block,
+                        p.config.role == Role::Ctx,
                     ))
                 })
                 .collect()

@@ -121,14 +121,16 @@ impl ModelTokens {
     }
 
     /// Rank `index`'s K/V pool of `blocks` blocks of `tokens_per_block` tokens, for its
-    /// transceiver (a disaggregated server's ranks hand K/V to each other through it).
+    /// transceiver (a disaggregated server's ranks hand K/V to each other through it;
+    /// `sends`: a ctx server's).
     pub fn kv_store(
         &mut self,
         index: usize,
         blocks: u32,
         tokens_per_block: u32,
+        sends: bool,
     ) -> Arc<dyn KvStore> {
-        self.rank(index).kv_store(blocks, tokens_per_block)
+        self.rank(index).kv_store(blocks, tokens_per_block, sends)
     }
 }
 
@@ -221,8 +223,9 @@ pub fn prepare(exec: &RankExecutor, batch: &ScheduledBatch, batches: u64) -> Pre
     }
 }
 
-/// What a rank's forwards and its transceiver share: the K/V pool and each request's
-/// token history.
+/// The rank's device memory: the K/V pool and each request's token history. Only its
+/// forwards touch it (the device thread, or the simulator inline), as only a GPU's
+/// stream touches its memory; transfers go through [`Handoffs`].
 #[derive(Default)]
 struct RankMemory {
     cache: Option<PagedKvCache>,
@@ -248,28 +251,53 @@ impl RankMemory {
     }
 }
 
+/// K/V in transit between a rank's forwards and its transceiver, the staging buffers a
+/// transfer engine copies through. The transceiver never waits for a forward: a ctx rank
+/// stages a request's prompt blocks and tokens when the forward that ends its prefill
+/// runs, and the pull takes them; a gen rank's arrivals wait here until its next
+/// forward writes them into the pool first thing (its executor hears `Done` only after
+/// they are staged, so every forward that reads them comes later).
+#[derive(Default)]
+struct Handoffs {
+    /// A ctx rank: stage each finished prefill.
+    stages_prefills: bool,
+    /// ctx side: request → (its prompt's blocks, its tokens so far), until pulled.
+    outgoing: HashMap<ReqId, (Vec<Vec<u8>>, Vec<u32>)>,
+    /// gen side: what arrived, to write before the next forward.
+    incoming: Vec<Arrival>,
+}
+
+/// A request's K/V that reached a gen rank.
+struct Arrival {
+    id: ReqId,
+    /// Where it goes: the blocks the rank's KV manager reserved, in order.
+    block_ids: Vec<u32>,
+    /// One block's bytes each.
+    blocks: Vec<Vec<u8>>,
+    /// The request's tokens so far.
+    tokens: Vec<u32>,
+}
+
+fn lock(handoffs: &Mutex<Handoffs>) -> MutexGuard<'_, Handoffs> {
+    // A holder that panicked left whole entries behind: each is inserted or taken whole.
+    handoffs.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The device's half of one rank: its K/V pool and its requests' token histories.
 pub struct RankModel {
     model: Arc<Model>,
     sampling: ModelSampling,
-    memory: Arc<Mutex<RankMemory>>,
+    memory: RankMemory,
+    handoffs: Arc<Mutex<Handoffs>>,
     batches: u64,
 }
 
-/// A rank's memory as its transceiver sees it ([`KvStore`]): the ctx side reads a
-/// request's blocks and tokens, the gen side writes them.
+/// A rank's memory as its transceiver sees it ([`KvStore`]): the ctx side takes a
+/// request's staged blocks and tokens, the gen side stages what arrived.
 struct RankKvStore {
-    model: Arc<Model>,
-    memory: Arc<Mutex<RankMemory>>,
+    handoffs: Arc<Mutex<Handoffs>>,
     pool: (u32, u32),
     block_bytes: u64,
-}
-
-impl RankKvStore {
-    fn memory(&self) -> MutexGuard<'_, RankMemory> {
-        // A forward that panicked left the pool as it was; the data is still whole.
-        self.memory.lock().unwrap_or_else(|p| p.into_inner())
-    }
 }
 
 impl KvStore for RankKvStore {
@@ -278,20 +306,17 @@ impl KvStore for RankKvStore {
     }
 
     fn export(&self, id: ReqId, block_ids: &[u32]) -> Result<(Vec<Vec<u8>>, Vec<u32>), String> {
-        let mut memory = self.memory();
-        let tokens = memory
-            .histories
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| format!("no tokens of request {} on this rank", id.0))?;
-        let pool = memory.pool(&self.model, self.pool.0, self.pool.1)?;
-        let blocks = block_ids
-            .iter()
-            .map(|&b| {
-                pool.read_block(b)
-                    .ok_or_else(|| format!("block id {b} outside the pool"))
-            })
-            .collect::<Result<Vec<_>, String>>()?;
+        let (blocks, tokens) = lock(&self.handoffs)
+            .outgoing
+            .remove(&id)
+            .ok_or_else(|| format!("no K/V of request {} staged on this rank", id.0))?;
+        if blocks.len() != block_ids.len() {
+            return Err(format!(
+                "{} blocks were asked for, the prompt's staged K/V is {} blocks",
+                block_ids.len(),
+                blocks.len()
+            ));
+        }
         Ok((blocks, tokens))
     }
 
@@ -319,9 +344,8 @@ impl KvStore for RankKvStore {
                 self.pool.1
             ));
         }
-        let mut memory = self.memory();
-        let pool = memory.pool(&self.model, self.pool.0, self.pool.1)?;
-        // Check every block before writing any: a failed import writes nothing.
+        // Everything the forward's write could refuse is checked here, where the
+        // transfer can still fail: the staged write cannot.
         if let Some(bad) = blocks
             .iter()
             .find(|b| b.bytes.len() as u64 != self.block_bytes)
@@ -333,11 +357,18 @@ impl KvStore for RankKvStore {
                 self.block_bytes
             ));
         }
-        for (&to, block) in block_ids.iter().zip(blocks) {
-            pool.write_block(to, &block.bytes)
-                .map_err(|e| e.to_string())?;
+        if let Some(&bad) = block_ids.iter().find(|&&b| b >= self.pool.0) {
+            return Err(format!(
+                "block id {bad} outside the pool of {} blocks",
+                self.pool.0
+            ));
         }
-        memory.histories.insert(id, tokens.to_vec());
+        lock(&self.handoffs).incoming.push(Arrival {
+            id,
+            block_ids: block_ids.to_vec(),
+            blocks: blocks.iter().map(|b| b.bytes.clone()).collect(),
+            tokens: tokens.to_vec(),
+        });
         Ok(())
     }
 }
@@ -348,17 +379,19 @@ impl RankModel {
         RankModel {
             model,
             sampling,
-            memory: Arc::default(),
+            memory: RankMemory::default(),
+            handoffs: Arc::default(),
             batches: 0,
         }
     }
 
     /// The rank's memory as its transceiver sees it, for a pool of `blocks` blocks of
     /// `tokens_per_block` tokens (the size the rank's KV manager gives its forwards).
-    pub fn kv_store(&self, blocks: u32, tokens_per_block: u32) -> Arc<dyn KvStore> {
+    /// `sends`: a ctx rank, which stages every finished prefill for the pull.
+    pub fn kv_store(&self, blocks: u32, tokens_per_block: u32, sends: bool) -> Arc<dyn KvStore> {
+        lock(&self.handoffs).stages_prefills = sends;
         Arc::new(RankKvStore {
-            model: self.model.clone(),
-            memory: self.memory.clone(),
+            handoffs: self.handoffs.clone(),
             pool: (blocks, tokens_per_block),
             block_bytes: ModelTokens::pool_bytes(&self.model, 1, tokens_per_block),
         })
@@ -386,9 +419,21 @@ impl RankModel {
     fn compute(&mut self, batch: PreparedBatch, out: &mut ForwardOutput) -> Result<(), String> {
         let model = &*self.model;
         let (blocks, tokens_per_block) = batch.pool;
-        let mut guard = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        let memory = &mut *guard;
-        memory.pool(model, blocks, tokens_per_block)?;
+        let memory = &mut self.memory;
+        let pool = memory.pool(model, blocks, tokens_per_block)?;
+        // K/V that arrived since the last forward goes in first (checked when staged).
+        let mut arrived_tokens = Vec::new();
+        let (arrived, stages_prefills) = {
+            let mut h = lock(&self.handoffs);
+            (std::mem::take(&mut h.incoming), h.stages_prefills)
+        };
+        for a in arrived {
+            for (&to, bytes) in a.block_ids.iter().zip(&a.blocks) {
+                pool.write_block(to, bytes).map_err(|e| e.to_string())?;
+            }
+            arrived_tokens.push((a.id, a.tokens));
+        }
+        memory.histories.extend(arrived_tokens);
         let vocab = model.config.vocab_size as u32;
         // Per entry: start position and token ids.
         let mut inputs: Vec<(usize, Vec<u32>)> = Vec::with_capacity(batch.entries.len());
@@ -474,11 +519,52 @@ impl RankModel {
             }
             out.sampled.push(token);
         }
+        if stages_prefills {
+            self.stage_prefills(&batch, tokens_per_block)?;
+        }
         self.batches += 1;
         if let Some(live) = batch.live {
             let live: std::collections::HashSet<ReqId> = live.into_iter().collect();
-            memory.histories.retain(|id, _| live.contains(id));
+            self.memory.histories.retain(|id, _| live.contains(id));
+            lock(&self.handoffs)
+                .outgoing
+                .retain(|id, _| live.contains(id));
         }
+        Ok(())
+    }
+}
+
+impl RankModel {
+    /// ctx rank: copies the prompt blocks and tokens of every request whose prefill this
+    /// batch finished into the staging area, where its transceiver's pull takes them.
+    fn stage_prefills(
+        &mut self,
+        batch: &PreparedBatch,
+        tokens_per_block: u32,
+    ) -> Result<(), String> {
+        let pool = self.memory.cache.as_ref().ok_or("no K/V pool")?;
+        let mut staged = Vec::new();
+        for e in &batch.entries {
+            if e.is_dummy || !matches!(e.kind, ForwardKind::Context { samples: true, .. }) {
+                continue;
+            }
+            let Some(tokens) = self.memory.histories.get(&e.id) else {
+                continue;
+            };
+            let blocks = (e.prompt_len as usize).div_ceil(tokens_per_block.max(1) as usize);
+            let contents = e
+                .table
+                .get(..blocks)
+                .ok_or_else(|| format!("request {}: block table shorter than its prompt", e.id.0))?
+                .iter()
+                .map(|&b| {
+                    pool.read_block(b)
+                        .ok_or_else(|| format!("block id {b} outside the pool"))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            staged.push((e.id, (contents, tokens.clone())));
+        }
+        lock(&self.handoffs).outgoing.extend(staged);
         Ok(())
     }
 }
