@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use lockstep_actors::config::Role;
 use lockstep_actors::group::TokenSource;
-use lockstep_actors::transceiver::{KvCodec, KvStore};
+use lockstep_actors::transceiver::KvCodec;
 use lockstep_gpu::kv_contents;
 use lockstep_gpu::model::{Model, ModelError, SamplingParams, TextTokenizer};
 use lockstep_gpu::model_tokens::{ModelSampling, ModelTokens, RankModel};
@@ -113,13 +113,7 @@ impl ModelBackend {
     /// on a ctx or gen server, its transceiver's codec over the same pool.
     pub fn rank_model(&self, p: &PlannedServer<'_>) -> (RankModel, Option<KvCodec>) {
         let rank = RankModel::new(self.model.clone(), self.sampling);
-        let codec = (p.config.role != Role::Agg).then(|| {
-            model_codec(rank.kv_store(
-                p.sizes.kv_blocks_per_rank,
-                p.sizes.tokens_per_block,
-                p.config.role == Role::Ctx,
-            ))
-        });
+        let codec = codec_of(&rank, p);
         (rank, codec)
     }
 
@@ -127,28 +121,22 @@ impl ModelBackend {
     /// or gen server, each rank's transceiver codec over that rank's pool.
     pub fn sim_server(&self, p: &PlannedServer<'_>) -> (Box<dyn TokenSource>, Vec<KvCodec>) {
         let mut tokens = ModelTokens::new(self.model.clone(), self.sampling);
-        let codecs = if p.config.role == Role::Agg {
-            Vec::new()
-        } else {
-            (0..p.sizes.dp as usize)
-                .map(|r| {
-                    model_codec(tokens.kv_store(
-                        r,
-                        p.sizes.kv_blocks_per_rank,
-                        p.sizes.tokens_per_block,
-                        p.config.role == Role::Ctx,
-                    ))
-                })
-                .collect()
-        };
+        let codecs = (0..p.sizes.dp as usize)
+            .filter_map(|r| codec_of(tokens.rank(r), p))
+            .collect();
         (Box::new(tokens), codecs)
     }
 }
 
-/// The transceiver's codec over a rank's pool: the model's own K/V, checksummed.
-fn model_codec(store: std::sync::Arc<dyn KvStore>) -> KvCodec {
-    KvCodec::Model {
-        store,
+/// On a ctx or gen server, the transceiver's codec over `rank`'s memory: the model's own
+/// K/V, checksummed (a ctx rank stages each finished prefill for it).
+fn codec_of(rank: &RankModel, p: &PlannedServer<'_>) -> Option<KvCodec> {
+    (p.config.role != Role::Agg).then(|| KvCodec::Model {
+        store: rank.kv_store(
+            p.sizes.kv_blocks_per_rank,
+            p.sizes.tokens_per_block,
+            p.config.role == Role::Ctx,
+        ),
         checksum: kv_contents::checksum,
-    }
+    })
 }

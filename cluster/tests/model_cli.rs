@@ -274,7 +274,7 @@ fn a_real_runs_forward_log_calibrates_a_profile() {
     let lines = std::fs::read_to_string(&log).expect("the log");
     assert!(lines.lines().count() >= 20, "{lines}");
     let profile = tmp.0.join("fitted.toml");
-    let out = ok(lockstep(&[
+    let calibrate = [
         "model",
         "calibrate",
         "--model",
@@ -283,7 +283,8 @@ fn a_real_runs_forward_log_calibrates_a_profile() {
         log.to_str().unwrap(),
         "--out",
         profile.to_str().unwrap(),
-    ]));
+    ];
+    let out = ok(lockstep(&calibrate));
     assert!(
         out.contains("decode only") && out.contains("fitted:"),
         "{out}"
@@ -292,16 +293,7 @@ fn a_real_runs_forward_log_calibrates_a_profile() {
     let sim = ok(lockstep(&["sim", scenario, "--set", &with_file]));
     assert!(sim.contains("completed 64"), "{sim}");
     std::fs::write(&log, format!("{lines}not json\n")).unwrap();
-    let err = fails(&[
-        "model",
-        "calibrate",
-        "--model",
-        dir.to_str().unwrap(),
-        "--from-log",
-        log.to_str().unwrap(),
-        "--out",
-        profile.to_str().unwrap(),
-    ]);
+    let err = fails(&calibrate);
     let bad_line = lines.lines().count() + 1;
     assert!(err.contains(&format!("line {bad_line}")), "{err}");
     let err = fails(&[

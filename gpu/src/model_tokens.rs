@@ -22,7 +22,7 @@ use lockstep_actors::group::{ForwardError, TokenSource};
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::kv::{chain_keys, mix};
 use lockstep_actors::request::{Request, RequestSpec};
-use lockstep_actors::transceiver::{KvBlock, KvStore};
+use lockstep_actors::transceiver::{KvBlock, KvStore, SequenceKv};
 
 use crate::model::{
     BatchEntry, Model, ModelError, PagedKvCache, Sampler, SamplingParams, forward_paged,
@@ -73,14 +73,10 @@ impl ModelTokens {
 
     /// The K/V pool's size for `blocks` blocks of `tokens_per_block` tokens.
     pub fn pool_bytes(model: &Model, blocks: u32, tokens_per_block: u32) -> u64 {
-        let c = &model.config;
-        // K and V, f32.
-        2 * 4
-            * c.num_hidden_layers as u64
-            * u64::from(blocks)
-            * u64::from(tokens_per_block)
-            * c.num_key_value_heads as u64
-            * c.head_dim as u64
+        let block = model
+            .paged_geometry(1, tokens_per_block as usize)
+            .block_bytes();
+        u64::from(blocks).saturating_mul(block as u64)
     }
 
     /// The one rule on a rank's pool size: at most [`MAX_POOL_BYTES`] (the error names
@@ -112,25 +108,13 @@ impl TokenSource for ModelTokens {
 }
 
 impl ModelTokens {
-    fn rank(&mut self, index: usize) -> &mut RankModel {
+    /// Rank `index`'s model (made on first use).
+    pub fn rank(&mut self, index: usize) -> &mut RankModel {
         while self.ranks.len() <= index {
             self.ranks
                 .push(RankModel::new(self.model.clone(), self.sampling));
         }
         &mut self.ranks[index]
-    }
-
-    /// Rank `index`'s K/V pool of `blocks` blocks of `tokens_per_block` tokens, for its
-    /// transceiver (a disaggregated server's ranks hand K/V to each other through it;
-    /// `sends`: a ctx server's).
-    pub fn kv_store(
-        &mut self,
-        index: usize,
-        blocks: u32,
-        tokens_per_block: u32,
-        sends: bool,
-    ) -> Arc<dyn KvStore> {
-        self.rank(index).kv_store(blocks, tokens_per_block, sends)
     }
 }
 
@@ -262,7 +246,7 @@ struct Handoffs {
     /// A ctx rank: stage each finished prefill.
     stages_prefills: bool,
     /// ctx side: request → (its prompt's blocks, its tokens so far), until pulled.
-    outgoing: HashMap<ReqId, (Vec<Vec<u8>>, Vec<u32>)>,
+    outgoing: HashMap<ReqId, SequenceKv>,
     /// gen side: what arrived, to write before the next forward.
     incoming: Vec<Arrival>,
 }
@@ -305,18 +289,20 @@ impl KvStore for RankKvStore {
         self.block_bytes
     }
 
-    fn export(&self, id: ReqId, block_ids: &[u32]) -> Result<(Vec<Vec<u8>>, Vec<u32>), String> {
-        let (blocks, tokens) = lock(&self.handoffs)
+    fn export(&self, id: ReqId, wanted: u32) -> Result<SequenceKv, String> {
+        let (mut blocks, tokens) = lock(&self.handoffs)
             .outgoing
             .remove(&id)
             .ok_or_else(|| format!("no K/V of request {} staged on this rank", id.0))?;
-        if blocks.len() != block_ids.len() {
+        if blocks.len() < wanted as usize {
             return Err(format!(
-                "{} blocks were asked for, the prompt's staged K/V is {} blocks",
-                block_ids.len(),
+                "{wanted} blocks were asked for, {} are staged",
                 blocks.len()
             ));
         }
+        // The prompt's blocks (the gen rank reserved those); a last block that holds
+        // only the first token's slot stays behind.
+        blocks.truncate(wanted as usize);
         Ok((blocks, tokens))
     }
 
@@ -393,7 +379,10 @@ impl RankModel {
         Arc::new(RankKvStore {
             handoffs: self.handoffs.clone(),
             pool: (blocks, tokens_per_block),
-            block_bytes: ModelTokens::pool_bytes(&self.model, 1, tokens_per_block),
+            block_bytes: self
+                .model
+                .paged_geometry(1, tokens_per_block as usize)
+                .block_bytes() as u64,
         })
     }
 
@@ -520,7 +509,7 @@ impl RankModel {
             out.sampled.push(token);
         }
         if stages_prefills {
-            self.stage_prefills(&batch, tokens_per_block)?;
+            self.stage_prefills(&batch)?;
         }
         self.batches += 1;
         if let Some(live) = batch.live {
@@ -535,13 +524,10 @@ impl RankModel {
 }
 
 impl RankModel {
-    /// ctx rank: copies the prompt blocks and tokens of every request whose prefill this
-    /// batch finished into the staging area, where its transceiver's pull takes them.
-    fn stage_prefills(
-        &mut self,
-        batch: &PreparedBatch,
-        tokens_per_block: u32,
-    ) -> Result<(), String> {
+    /// ctx rank: copies the blocks and tokens of every request whose prefill this batch
+    /// finished into the staging area, where its transceiver's pull takes as many
+    /// blocks as the gen rank reserved.
+    fn stage_prefills(&mut self, batch: &PreparedBatch) -> Result<(), String> {
         let pool = self.memory.cache.as_ref().ok_or("no K/V pool")?;
         let mut staged = Vec::new();
         for e in &batch.entries {
@@ -551,11 +537,8 @@ impl RankModel {
             let Some(tokens) = self.memory.histories.get(&e.id) else {
                 continue;
             };
-            let blocks = (e.prompt_len as usize).div_ceil(tokens_per_block.max(1) as usize);
             let contents = e
                 .table
-                .get(..blocks)
-                .ok_or_else(|| format!("request {}: block table shorter than its prompt", e.id.0))?
                 .iter()
                 .map(|&b| {
                     pool.read_block(b)
@@ -627,4 +610,85 @@ pub fn prompt_tokens(spec: &RequestSpec, tokens_per_block: u32, vocab: u32) -> V
         tokens.push((mix(tail_seed ^ tokens.len() as u64) % vocab) as u32);
     }
     tokens
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{InitOptions, write_random_model};
+
+    fn tiny_rank(name: &str) -> (std::path::PathBuf, RankModel) {
+        let dir =
+            std::env::temp_dir().join(format!("lockstep-handoff-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_random_model(&dir, &InitOptions::default()).expect("init");
+        let model = Arc::new(Model::load(&dir).expect("load"));
+        (dir, RankModel::new(model, ModelSampling::default()))
+    }
+
+    #[test]
+    fn an_arrival_the_pool_cannot_take_is_refused_naming_why_and_nothing_is_staged() {
+        let (dir, rank) = tiny_rank("refused");
+        // 8 blocks of 4 tokens.
+        let store = rank.kv_store(8, 4, false);
+        let size = store.block_bytes() as usize;
+        let block = |index, len| KvBlock {
+            index,
+            bytes: vec![0; len],
+            checksum: 0,
+        };
+        let err = |ids: &[u32], blocks: &[KvBlock], tokens: &[u32]| {
+            store.import(ReqId(1), ids, blocks, tokens).unwrap_err()
+        };
+        // A 6-token prompt and its first token fill 2 blocks.
+        let good = [block(0, size), block(1, size)];
+        let tokens = [1, 2, 3, 4, 5, 6, 7];
+        assert!(err(&[3], &good, &tokens).contains("2 blocks arrived for 1 reserved"));
+        assert!(
+            err(&[3, 4], &good, &tokens[..4])
+                .contains("4 token ids arrived with 2 blocks of 4 tokens")
+        );
+        let short = [block(0, size), block(1, size - 4)];
+        let e = err(&[3, 4], &short, &tokens);
+        assert!(e.contains(&format!("block 1 is {} bytes", size - 4)), "{e}");
+        assert!(err(&[3, 8], &good, &tokens).contains("block id 8 outside the pool of 8 blocks"));
+        assert!(
+            lock(&rank.handoffs).incoming.is_empty(),
+            "a refused arrival stages nothing"
+        );
+        store
+            .import(ReqId(1), &[3, 4], &good, &tokens)
+            .expect("fits");
+        assert_eq!(lock(&rank.handoffs).incoming.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_export_takes_the_staged_blocks_the_gen_rank_reserved_once() {
+        let (dir, rank) = tiny_rank("export");
+        let store = rank.kv_store(8, 4, true);
+        let e = store.export(ReqId(2), 1).unwrap_err();
+        assert!(e.contains("no K/V of request 2 staged"), "{e}");
+        lock(&rank.handoffs)
+            .outgoing
+            .insert(ReqId(2), (vec![vec![1], vec![2], vec![3]], vec![9; 9]));
+        assert!(
+            store
+                .export(ReqId(2), 4)
+                .unwrap_err()
+                .contains("4 blocks were asked for, 3 are staged")
+        );
+        lock(&rank.handoffs)
+            .outgoing
+            .insert(ReqId(2), (vec![vec![1], vec![2], vec![3]], vec![9; 9]));
+        let (blocks, tokens) = store.export(ReqId(2), 2).expect("staged");
+        assert_eq!(
+            blocks,
+            vec![vec![1], vec![2]],
+            "the reserved count, in order"
+        );
+        assert_eq!(tokens, vec![9; 9]);
+        assert!(store.export(ReqId(2), 2).is_err(), "taken");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

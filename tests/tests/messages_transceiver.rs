@@ -56,7 +56,6 @@ fn send(id: u64, blocks: u32) -> TransceiverIn {
     TransceiverIn::Command(TransferCommand::Send {
         id: ReqId(id),
         blocks,
-        block_ids: vec![],
     })
 }
 

@@ -386,9 +386,6 @@ pub enum TransferCommand {
         id: ReqId,
         /// Blocks to send.
         blocks: u32,
-        /// Their ids in this rank's pool, in sequence order (where a model backend's
-        /// K/V is read from).
-        block_ids: Vec<u32>,
     },
     /// gen side: receive the KV of `id` into `blocks` reserved blocks.
     Receive {

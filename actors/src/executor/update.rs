@@ -209,12 +209,9 @@ impl RankExecutor {
             Role::Ctx => {
                 r.state = RequestState::DisaggContextTransInProgress;
                 let blocks = self.kv.blocks_of(r.id());
-                let block_ids = self.kv.block_ids_of(r.id()).iter().map(|b| b.0).collect();
-                self.iter.commands.push(TransferCommand::Send {
-                    id: r.id(),
-                    blocks,
-                    block_ids,
-                });
+                self.iter
+                    .commands
+                    .push(TransferCommand::Send { id: r.id(), blocks });
                 self.resident.sending.push(r);
             }
             Role::Agg | Role::Gen => {

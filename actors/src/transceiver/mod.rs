@@ -195,15 +195,19 @@ pub struct Outgoing {
     pub message: PeerMessage,
 }
 
-/// Where a model backend keeps one rank's K/V: the ctx side reads a request's blocks from
-/// it, the gen side writes them in (the driver plugs in the backend's: the transceiver
+/// A request's K/V as a store hands it over: each block's bytes, in sequence order, and
+/// the token ids of its sequence so far.
+pub type SequenceKv = (Vec<Vec<u8>>, Vec<u32>);
+
+/// Where a model backend keeps one rank's K/V: the ctx side takes a request's blocks from
+/// it, the gen side puts them in (the driver plugs in the backend's: the transceiver
 /// stays independent of any backend crate).
 pub trait KvStore: Send + Sync {
     /// Bytes of one block.
     fn block_bytes(&self) -> u64;
-    /// ctx side: the contents of `id`'s blocks `block_ids` (this rank's pool, in
-    /// sequence order) and the token ids of its sequence so far.
-    fn export(&self, id: ReqId, block_ids: &[u32]) -> Result<(Vec<Vec<u8>>, Vec<u32>), String>;
+    /// ctx side: the contents of `id`'s first `blocks` blocks, in sequence order, and the
+    /// token ids of its sequence so far. Taken: a second export of `id` fails.
+    fn export(&self, id: ReqId, blocks: u32) -> Result<SequenceKv, String>;
     /// gen side: writes `blocks` into `block_ids` (in order) and takes `tokens` as `id`'s
     /// sequence so far. An error writes nothing a request reads.
     fn import(
@@ -312,8 +316,6 @@ pub struct TransferStats {
 struct Sending {
     /// From the `Send` command: blocks held and when it started.
     command: Option<(u32, u64)>,
-    /// From the `Send` command: the held blocks' ids.
-    block_ids: Vec<u32>,
     /// From the pull: who pulls and how many blocks it reserved.
     pull: Option<(KvAddress, u32)>,
     /// When the pull arrived: the transfer's own deadline counts from here.
@@ -492,17 +494,12 @@ impl Transceiver {
     /// receive fails at once.
     pub fn on_command(&mut self, now_ns: u64, command: &TransferCommand) {
         match *command {
-            TransferCommand::Send {
-                id,
-                blocks,
-                ref block_ids,
-            } => {
+            TransferCommand::Send { id, blocks } => {
                 if self.ended.contains_key(&id) {
                     return;
                 }
                 let s = self.sending.entry(id).or_default();
                 s.command = Some((blocks, now_ns));
-                s.block_ids.clone_from(block_ids);
                 self.advance_send(now_ns, id);
             }
             TransferCommand::Receive {
@@ -735,30 +732,27 @@ impl Transceiver {
                 blocks: wanted,
                 bytes: u64::from(wanted) * block_bytes,
             },
-            KvCodec::Model { store, checksum } => {
-                let ids = s.block_ids.get(..wanted as usize).unwrap_or(&[]);
-                match store.export(id, ids) {
-                    Ok((blocks, tokens)) => KvPayload::Sequence {
-                        blocks: blocks
-                            .into_iter()
-                            .zip(0..)
-                            .map(|(bytes, index)| KvBlock {
-                                index,
-                                checksum: checksum(&bytes),
-                                bytes,
-                            })
-                            .collect(),
-                        tokens,
-                    },
-                    Err(why) => {
-                        let reason = format!("kv of request {id} could not be read: {why}");
-                        self.sending.remove(&id);
-                        self.stats.failed += 1;
-                        self.fail_here(now_ns, id, reason, Some(puller));
-                        return;
-                    }
+            KvCodec::Model { store, checksum } => match store.export(id, wanted) {
+                Ok((blocks, tokens)) => KvPayload::Sequence {
+                    blocks: blocks
+                        .into_iter()
+                        .zip(0..)
+                        .map(|(bytes, index)| KvBlock {
+                            index,
+                            checksum: checksum(&bytes),
+                            bytes,
+                        })
+                        .collect(),
+                    tokens,
+                },
+                Err(why) => {
+                    let reason = format!("kv of request {id} could not be read: {why}");
+                    self.sending.remove(&id);
+                    self.stats.failed += 1;
+                    self.fail_here(now_ns, id, reason, Some(puller));
+                    return;
                 }
-            }
+            },
         };
         if let Some(s) = self.sending.get_mut(&id) {
             s.sent_bytes = Some(self.codec.model_bytes(payload.blocks()));

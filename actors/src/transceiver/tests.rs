@@ -59,11 +59,7 @@ fn a_pull_moves_checked_blocks_and_both_sides_finish() {
     for pull_first in [false, true] {
         let (mut ctx, mut gen_side) = pair();
         let id = ReqId(5);
-        let send = TransferCommand::Send {
-            id,
-            blocks: 3,
-            block_ids: vec![],
-        };
+        let send = TransferCommand::Send { id, blocks: 3 };
         if !pull_first {
             ctx.on_command(0, &send);
         }
@@ -99,14 +95,7 @@ fn a_release_frees_the_send_without_a_pull() {
     let id = ReqId(9);
     ctx.on_message(0, PeerMessage::Release { id });
     assert!(ctx.take_events().is_empty());
-    ctx.on_command(
-        MS,
-        &TransferCommand::Send {
-            id,
-            blocks: 2,
-            block_ids: vec![],
-        },
-    );
+    ctx.on_command(MS, &TransferCommand::Send { id, blocks: 2 });
     assert_eq!(ctx.take_events(), done(9));
     assert_eq!(ctx.stats().released, 1);
     assert_eq!(ctx.stats().completed, 0);
@@ -116,14 +105,7 @@ fn a_release_frees_the_send_without_a_pull() {
 fn lost_blocks_time_out_on_both_sides_and_late_blocks_are_ignored() {
     let (mut ctx, mut gen_side) = pair();
     let id = ReqId(7);
-    ctx.on_command(
-        0,
-        &TransferCommand::Send {
-            id,
-            blocks: 2,
-            block_ids: vec![],
-        },
-    );
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 2 });
     gen_side.on_command(
         MS,
         &TransferCommand::Receive {
@@ -178,14 +160,7 @@ fn lost_blocks_time_out_on_both_sides_and_late_blocks_are_ignored() {
 fn the_ctx_side_holds_an_unpulled_send_up_to_the_pull_timeout_and_aborts_a_later_pull() {
     let (mut ctx, mut gen_side) = pair();
     let id = ReqId(3);
-    ctx.on_command(
-        0,
-        &TransferCommand::Send {
-            id,
-            blocks: 1,
-            block_ids: vec![],
-        },
-    );
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 1 });
     // Waiting in the gen server's queue longer than the transfer timeout fails nothing.
     ctx.on_tick(299 * MS);
     assert!(ctx.take_events().is_empty());
@@ -217,14 +192,7 @@ fn the_ctx_side_holds_an_unpulled_send_up_to_the_pull_timeout_and_aborts_a_later
 fn the_ctx_side_times_out_from_the_pull_when_the_ack_never_comes() {
     let (mut ctx, mut gen_side) = pair();
     let id = ReqId(8);
-    ctx.on_command(
-        0,
-        &TransferCommand::Send {
-            id,
-            blocks: 1,
-            block_ids: vec![],
-        },
-    );
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 1 });
     gen_side.on_command(
         250 * MS,
         &TransferCommand::Receive {
@@ -259,14 +227,7 @@ fn the_ctx_side_times_out_from_the_pull_when_the_ack_never_comes() {
 fn a_corrupted_block_fails_the_transfer_naming_the_block() {
     let (mut ctx, mut gen_side) = pair();
     let id = ReqId(4);
-    ctx.on_command(
-        0,
-        &TransferCommand::Send {
-            id,
-            blocks: 3,
-            block_ids: vec![],
-        },
-    );
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 3 });
     gen_side.on_command(
         0,
         &TransferCommand::Receive {
@@ -335,7 +296,6 @@ fn the_next_deadline_is_the_oldest_open_transfer_plus_the_timeout() {
         TransceiverIn::Command(TransferCommand::Send {
             id: ReqId(1),
             blocks: 1,
-            block_ids: vec![],
         }),
     );
     ctx.handle(
@@ -343,7 +303,6 @@ fn the_next_deadline_is_the_oldest_open_transfer_plus_the_timeout() {
         TransceiverIn::Command(TransferCommand::Send {
             id: ReqId(2),
             blocks: 1,
-            block_ids: vec![],
         }),
     );
     assert_eq!(
@@ -381,14 +340,7 @@ fn the_next_deadline_is_the_oldest_open_transfer_plus_the_timeout() {
 fn an_abort_command_ends_the_transfer_without_an_event_and_tells_the_peer() {
     let (mut ctx, mut gen_side) = pair();
     let id = ReqId(6);
-    ctx.on_command(
-        0,
-        &TransferCommand::Send {
-            id,
-            blocks: 2,
-            block_ids: vec![],
-        },
-    );
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 2 });
     gen_side.on_command(
         0,
         &TransferCommand::Receive {
@@ -435,14 +387,7 @@ fn a_modeled_transfer_carries_its_size_and_no_bytes() {
     let mut ctx = Transceiver::new(addr(0, 1), 100, modeled.clone());
     let mut gen_side = Transceiver::new(addr(1, 2), 100, modeled);
     let id = ReqId(8);
-    ctx.on_command(
-        0,
-        &TransferCommand::Send {
-            id,
-            blocks: 3,
-            block_ids: vec![],
-        },
-    );
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 3 });
     gen_side.on_command(
         0,
         &TransferCommand::Receive {
@@ -482,9 +427,11 @@ fn the_wire_loses_the_same_requests_whatever_the_order() {
     assert!(!lost_on_the_wire(ReqId(7), Some(0)));
 }
 
-/// A rank's memory as a model backend keeps it: block id → bytes, request → tokens.
+/// A rank's memory as a model backend keeps it. ctx: each request's staged blocks and
+/// tokens; gen: block id → bytes and request → tokens, as written.
 #[derive(Default)]
 struct Memory {
+    staged: std::sync::Mutex<BTreeMap<ReqId, SequenceKv>>,
     blocks: std::sync::Mutex<BTreeMap<u32, Vec<u8>>>,
     tokens: std::sync::Mutex<BTreeMap<ReqId, Vec<u32>>>,
     refuse_imports: bool,
@@ -495,14 +442,15 @@ impl KvStore for Memory {
         8
     }
 
-    fn export(&self, id: ReqId, block_ids: &[u32]) -> Result<(Vec<Vec<u8>>, Vec<u32>), String> {
-        let blocks = self.blocks.lock().unwrap();
-        let contents = block_ids
-            .iter()
-            .map(|b| blocks.get(b).cloned().ok_or(format!("no block {b}")))
-            .collect::<Result<_, _>>()?;
-        let tokens = self.tokens.lock().unwrap().get(&id).cloned();
-        Ok((contents, tokens.ok_or("no tokens")?))
+    fn export(&self, id: ReqId, blocks: u32) -> Result<SequenceKv, String> {
+        let (mut contents, tokens) = self
+            .staged
+            .lock()
+            .unwrap()
+            .remove(&id)
+            .ok_or(format!("nothing staged for request {id}"))?;
+        contents.truncate(blocks as usize);
+        Ok((contents, tokens))
     }
 
     fn import(
@@ -539,18 +487,22 @@ fn model_pair(gen_memory: Memory) -> (Transceiver, Transceiver, Arc<Memory>, Arc
     )
 }
 
-/// Runs one transfer of request 4: the ctx rank holds blocks 7 and 3 (and 9, for the
-/// first token), the gen rank reserved 0 and 5.
+/// Stages request 4's K/V on the ctx side: three blocks (the third for the first
+/// token) filled with `fills`, and its tokens.
+fn stage(ctx_memory: &Memory, fills: [u8; 3], tokens: Vec<u32>) {
+    let blocks = fills.iter().map(|&f| vec![f; 8]).collect();
+    ctx_memory
+        .staged
+        .lock()
+        .unwrap()
+        .insert(ReqId(4), (blocks, tokens));
+}
+
+/// Runs one transfer of request 4: the ctx rank holds 3 blocks, the gen rank reserved
+/// 0 and 5 for the prompt's 2.
 fn move_model_kv(ctx: &mut Transceiver, gen_side: &mut Transceiver, corrupt: bool) {
     let id = ReqId(4);
-    ctx.on_command(
-        0,
-        &TransferCommand::Send {
-            id,
-            blocks: 3,
-            block_ids: vec![7, 3, 9],
-        },
-    );
+    ctx.on_command(0, &TransferCommand::Send { id, blocks: 3 });
     gen_side.on_command(
         0,
         &TransferCommand::Receive {
@@ -577,18 +529,7 @@ fn move_model_kv(ctx: &mut Transceiver, gen_side: &mut Transceiver, corrupt: boo
 #[test]
 fn a_models_kv_moves_from_the_ctx_ranks_blocks_into_the_gen_ranks_with_its_tokens() {
     let (mut ctx, mut gen_side, ctx_memory, gen_memory) = model_pair(Memory::default());
-    for (block, fill) in [(7u32, 1u8), (3, 2), (9, 3)] {
-        ctx_memory
-            .blocks
-            .lock()
-            .unwrap()
-            .insert(block, vec![fill; 8]);
-    }
-    ctx_memory
-        .tokens
-        .lock()
-        .unwrap()
-        .insert(ReqId(4), vec![10, 11, 12]);
+    stage(&ctx_memory, [1, 2, 3], vec![10, 11, 12]);
     move_model_kv(&mut ctx, &mut gen_side, false);
     assert_eq!(gen_side.take_events(), done(4));
     let arrived = gen_memory.blocks.lock().unwrap().clone();
@@ -604,6 +545,10 @@ fn a_models_kv_moves_from_the_ctx_ranks_blocks_into_the_gen_ranks_with_its_token
     pump(3 * MS, &mut gen_side, &mut ctx);
     assert_eq!(ctx.take_events(), done(4));
     assert_eq!(gen_side.stats().bytes, 16, "the store's block size");
+    assert!(
+        ctx_memory.staged.lock().unwrap().is_empty(),
+        "the export took the staged K/V"
+    );
 }
 
 #[test]
@@ -614,10 +559,7 @@ fn a_models_kv_that_changed_on_the_wire_or_cannot_be_written_fails_both_sides() 
             ..Memory::default()
         };
         let (mut ctx, mut gen_side, ctx_memory, gen_memory) = model_pair(gen_memory);
-        for block in [7u32, 3, 9] {
-            ctx_memory.blocks.lock().unwrap().insert(block, vec![6; 8]);
-        }
-        ctx_memory.tokens.lock().unwrap().insert(ReqId(4), vec![1]);
+        stage(&ctx_memory, [6; 3], vec![1]);
         move_model_kv(&mut ctx, &mut gen_side, !refuse);
         let events = gen_side.take_events();
         let TransferOutcome::Failed(why) = &events[0].outcome else {
@@ -646,7 +588,7 @@ fn a_models_kv_that_changed_on_the_wire_or_cannot_be_written_fails_both_sides() 
 
 #[test]
 fn a_ctx_rank_that_cannot_read_a_models_kv_fails_the_transfer_naming_why() {
-    // Nothing in the ctx rank's memory: block 7 is unknown.
+    // Nothing staged on the ctx rank.
     let (mut ctx, mut gen_side, _, _) = model_pair(Memory::default());
     move_model_kv(&mut ctx, &mut gen_side, false);
     let events = ctx.take_events();
@@ -654,7 +596,7 @@ fn a_ctx_rank_that_cannot_read_a_models_kv_fails_the_transfer_naming_why() {
         panic!("{events:?}");
     };
     assert!(
-        why.contains("kv of request 4 could not be read: no block 7"),
+        why.contains("kv of request 4 could not be read: nothing staged for request 4"),
         "{why}"
     );
     let events = gen_side.take_events();

@@ -50,15 +50,20 @@ impl Model {
         Ok(Model { config, weights })
     }
 
-    /// A paged K/V store sized for this model.
-    pub fn paged_cache(&self, num_blocks: usize, tokens_per_block: usize) -> Result<PagedKvCache> {
-        PagedKvCache::new(PagedKvGeometry {
+    /// The geometry of a paged K/V store of `num_blocks` blocks for this model.
+    pub fn paged_geometry(&self, num_blocks: usize, tokens_per_block: usize) -> PagedKvGeometry {
+        PagedKvGeometry {
             layers: self.config.num_hidden_layers,
             num_blocks,
             tokens_per_block,
             kv_heads: self.config.num_key_value_heads,
             head_dim: self.config.head_dim,
-        })
+        }
+    }
+
+    /// A paged K/V store sized for this model.
+    pub fn paged_cache(&self, num_blocks: usize, tokens_per_block: usize) -> Result<PagedKvCache> {
+        PagedKvCache::new(self.paged_geometry(num_blocks, tokens_per_block))
     }
 }
 

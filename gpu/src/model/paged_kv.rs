@@ -34,6 +34,12 @@ impl PagedKvGeometry {
     fn block_stride(&self) -> usize {
         self.tokens_per_block * self.token_stride()
     }
+
+    /// Bytes of one block across every layer, K and V (what a transceiver moves; the
+    /// pool is `num_blocks` of them).
+    pub fn block_bytes(&self) -> usize {
+        2 * self.layers * self.block_stride() * std::mem::size_of::<f32>()
+    }
 }
 
 /// The K/V of every block, per layer; layout `[block, slot, kv_head, head_dim]`.
@@ -150,7 +156,7 @@ impl PagedKvCache {
 
     /// Bytes of one block across every layer, K then V (what a transceiver moves).
     pub fn block_bytes(&self) -> usize {
-        2 * self.geometry.layers * self.geometry.block_stride() * std::mem::size_of::<f32>()
+        self.geometry.block_bytes()
     }
 
     /// Block `block`'s K and V of every layer as little-endian bytes: layer 0's K, layer
