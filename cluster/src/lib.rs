@@ -11,6 +11,7 @@
 
 pub mod backends;
 pub mod bench;
+pub mod explain;
 pub mod fleet;
 pub mod model;
 pub mod model_backend;
@@ -20,6 +21,7 @@ pub mod runtime;
 pub mod scenario;
 pub mod serve;
 pub mod swarm;
+pub mod trtllm;
 pub mod validate;
 pub mod workload;
 

@@ -361,6 +361,19 @@ enum Command {
         #[arg(long)]
         no_progress: bool,
     },
+    /// The roofline of a Hugging Face config.json on a GPU: parameters, KV per token and
+    /// capacity, a typical prefill and decode step op by op, the fitted coefficients.
+    Explain(lockstep_cluster::explain::ExplainArgs),
+    /// Write a scenario from another system's configuration.
+    Import {
+        #[command(subcommand)]
+        command: lockstep_cluster::trtllm::cli::ImportCommand,
+    },
+    /// Write a scenario as another system's configuration.
+    Export {
+        #[command(subcommand)]
+        command: lockstep_cluster::trtllm::cli::ExportCommand,
+    },
     /// Swarm testing: run N random valid scenarios under the fixed policy, classify each
     /// (clean, fault-only, violation, failed-without-fault, crashed, deadlocked, panic,
     /// timeout, refused, ...), shrink every bad one and write it to --out. Exits 1 if any
@@ -600,6 +613,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             inject_tag_mismatch,
         } => rank_command(&args, &real, watchdog_ms, inject_tag_mismatch.as_deref()),
         Command::Model { command } => model_cmd::run(command),
+        Command::Explain(args) => {
+            print!("{}", lockstep_cluster::explain::explain(&args)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Import { command } => {
+            lockstep_cluster::trtllm::cli::run_import(command)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Export { command } => {
+            lockstep_cluster::trtllm::cli::run_export(command)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Profiles => {
             for p in lockstep_gpu::profiles() {
                 println!("{}", p.name);

@@ -15,6 +15,7 @@ pub mod kv_contents;
 pub mod model;
 pub mod model_tokens;
 mod profiles;
+pub mod roofline;
 
 pub use cost::{AnalyticBackend, Backend, Coefficients, IterationTime, ZeroCostBackend};
 pub use lockstep_actors::executor::BatchShape;
