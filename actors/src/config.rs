@@ -209,7 +209,7 @@ impl Default for CacheTransceiverConfig {
         CacheTransceiverConfig {
             max_tokens_in_buffer: 8192,
             kv_transfer_timeout_ms: 30_000,
-            kv_pull_timeout_ms: crate::transceiver::DEFAULT_PULL_TIMEOUT_MS as i64,
+            kv_pull_timeout_ms: crate::vocab::DEFAULT_PULL_TIMEOUT_MS as i64,
             generation_first: false,
         }
     }

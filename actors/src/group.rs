@@ -7,13 +7,14 @@
 use crate::config::{ConfigError, Role, ServerConfig};
 use crate::executor::{
     BatchVote, Exchange, ExecutorError, FetchBatch, FetchMode, ForwardOutput, Input, Io,
-    IterationReport, PadIntent, PrefixMatches, RankExecutor, RankResponses, RankState, Response,
-    ScheduledBatch, StopReason, TransferStatus,
+    IterationReport, PrefixMatches, RankExecutor, RankResponses, RankState, ScheduledBatch,
+    StopReason, TransferStatus,
 };
 use crate::executor::{CollectiveTag, Phase};
 use crate::ids::{BatchNumber, RankId};
-use crate::kv::mix;
 use crate::policy::Policy;
+use crate::token_path::deterministic_token;
+use crate::vocab::{PadIntent, Response};
 
 /// A model backend as a host sees it: sampled tokens for a batch.
 ///
@@ -62,43 +63,6 @@ pub struct ForwardError {
 /// iteration) gets other tokens.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DeterministicTokens;
-
-/// The path a step's token mixes in ([`crate::executor::ForwardEntry::path`]).
-///
-/// - aggregated server: the rank that runs the step and the batch number (the rank's
-///   forward index). Every driver agrees on both when requests are preloaded.
-/// - ctx server: the rank. Not the batch number: at zero cost a real driver's KV sends
-///   finish in thread time, so which iteration frees a ctx rank's index slots (and runs
-///   a deferred prefill) is timing, not control plane.
-/// - gen server: the ctx server and rank its KV was pulled from (`kv_source`, set by the
-///   front). Not the gen rank: which requests reach a gen server's ingress together, and
-///   so how they are routed, depends on when their prefills ended, which at zero cost is
-///   thread timing. The whole stream of a disaggregated request thus proves where its
-///   prompt was computed.
-pub fn token_path(
-    role: crate::config::Role,
-    rank: RankId,
-    batch: u64,
-    kv_source: Option<crate::transceiver::KvAddress>,
-) -> u64 {
-    use crate::config::Role;
-    match role {
-        Role::Agg => mix(0xA6 ^ (u64::from(rank.0) << 8) ^ (batch << 32)),
-        Role::Ctx => mix(0xC7 ^ (u64::from(rank.0) << 8)),
-        Role::Gen => match kv_source {
-            // The first token came from that ctx rank: the rest carry its mark.
-            Some(a) => mix(0xC7 ^ (u64::from(a.rank.0) << 8) ^ (u64::from(a.server) << 40)),
-            None => 0,
-        },
-    }
-}
-
-/// The token a deterministic backend samples for request `id` at output `position`
-/// along `path` ([`token_path`]).
-pub fn deterministic_token(id: u64, position: u32, path: u64) -> u32 {
-    (mix(id.wrapping_mul(0x100_0000_01B3) ^ u64::from(position) ^ path.rotate_left(17)) % 32_000)
-        as u32
-}
 
 impl TokenSource for DeterministicTokens {
     fn sample_into(

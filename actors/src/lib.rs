@@ -24,5 +24,7 @@ pub mod request;
 pub mod router;
 pub mod scheduler;
 pub mod seats;
+pub mod token_path;
 pub mod transceiver;
 pub mod transfer_budget;
+pub mod vocab;

@@ -6,9 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::executor::messages::PadIntent;
 use crate::ids::Seat;
 use crate::kv::TentativeDummyKv;
+use crate::vocab::PadIntent;
 
 /// The kind of dummy to add.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

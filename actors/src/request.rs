@@ -162,7 +162,7 @@ pub struct RequestSpec {
     /// Disaggregated gen side: where the request's KV lives (ctx server and rank), as the
     /// front forwards it with the first token; the receive pulls from there.
     #[serde(default)]
-    pub kv_source: Option<crate::transceiver::KvAddress>,
+    pub kv_source: Option<crate::vocab::KvAddress>,
     /// The prompt's token ids, when the client sent text a tokenizer turned into ids
     /// (`lockstep serve --model`): `prompt_len` of them. Empty: a model backend makes
     /// up a deterministic prompt (equal prefix blocks get equal tokens). The control

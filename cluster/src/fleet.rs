@@ -5,7 +5,8 @@
 
 use lockstep_actors::config::{DerivedSizes, RequestShape, Role, ServerConfig, size_refusal};
 use lockstep_actors::front::{FrontConfig, FrontServer};
-use lockstep_actors::transceiver::{KvAddress, KvCodec};
+use lockstep_actors::transceiver::KvCodec;
+use lockstep_actors::vocab::KvAddress;
 use lockstep_gpu::{ModelProfile, kv_contents};
 
 use crate::model::ModelError;
@@ -117,7 +118,7 @@ impl PlannedServer<'_> {
     /// driver builds it here).
     pub fn transceiver(
         &self,
-        me: lockstep_actors::transceiver::KvAddress,
+        me: KvAddress,
         codec: lockstep_actors::transceiver::KvCodec,
     ) -> lockstep_actors::transceiver::Transceiver {
         lockstep_actors::transceiver::Transceiver::new(me, self.transfer_timeout_ms(), codec)

@@ -16,13 +16,14 @@ use serde::de::DeserializeOwned;
 
 use lockstep_actors::config::{KvCacheConfig, ServerConfig};
 use lockstep_actors::executor::{
-    BatchVote, CollectiveTag, Exchange, FetchBatch, PadIntent, Phase, PrefixMatches, RankExecutor,
+    BatchVote, CollectiveTag, Exchange, FetchBatch, Phase, PrefixMatches, RankExecutor,
     RankResponses, RankState, ResponsesAndStatus,
 };
 use lockstep_actors::front::IngressItem;
 use lockstep_actors::ids::RankId;
 use lockstep_actors::policy::Policy;
 use lockstep_actors::request::RequestSpec;
+use lockstep_actors::vocab::PadIntent;
 use lockstep_transport::{Collective, CollectiveError, InProcessGroup, exchange};
 
 use crate::runtime::device::DeviceHandle;

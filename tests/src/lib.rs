@@ -7,12 +7,13 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use lockstep_actors::config::{KvCacheConfig, ServerConfig};
-use lockstep_actors::executor::{FetchBatch, FetchMode, Finish, StopReason};
+use lockstep_actors::executor::{FetchBatch, FetchMode, StopReason};
 use lockstep_actors::group::{DeterministicTokens, GroupIteration, GroupStep, ServerGroup};
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::invariants::Violation;
 use lockstep_actors::policy::Policy;
 use lockstep_actors::request::RequestSpec;
+use lockstep_actors::vocab::Finish;
 
 /// A small aggregated ADP server: `dp` ranks, batch `b`, overlap as given.
 pub fn adp_server(dp: i64, b: i64, overlap: bool) -> ServerConfig {

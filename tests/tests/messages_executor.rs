@@ -8,13 +8,13 @@ use std::collections::{BTreeMap, VecDeque};
 use lockstep_actors::config::{KvCacheConfig, ServerConfig};
 use lockstep_actors::executor::{
     BatchVote, CollectiveSchedule, CollectiveTag, Exchange, ExecutorError, FetchBatch, FetchMode,
-    Finish, ForwardEntry, ForwardOutput, Input, Io, IterationReport, PadIntent, Phase,
-    PrefixMatches, RankExecutor, RankResponses, RankState, Response, ScheduledBatch, StopReason,
-    TransferStatus,
+    ForwardEntry, ForwardOutput, Input, Io, IterationReport, Phase, PrefixMatches, RankExecutor,
+    RankResponses, RankState, ScheduledBatch, StopReason, TransferStatus,
 };
 use lockstep_actors::ids::{BatchNumber, RankId, ReqId};
 use lockstep_actors::policy::Policy;
 use lockstep_actors::request::RequestSpec;
+use lockstep_actors::vocab::{Finish, PadIntent, Response};
 
 /// An aggregated ADP server of `dp` ranks, batch 4.
 fn server(dp: i64, overlap: bool) -> ServerConfig {

@@ -5,13 +5,13 @@
 //! and `ToClient` tell it).
 
 use lockstep_actors::config::Role;
-use lockstep_actors::executor::{Finish, Response};
 use lockstep_actors::front::{
     Front, FrontConfig, FrontIn, FrontOut, FrontPolicy, FrontServer, IngressItem,
 };
 use lockstep_actors::ids::{RankId, ReqId};
 use lockstep_actors::request::RequestSpec;
-use lockstep_actors::transceiver::{KvAddress, PeerMessage};
+use lockstep_actors::transceiver::PeerMessage;
+use lockstep_actors::vocab::{Finish, KvAddress, Response};
 
 /// The world around a front: each server's ingress queue, the transceiver messages and
 /// peer notices it sent, and what the client received.

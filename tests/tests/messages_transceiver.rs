@@ -3,11 +3,12 @@
 //! mechanisms.md §8). The test is the network: it carries each transmitted message to
 //! its addressee by hand, and can lose, corrupt or delay it.
 
-use lockstep_actors::executor::{TransferCommand, TransferEvent, TransferOutcome};
 use lockstep_actors::ids::{RankId, ReqId};
 use lockstep_actors::transceiver::{
-    KvAddress, KvBlock, KvCodec, KvPayload, Outgoing, PeerMessage, Transceiver, TransceiverIn,
+    KvBlock, KvCodec, KvPayload, Outgoing, PeerMessage, Transceiver, TransceiverIn,
 };
+use lockstep_actors::vocab::KvAddress;
+use lockstep_actors::vocab::{TransferCommand, TransferEvent, TransferOutcome};
 
 const MS: u64 = 1_000_000;
 const TIMEOUT_MS: u64 = 100;

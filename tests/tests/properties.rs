@@ -2,11 +2,11 @@
 //! KV manager, schedulers, routers and seats).
 
 use lockstep_actors::config::{CapacitySchedulerPolicy, Role, RouterKind};
-use lockstep_actors::executor::{Finish, TransferEvent, TransferOutcome};
 use lockstep_actors::ids::{ConvId, ReqId};
 use lockstep_actors::policy::Policy;
 use lockstep_actors::request::{RequestSpec, RequestState};
 use lockstep_actors::seats::{SkewDirection, SlotPools, validate_pools};
+use lockstep_actors::vocab::{Finish, TransferEvent, TransferOutcome};
 use lockstep_tests::{Harness, adp_server};
 use proptest::prelude::*;
 

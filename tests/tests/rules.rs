@@ -3,12 +3,12 @@
 
 use lockstep_actors::config::{KvCacheConfig, Role};
 use lockstep_actors::executor::{
-    CollectiveTag, FetchBatch, FetchMode, Finish, Phase, RankExecutor, TransferCommand,
-    TransferEvent, TransferOutcome, idle_decision,
+    CollectiveTag, FetchBatch, FetchMode, Phase, RankExecutor, idle_decision,
 };
 use lockstep_actors::ids::{RankId, ReqId};
 use lockstep_actors::policy::Policy;
 use lockstep_actors::request::{PinnedRank, RequestSpec, RequestState};
+use lockstep_actors::vocab::{Finish, TransferCommand, TransferEvent, TransferOutcome};
 use lockstep_tests::{ClosedLoop, Harness, SoloRank, adp_server, peer_with};
 
 #[test]

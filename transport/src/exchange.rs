@@ -3,9 +3,10 @@
 //! phase), so hosts never build a tag or encode a payload by hand.
 
 use lockstep_actors::executor::{
-    BatchVote, Exchange, FetchBatch, Input, PadIntent, PrefixMatches, RankResponses, RankState,
+    BatchVote, Exchange, FetchBatch, Input, PrefixMatches, RankResponses, RankState,
     ResponsesAndStatus, TransferStatus,
 };
+use lockstep_actors::vocab::PadIntent;
 
 use crate::collective::{Collective, CollectiveError};
 

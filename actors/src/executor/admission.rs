@@ -14,6 +14,7 @@ use crate::router::RouteInput;
 
 use super::RankExecutor;
 use super::messages::*;
+use crate::vocab::*;
 
 impl RankExecutor {
     /// Rank 0's read mode (§3.2). Block only when the global live count is zero, the

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::counts::RankCounts;
 use crate::ids::{BatchNumber, RankId, ReqId};
 use crate::request::RequestSpec;
+use crate::vocab::{Response, TransferEvent};
 
 /// The collectives of one iteration, in their fixed order (§3). A collective is tagged
 /// with `(iteration, phase)`; transports compare tags across ranks. A server's
@@ -19,7 +20,7 @@ pub enum Phase {
     Fetch,
     /// 3. allgather of [`PrefixMatches`] (KV-aware router only).
     PrefixMatch,
-    /// 4. allreduce MAX of [`PadIntent`] (non-overlap disaggregated path only).
+    /// 4. allreduce MAX of [`crate::vocab::PadIntent`] (non-overlap disaggregated path only).
     PadIntent,
     /// 6. allgather of [`BatchVote`].
     Vote,
@@ -199,36 +200,6 @@ pub struct PrefixMatches {
     pub tokens: Vec<u32>,
 }
 
-/// Phase 4 contribution (§6): forward intent, combined by MAX. Only the non-overlap
-/// disaggregated path reads it; other paths contribute `None`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
-#[repr(u8)]
-pub enum PadIntent {
-    /// Nothing to run.
-    #[default]
-    None = 0,
-    /// Generation work.
-    Generation = 1,
-    /// Context work.
-    Context = 2,
-}
-
-impl PadIntent {
-    /// The value the allreduce MAX combines.
-    pub fn as_u64(self) -> u64 {
-        self as u64
-    }
-
-    /// The intent a combined value stands for (anything above `Context` is `Context`).
-    pub fn from_u64(v: u64) -> PadIntent {
-        match v {
-            0 => PadIntent::None,
-            1 => PadIntent::Generation,
-            _ => PadIntent::Context,
-        }
-    }
-}
-
 /// Phase 6 contribution: how many entries (dummies included) this rank scheduled, and
 /// whether it hit a violation that crashes the real executor (every rank reads every
 /// flag in the same collective, so all stop at the same point instead of one leaving
@@ -278,7 +249,7 @@ pub struct ForwardEntry {
     /// Output position of the token this entry samples (for deterministic backends).
     pub position: u32,
     /// Where this step's token comes from, for deterministic backends to mix into the
-    /// token ([`crate::group::token_path`]): the rank that runs it and, on an aggregated
+    /// token ([`crate::token_path::token_path`]): the rank that runs it and, on an aggregated
     /// server, the batch number; on a gen server the ctx server and rank its KV came
     /// from. 0 for a dummy.
     pub path: u64,
@@ -340,34 +311,6 @@ pub struct ForwardOutput {
     pub sampled: Vec<u32>,
 }
 
-/// Why a request ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Finish {
-    /// Reached its length (aggregated or gen server).
-    Completed,
-    /// ctx server: first token out, KV send started (§8).
-    ContextDone,
-    /// Failed, with a reason.
-    Failed(String),
-    /// Cancelled by the client.
-    Cancelled,
-}
-
-/// One response for one request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Response {
-    /// The request.
-    pub id: ReqId,
-    /// Tokens added this iteration.
-    pub new_tokens: u32,
-    /// The last token sampled (meaningful when `new_tokens > 0`).
-    pub last_token: u32,
-    /// Total output tokens so far.
-    pub generated: u32,
-    /// Set when the request ended.
-    pub finish: Option<Finish>,
-}
-
 /// Phase 8 contribution, gathered to rank 0 every iteration (even when empty).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct RankResponses {
@@ -375,56 +318,6 @@ pub struct RankResponses {
     pub rank: RankId,
     /// Responses in the order they were produced.
     pub responses: Vec<Response>,
-}
-
-/// A transfer the transceiver must start (driver-side effect of an iteration).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TransferCommand {
-    /// ctx side: send the KV of `id` (`blocks` blocks).
-    Send {
-        /// Request.
-        id: ReqId,
-        /// Blocks to send.
-        blocks: u32,
-    },
-    /// gen side: receive the KV of `id` into `blocks` reserved blocks.
-    Receive {
-        /// Request.
-        id: ReqId,
-        /// Blocks to receive.
-        blocks: u32,
-        /// Where the KV lives, if the request said (`RequestSpec::kv_source`).
-        from: Option<crate::transceiver::KvAddress>,
-        /// The reserved blocks' ids in this rank's pool, in sequence order (where a
-        /// model backend's K/V is written).
-        block_ids: Vec<u32>,
-    },
-    /// Either side: the executor dropped `id` while its transfer was in flight
-    /// (cancelled, or failed with its server); end it and tell the counterpart.
-    Abort {
-        /// Request.
-        id: ReqId,
-        /// Why.
-        reason: String,
-    },
-}
-
-/// How a transfer ended, as reported by the transceiver.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TransferOutcome {
-    /// Done.
-    Done,
-    /// Failed or timed out, with a reason.
-    Failed(String),
-}
-
-/// A transfer event delivered to a rank by its driver.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TransferEvent {
-    /// Request.
-    pub id: ReqId,
-    /// Outcome.
-    pub outcome: TransferOutcome,
 }
 
 /// The transfer events this rank applies this iteration (§3.9: a consensus collective,

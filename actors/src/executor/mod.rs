@@ -55,6 +55,7 @@ use crate::scheduler::{
     MicroBatchScheduler, published_window,
 };
 use crate::seats::SlotPool;
+use crate::vocab::{Response, TransferCommand, TransferEvent};
 
 pub use admission::idle_decision;
 pub use messages::*;

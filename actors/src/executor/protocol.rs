@@ -29,6 +29,7 @@ use crate::invariants::Violation;
 
 use super::messages::*;
 use super::{ExecutorError, IterationReport, RankExecutor};
+use crate::vocab::*;
 
 /// Why a rank left its loop early.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,6 +15,7 @@ use crate::scheduler::EntryKind;
 
 use super::RankExecutor;
 use super::messages::*;
+use crate::vocab::*;
 
 impl RankExecutor {
     /// Pad if needed (§6), run the capacity and micro-batch schedulers (§4), take seats,
@@ -284,7 +285,7 @@ impl RankExecutor {
             "request {id}: kv_room {} overstates its blocks",
             self.resident.active[index].kv_room
         );
-        let path = crate::group::token_path(
+        let path = crate::token_path::token_path(
             self.setup.role,
             self.rank,
             self.resident.next_batch,

@@ -6,7 +6,7 @@ use crate::counts::RankCounts;
 use crate::ids::RankId;
 use crate::invariants::Violation;
 
-use super::messages::TransferCommand;
+use crate::vocab::TransferCommand;
 
 /// One rank's record of one iteration (§9). Host and forward times are the driver's.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

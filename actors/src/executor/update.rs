@@ -8,6 +8,7 @@ use crate::request::RequestState;
 
 use super::RankExecutor;
 use super::messages::*;
+use crate::vocab::*;
 
 impl RankExecutor {
     /// The awaited output arrived: process it and update states in the order of §3 —

@@ -27,10 +27,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Role;
-use crate::executor::{Finish, Response};
 use crate::ids::{RankId, ReqId};
 use crate::request::RequestSpec;
-use crate::transceiver::{KvAddress, PeerMessage};
+use crate::transceiver::PeerMessage;
+use crate::vocab::{Finish, KvAddress, Response};
 
 /// How the front picks a server among those of a role (the names production
 /// disaggregated routers use).

@@ -47,17 +47,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::executor::{TransferCommand, TransferEvent, TransferOutcome};
-use crate::ids::{RankId, ReqId};
-
-/// Where a rank is: the server's index in the scenario and the rank inside it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct KvAddress {
-    /// Server index (scenario order).
-    pub server: u32,
-    /// DP rank inside that server.
-    pub rank: RankId,
-}
+use crate::ids::ReqId;
+use crate::vocab::{
+    DEFAULT_PULL_TIMEOUT_MS, KvAddress, TransferCommand, TransferEvent, TransferOutcome,
+};
 
 /// Fault injection (`[faults] lost_transfer_every = n`): the KV blocks of request `id`
 /// are lost on the wire when `id` is a multiple of `n`. Keyed by the request, not by the
@@ -65,11 +58,6 @@ pub struct KvAddress {
 pub fn lost_on_the_wire(id: ReqId, every: Option<u64>) -> bool {
     every.is_some_and(|n| n > 0 && id.0.is_multiple_of(n))
 }
-
-/// How long a ctx rank holds a request's KV for a gen rank that has not pulled it
-/// (`cache_transceiver_config.kv_pull_timeout_ms`): 480 s, the bound vLLM's prefill
-/// instances use before they release KV that no decode instance read.
-pub const DEFAULT_PULL_TIMEOUT_MS: u64 = 480_000;
 
 /// A request's KV in transit: real blocks, or (in the simulator) only how much of it
 /// there is.

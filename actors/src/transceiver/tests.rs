@@ -1,6 +1,7 @@
 //! The transceiver driven by scripted messages.
 
 use super::*;
+use crate::ids::RankId;
 
 fn fill(request: u64, index: u32, out: &mut [u8]) {
     for (i, b) in out.iter_mut().enumerate() {

@@ -22,10 +22,10 @@ use crossbeam_channel::{Receiver, Sender, unbounded};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use lockstep_actors::executor::TransferEvent;
-use lockstep_actors::executor::{CollectiveTag, Phase, RankExecutor, Response};
+use lockstep_actors::executor::{CollectiveTag, Phase, RankExecutor};
 use lockstep_actors::front::{Front, IngressItem};
-use lockstep_actors::transceiver::{KvAddress, TransceiverIn};
+use lockstep_actors::transceiver::TransceiverIn;
+use lockstep_actors::vocab::{KvAddress, Response, TransferEvent};
 use lockstep_gpu::AnalyticBackend;
 use lockstep_transport::{Collective, HEARTBEAT_CHANNEL, MpiMember, MpiPeers};
 

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, select, unbounded};
 
-use lockstep_actors::executor::TransferEvent;
-use lockstep_actors::executor::{RankExecutor, Response};
+use lockstep_actors::executor::RankExecutor;
 use lockstep_actors::front::{Front, IngressItem};
-use lockstep_actors::transceiver::{KvAddress, Transceiver, TransceiverIn};
+use lockstep_actors::transceiver::{Transceiver, TransceiverIn};
+use lockstep_actors::vocab::{KvAddress, Response, TransferEvent};
 use lockstep_gpu::AnalyticBackend;
 use lockstep_transport::{InProcessGroup, IngressError, IngressQueue};
 

@@ -47,12 +47,7 @@ impl ClientRecord {
 
     /// Records the tokens of one response received at `now_ns`; the gap since the
     /// previous delivery goes to `itl`.
-    pub fn on_tokens(
-        &mut self,
-        r: &lockstep_actors::executor::Response,
-        now_ns: u64,
-        itl: &mut Itl,
-    ) {
+    pub fn on_tokens(&mut self, r: &lockstep_actors::vocab::Response, now_ns: u64, itl: &mut Itl) {
         if r.new_tokens > 0 {
             if self.first_token_ns.is_some() {
                 itl.record(self.id, now_ns.saturating_sub(self.last_token_ns));
@@ -71,11 +66,11 @@ impl ClientRecord {
     /// the request; disaggregated drivers handle `ContextDone` themselves).
     pub fn on_response(
         &mut self,
-        r: &lockstep_actors::executor::Response,
+        r: &lockstep_actors::vocab::Response,
         now_ns: u64,
         itl: &mut Itl,
     ) {
-        use lockstep_actors::executor::Finish;
+        use lockstep_actors::vocab::Finish;
         self.on_tokens(r, now_ns, itl);
         match &r.finish {
             None | Some(Finish::ContextDone) => {}

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use lockstep_actors::executor::Response;
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::request::RequestSpec;
+use lockstep_actors::vocab::Response;
 
 use super::clock::{Clock, WallClock};
 use crate::report::{ClientRecord, Itl};

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use lockstep_actors::executor::Response;
 use lockstep_actors::front::{Front, FrontIn, FrontOut, IngressItem};
+use lockstep_actors::vocab::Response;
 
 use super::RuntimeError;
 use super::client::ClientItem;

@@ -14,7 +14,8 @@ use lockstep_transport::{IngressQueue, Popped};
 
 use lockstep_actors::executor::RankResponses;
 use lockstep_actors::front::IngressItem;
-use lockstep_actors::transceiver::{KvAddress, PeerMessage};
+use lockstep_actors::transceiver::PeerMessage;
+use lockstep_actors::vocab::KvAddress;
 
 use crate::report::RankSummary;
 

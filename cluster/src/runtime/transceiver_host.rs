@@ -6,11 +6,11 @@
 
 use crossbeam_channel::{Receiver, Sender};
 
-use lockstep_actors::executor::{TransferCommand, TransferEvent};
 use lockstep_actors::front::IngressItem;
 use lockstep_actors::transceiver::{
     Outgoing, PeerMessage, Transceiver, TransceiverIn, TransferStats, lost_on_the_wire,
 };
+use lockstep_actors::vocab::{TransferCommand, TransferEvent};
 
 use super::clock::WallClock;
 use super::net::{Endpoint, Envelope, Inbox, Net, Received};

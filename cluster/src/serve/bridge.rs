@@ -12,9 +12,9 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender, never, select};
 use tokio::sync::mpsc::UnboundedSender;
 
-use lockstep_actors::executor::{Finish, Response};
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::request::RequestSpec;
+use lockstep_actors::vocab::{Finish, Response};
 
 use super::metrics::Metrics;
 use crate::runtime::client::ClientItem;

@@ -303,7 +303,7 @@ impl HttpSide {
     fn split(
         self,
         to_front: crossbeam_channel::Sender<ClientItem>,
-        from_front: crossbeam_channel::Receiver<Vec<lockstep_actors::executor::Response>>,
+        from_front: crossbeam_channel::Receiver<Vec<lockstep_actors::vocab::Response>>,
     ) -> (
         impl FnOnce() -> u64 + Send + 'static,
         (

@@ -22,13 +22,12 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::io::Write;
 use std::time::Instant;
 
-use lockstep_actors::executor::Response;
 use lockstep_actors::front::{Front, FrontIn, FrontOut, IngressItem};
 use lockstep_actors::group::{DeterministicTokens, TokenSource};
 use lockstep_actors::ids::RankId;
-use lockstep_actors::transceiver::{
-    KvAddress, Outgoing, PeerMessage, TransceiverIn, lost_on_the_wire,
-};
+use lockstep_actors::transceiver::{Outgoing, PeerMessage, TransceiverIn, lost_on_the_wire};
+use lockstep_actors::vocab::KvAddress;
+use lockstep_actors::vocab::Response;
 use lockstep_gpu::AnalyticBackend;
 
 use crate::fleet::{Fleet, PlanError};
