@@ -78,7 +78,7 @@ pub enum TransferCommand {
         /// Request.
         id: ReqId,
         /// Why.
-        reason: String,
+        cause: AbortCause,
     },
 }
 
@@ -87,8 +87,8 @@ pub enum TransferCommand {
 pub enum TransferOutcome {
     /// Done.
     Done,
-    /// Failed or timed out, with a reason.
-    Failed(String),
+    /// Failed or timed out.
+    Failed(TransferFailure),
 }
 
 /// A transfer event delivered to a rank by its driver.
@@ -107,8 +107,8 @@ pub enum Finish {
     Completed,
     /// ctx server: first token out, KV send started (§8).
     ContextDone,
-    /// Failed, with a reason.
-    Failed(String),
+    /// Failed.
+    Failed(Failure),
     /// Cancelled by the client.
     Cancelled,
 }
@@ -126,4 +126,240 @@ pub struct Response {
     pub generated: u32,
     /// Set when the request ended.
     pub finish: Option<Finish>,
+}
+
+/// Why a request failed. Whoever decides something from a failure (the report's kind,
+/// the HTTP status, the swarm's classification) matches on the variant; `Display` is
+/// the text a client and a report read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Failure {
+    /// The server refused the request at admission: it can never run there (§3.3).
+    Refused(String),
+    /// No server of the role the request needs next (`agg`, `ctx`, or `gen` once a ctx
+    /// server produced its first token).
+    NoServer {
+        /// The role's name.
+        role: String,
+    },
+    /// The server could not take it: its ingress was full or closed.
+    Undeliverable(String),
+    /// The server stalled out (§3.2): work remained and nothing could move it within
+    /// the stall bound; the text names every rank's state.
+    Deadlocked(String),
+    /// The ctx side's KV send failed (its first token had gone out).
+    KvSend(TransferFailure),
+    /// The gen side's KV receive failed.
+    KvReceive(TransferFailure),
+    /// The fleet was lost (a rank crashed or could not be reached); the text names the
+    /// ranks.
+    FleetLost(String),
+}
+
+impl Failure {
+    /// What kind of failure this is, for reports and for whoever classifies runs.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            Failure::Refused(_) => FailureKind::Refused,
+            Failure::NoServer { .. } | Failure::Undeliverable(_) => FailureKind::Unavailable,
+            Failure::Deadlocked(_) => FailureKind::Deadlocked,
+            Failure::KvSend(t) | Failure::KvReceive(t) if t.is_timeout() => {
+                FailureKind::TransferTimeout
+            }
+            Failure::KvSend(_) | Failure::KvReceive(_) => FailureKind::TransferFailed,
+            Failure::FleetLost(_) => FailureKind::FleetLost,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Refused(why) | Failure::Undeliverable(why) | Failure::FleetLost(why) => {
+                f.write_str(why)
+            }
+            Failure::NoServer { role } => write!(f, "no {role} server to take the request"),
+            Failure::Deadlocked(why) => write!(f, "deadlocked: {why}"),
+            Failure::KvSend(t) => write!(f, "kv send failed: {t}"),
+            Failure::KvReceive(t) => write!(f, "kv receive failed: {t}"),
+        }
+    }
+}
+
+/// The kinds of [`Failure`] (and of the failures only a client or a report sees), as a
+/// report records them: one word each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// Refused at admission.
+    Refused,
+    /// No server could take it (none of the role, or its ingress full or closed).
+    Unavailable,
+    /// Its server stalled out.
+    Deadlocked,
+    /// Its KV transfer timed out, or its KV was not pulled in time (lost or slow KV),
+    /// on either side, or its peer's did.
+    TransferTimeout,
+    /// Its KV transfer failed otherwise (checksum, geometry, an abort).
+    TransferFailed,
+    /// The fleet was lost.
+    FleetLost,
+    /// Cancelled by the client.
+    Cancelled,
+    /// Still open when the run ended (the run failed or crashed around it).
+    Unfinished,
+    /// The client's exchange with an HTTP server failed (`lockstep bench`).
+    Client,
+}
+
+/// Why a KV transfer failed, as the side that saw it says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TransferFailure {
+    /// No transfer within `kv_transfer_timeout_ms` of its start.
+    TimedOut {
+        /// The bound.
+        after_ms: u64,
+    },
+    /// The KV waited on the ctx side for a pull longer than `kv_pull_timeout_ms`.
+    NotPulled {
+        /// The bound.
+        within_ms: u64,
+    },
+    /// A block arrived whose checksum does not match its bytes.
+    Checksum {
+        /// The block's index in the sequence.
+        block: u32,
+    },
+    /// What arrived, or what was asked for, does not fit (block count or order, a
+    /// payload of the wrong kind, no KV location known).
+    Mismatch(String),
+    /// The rank's K/V store could not read or write the blocks.
+    Store(String),
+    /// The transfer was ended on purpose, by an executor or the front.
+    Aborted(AbortCause),
+}
+
+impl TransferFailure {
+    /// A timeout on this side, or an abort caused by a timeout somewhere else.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            TransferFailure::TimedOut { .. } | TransferFailure::NotPulled { .. } => true,
+            TransferFailure::Aborted(cause) => cause.is_transfer_timeout(),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for TransferFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TransferFailure::TimedOut { after_ms } => {
+                write!(f, "kv transfer timed out after {after_ms} ms")
+            }
+            TransferFailure::NotPulled { within_ms } => {
+                write!(
+                    f,
+                    "kv not pulled within {within_ms} ms (kv_pull_timeout_ms)"
+                )
+            }
+            TransferFailure::Checksum { block } => write!(f, "kv block {block} checksum mismatch"),
+            TransferFailure::Mismatch(why) | TransferFailure::Store(why) => f.write_str(why),
+            TransferFailure::Aborted(cause) => write!(f, "{cause}"),
+        }
+    }
+}
+
+/// Why a transfer was ended on purpose.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AbortCause {
+    /// The client cancelled the request.
+    Cancelled,
+    /// The request failed on this side.
+    Failed(Box<Failure>),
+    /// The request ended on the gen side; the ctx side frees its KV.
+    GenSide(Box<AbortCause>),
+}
+
+impl AbortCause {
+    /// Whether the abort goes back to a transfer that timed out.
+    pub fn is_transfer_timeout(&self) -> bool {
+        match self {
+            AbortCause::Cancelled => false,
+            AbortCause::Failed(f) => f.kind() == FailureKind::TransferTimeout,
+            AbortCause::GenSide(cause) => cause.is_transfer_timeout(),
+        }
+    }
+}
+
+impl std::fmt::Display for AbortCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AbortCause::Cancelled => f.write_str("cancelled"),
+            AbortCause::Failed(failure) => write!(f, "{failure}"),
+            AbortCause::GenSide(cause) => write!(f, "gen side failed: {cause}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timed_out() -> TransferFailure {
+        TransferFailure::TimedOut { after_ms: 5 }
+    }
+
+    #[test]
+    fn a_transfer_timeout_is_one_kind_on_either_side_and_through_an_abort() {
+        let not_pulled = TransferFailure::NotPulled { within_ms: 5 };
+        for f in [
+            Failure::KvSend(timed_out()),
+            Failure::KvReceive(timed_out()),
+            Failure::KvSend(not_pulled),
+            // The gen side timed out; the ctx side hears it as the gen side's abort.
+            Failure::KvSend(TransferFailure::Aborted(AbortCause::GenSide(Box::new(
+                AbortCause::Failed(Box::new(Failure::KvReceive(timed_out()))),
+            )))),
+        ] {
+            assert_eq!(f.kind(), FailureKind::TransferTimeout, "{f}");
+        }
+        for f in [
+            Failure::KvReceive(TransferFailure::Checksum { block: 1 }),
+            Failure::KvSend(TransferFailure::Aborted(AbortCause::Cancelled)),
+            Failure::KvSend(TransferFailure::Aborted(AbortCause::Failed(Box::new(
+                Failure::Deadlocked("stuck".into()),
+            )))),
+        ] {
+            assert_eq!(f.kind(), FailureKind::TransferFailed, "{f}");
+        }
+        assert_eq!(
+            Failure::Deadlocked("x".into()).kind(),
+            FailureKind::Deadlocked
+        );
+        assert_eq!(
+            Failure::NoServer { role: "gen".into() }.kind(),
+            FailureKind::Unavailable
+        );
+    }
+
+    #[test]
+    fn the_text_reads_as_the_chain_of_causes() {
+        let f = Failure::KvSend(TransferFailure::Aborted(AbortCause::GenSide(Box::new(
+            AbortCause::Failed(Box::new(Failure::KvReceive(timed_out()))),
+        ))));
+        assert_eq!(
+            f.to_string(),
+            "kv send failed: gen side failed: kv receive failed: kv transfer timed out after 5 ms"
+        );
+        assert_eq!(
+            Failure::KvReceive(TransferFailure::NotPulled { within_ms: 30 }).to_string(),
+            "kv receive failed: kv not pulled within 30 ms (kv_pull_timeout_ms)"
+        );
+        assert_eq!(
+            Failure::KvSend(TransferFailure::Aborted(AbortCause::Failed(Box::new(
+                Failure::Deadlocked("rank 0 waits".into())
+            ))))
+            .to_string(),
+            "kv send failed: deadlocked: rank 0 waits"
+        );
+    }
 }

@@ -11,7 +11,11 @@ use lockstep_actors::front::{
 use lockstep_actors::ids::{RankId, ReqId};
 use lockstep_actors::request::RequestSpec;
 use lockstep_actors::transceiver::PeerMessage;
-use lockstep_actors::vocab::{Finish, KvAddress, Response};
+use lockstep_actors::vocab::{AbortCause, Failure, Finish, KvAddress, Response, TransferFailure};
+
+fn send_timed_out() -> Failure {
+    Failure::KvSend(TransferFailure::TimedOut { after_ms: 30_000 })
+}
 
 /// The world around a front: each server's ingress queue, the transceiver messages and
 /// peer notices it sent, and what the client received.
@@ -189,12 +193,21 @@ fn aggregated_requests_alternate_over_two_servers_and_their_responses_reach_the_
     w.respond(
         1,
         1,
-        vec![token(2, 22, 2), ended(4, Finish::Failed("boom".into()))],
+        vec![
+            token(2, 22, 2),
+            ended(4, Finish::Failed(Failure::Deadlocked("boom".into()))),
+        ],
     );
     assert_eq!(w.seen(1), (vec![11, 12, 13], Some(Finish::Completed)));
     assert_eq!(w.seen(3), (vec![31, 32], Some(Finish::Completed)));
     assert_eq!(w.seen(2), (vec![21, 22], None));
-    assert_eq!(w.seen(4), (vec![], Some(Finish::Failed("boom".into()))));
+    assert_eq!(
+        w.seen(4),
+        (
+            vec![],
+            Some(Finish::Failed(Failure::Deadlocked("boom".into())))
+        )
+    );
     assert_eq!(w.front.outstanding(), vec![0, 1]);
     assert_eq!(w.front.in_flight(), 1);
     assert!(w.to_peers.is_empty(), "aggregated servers move no KV");
@@ -364,7 +377,9 @@ fn cancellations_reach_the_server_holding_the_request_and_free_the_other_side() 
             at(0, 1),
             PeerMessage::Abort {
                 id: ReqId(2),
-                reason: "gen side failed: cancelled".into(),
+                cause: TransferFailure::Aborted(AbortCause::GenSide(Box::new(
+                    AbortCause::Cancelled
+                ))),
             }
         )]
     );
@@ -382,15 +397,11 @@ fn a_failed_send_after_the_handoff_cancels_the_request_on_the_gen_server() {
     let mut w = World::new(FrontPolicy::RoundRobin, &[Role::Ctx, Role::Gen]);
     w.send(FrontIn::Request(RequestSpec::new(1, 16, 8)));
     w.respond(0, 0, vec![last(1, 50, 1, Finish::ContextDone)]);
-    w.respond(
-        0,
-        0,
-        vec![ended(1, Finish::Failed("kv send timed out".into()))],
-    );
+    w.respond(0, 0, vec![ended(1, Finish::Failed(send_timed_out()))]);
     assert_eq!(w.ingress[1].last(), Some(&IngressItem::Cancel(ReqId(1))));
     assert_eq!(
         w.seen(1),
-        (vec![50], Some(Finish::Failed("kv send timed out".into())))
+        (vec![50], Some(Finish::Failed(send_timed_out())))
     );
     assert_eq!(w.front.in_flight(), 0);
 }
@@ -492,7 +503,7 @@ fn requests_the_front_cannot_place_fail_back_to_the_client() {
         w.seen(1),
         (
             vec![],
-            Some(Finish::Failed("no ctx server to take the request".into()))
+            Some(Finish::Failed(Failure::NoServer { role: "ctx".into() }))
         )
     );
     assert_eq!(w.front.in_flight(), 0);
@@ -506,7 +517,7 @@ fn requests_the_front_cannot_place_fail_back_to_the_client() {
         w.seen(1),
         (
             vec![3],
-            Some(Finish::Failed("no gen server to take the request".into()))
+            Some(Finish::Failed(Failure::NoServer { role: "gen".into() }))
         )
     );
     assert!(matches!(
@@ -525,7 +536,12 @@ fn requests_the_front_cannot_place_fail_back_to_the_client() {
     });
     let (tokens, end) = w.seen(1);
     assert_eq!(tokens, vec![3]);
-    assert_eq!(end, Some(Finish::Failed("ingress closed".into())));
+    assert_eq!(
+        end,
+        Some(Finish::Failed(Failure::Undeliverable(
+            "ingress closed".into()
+        )))
+    );
     let failure = w.client.last().expect("a response");
     assert_eq!(failure.generated, 1, "the first token was delivered");
     assert!(matches!(

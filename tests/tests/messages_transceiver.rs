@@ -8,7 +8,9 @@ use lockstep_actors::transceiver::{
     KvBlock, KvCodec, KvPayload, Outgoing, PeerMessage, Transceiver, TransceiverIn,
 };
 use lockstep_actors::vocab::KvAddress;
-use lockstep_actors::vocab::{TransferCommand, TransferEvent, TransferOutcome};
+use lockstep_actors::vocab::{
+    AbortCause, Failure, TransferCommand, TransferEvent, TransferFailure, TransferOutcome,
+};
 
 const MS: u64 = 1_000_000;
 const TIMEOUT_MS: u64 = 100;
@@ -69,11 +71,16 @@ fn receive(id: u64, blocks: u32) -> TransceiverIn {
     })
 }
 
-fn abort(id: u64, reason: &str) -> TransceiverIn {
+fn abort(id: u64, cause: AbortCause) -> TransceiverIn {
     TransceiverIn::Command(TransferCommand::Abort {
         id: ReqId(id),
-        reason: reason.into(),
+        cause,
     })
+}
+
+/// The abort of a request that failed with `why` on its executor's side.
+fn failed_there(why: &str) -> AbortCause {
+    AbortCause::Failed(Box::new(Failure::Deadlocked(why.into())))
 }
 
 /// Everything `side` has to transmit, in order.
@@ -101,15 +108,15 @@ fn done(id: u64) -> Vec<TransferEvent> {
     }]
 }
 
-fn failed(id: u64, reason: &str) -> Vec<TransferEvent> {
+fn failed(id: u64, reason: TransferFailure) -> Vec<TransferEvent> {
     vec![TransferEvent {
         id: ReqId(id),
-        outcome: TransferOutcome::Failed(reason.into()),
+        outcome: TransferOutcome::Failed(reason),
     }]
 }
 
-const TIMED_OUT: &str = "kv transfer timed out after 100 ms";
-const NOT_PULLED: &str = "kv not pulled within 250 ms (kv_pull_timeout_ms)";
+const TIMED_OUT: TransferFailure = TransferFailure::TimedOut { after_ms: 100 };
+const NOT_PULLED: TransferFailure = TransferFailure::NotPulled { within_ms: 250 };
 
 /// The blocks of a `KvBlocks` message, in order.
 fn blocks_of(out: &[Outgoing]) -> &[KvBlock] {
@@ -244,7 +251,7 @@ fn a_lost_pull_times_out_on_each_side_exactly_at_its_announced_deadline() {
             to: CTX,
             message: PeerMessage::Abort {
                 id: ReqId(7),
-                reason: TIMED_OUT.into(),
+                cause: TIMED_OUT,
             },
         }]
     );
@@ -273,7 +280,7 @@ fn a_lost_pull_times_out_on_each_side_exactly_at_its_announced_deadline() {
             to: GEN,
             message: PeerMessage::Abort {
                 id: ReqId(7),
-                reason: NOT_PULLED.into(),
+                cause: NOT_PULLED,
             },
         }]
     );
@@ -355,7 +362,7 @@ fn an_abort_command_on_the_gen_side_ends_the_transfer_on_both_sides() {
     deliver(0, transmitted(&mut gen_side), &mut ctx);
     let in_transit = transmitted(&mut ctx);
 
-    gen_side.handle(MS, abort(6, "cancelled by the client"));
+    gen_side.handle(MS, abort(6, AbortCause::Cancelled));
     assert_eq!(
         events(&mut gen_side),
         vec![],
@@ -370,7 +377,7 @@ fn an_abort_command_on_the_gen_side_ends_the_transfer_on_both_sides() {
             to: CTX,
             message: PeerMessage::Abort {
                 id: ReqId(6),
-                reason: "cancelled by the client".into(),
+                cause: TransferFailure::Aborted(AbortCause::Cancelled),
             },
         }]
     );
@@ -380,7 +387,10 @@ fn an_abort_command_on_the_gen_side_ends_the_transfer_on_both_sides() {
     assert_eq!(transmitted(&mut gen_side), vec![]);
 
     deliver(2 * MS, told, &mut ctx);
-    assert_eq!(events(&mut ctx), failed(6, "cancelled by the client"));
+    assert_eq!(
+        events(&mut ctx),
+        failed(6, TransferFailure::Aborted(AbortCause::Cancelled))
+    );
     assert_eq!(ctx.in_flight(), 0);
     assert_eq!(ctx.poll_timeout(), None);
     // No deadline fires later on either side.
@@ -396,11 +406,14 @@ fn an_abort_command_on_the_ctx_side_ends_the_transfer_on_both_sides() {
     gen_side.handle(0, receive(3, 1));
     deliver(0, transmitted(&mut gen_side), &mut ctx);
     // Pulled, but the send command never came: the ctx executor drops the request.
-    ctx.handle(MS, abort(3, "server failed"));
+    ctx.handle(MS, abort(3, failed_there("server failed")));
     assert_eq!(events(&mut ctx), vec![]);
     assert_eq!(ctx.in_flight(), 0);
     deliver(2 * MS, transmitted(&mut ctx), &mut gen_side);
-    assert_eq!(events(&mut gen_side), failed(3, "server failed"));
+    assert_eq!(
+        events(&mut gen_side),
+        failed(3, TransferFailure::Aborted(failed_there("server failed")))
+    );
     assert_eq!((gen_side.in_flight(), gen_side.poll_timeout()), (0, None));
     // A send command for it afterwards starts nothing.
     ctx.handle(3 * MS, send(3, 1));
@@ -413,11 +426,14 @@ fn an_abort_that_overtakes_the_send_command_fails_the_send_when_it_comes() {
     let (mut ctx, mut gen_side) = pair();
     gen_side.handle(0, receive(4, 1));
     let _lost_pull = transmitted(&mut gen_side);
-    gen_side.handle(MS, abort(4, "cancelled"));
+    gen_side.handle(MS, abort(4, AbortCause::Cancelled));
     deliver(MS, transmitted(&mut gen_side), &mut ctx);
     assert_eq!(events(&mut ctx), vec![]);
     ctx.handle(2 * MS, send(4, 1));
-    assert_eq!(events(&mut ctx), failed(4, "cancelled"));
+    assert_eq!(
+        events(&mut ctx),
+        failed(4, TransferFailure::Aborted(AbortCause::Cancelled))
+    );
     assert_eq!(transmitted(&mut ctx), vec![]);
     assert_eq!(ctx.in_flight(), 0);
 }
@@ -439,12 +455,15 @@ fn a_corrupted_block_fails_both_sides_naming_the_block() {
     deliver(MS, kv, &mut gen_side);
     assert_eq!(
         events(&mut gen_side),
-        failed(11, "kv block 2 checksum mismatch")
+        failed(11, TransferFailure::Checksum { block: 2 })
     );
     assert_eq!(gen_side.stats().checksum_failures, 1);
     assert_eq!(gen_side.stats().completed, 0);
     deliver(MS, transmitted(&mut gen_side), &mut ctx);
-    assert_eq!(events(&mut ctx), failed(11, "kv block 2 checksum mismatch"));
+    assert_eq!(
+        events(&mut ctx),
+        failed(11, TransferFailure::Checksum { block: 2 })
+    );
     assert_eq!((ctx.in_flight(), gen_side.in_flight()), (0, 0));
 }
 
@@ -454,8 +473,8 @@ fn a_pull_for_more_blocks_than_the_ctx_side_holds_fails_both_sides() {
     ctx.handle(0, send(12, 2));
     gen_side.handle(0, receive(12, 3));
     deliver(0, transmitted(&mut gen_side), &mut ctx);
-    let why = "gen rank reserved 3 KV blocks, ctx rank holds 2";
-    assert_eq!(events(&mut ctx), failed(12, why));
+    let why = TransferFailure::Mismatch("gen rank reserved 3 KV blocks, ctx rank holds 2".into());
+    assert_eq!(events(&mut ctx), failed(12, why.clone()));
     deliver(0, transmitted(&mut ctx), &mut gen_side);
     assert_eq!(events(&mut gen_side), failed(12, why));
 }
@@ -490,7 +509,10 @@ fn a_receive_without_a_kv_location_fails_at_once_and_pulls_nothing() {
     );
     assert_eq!(
         events(&mut gen_side),
-        failed(1, "no KV location known for request 1")
+        failed(
+            1,
+            TransferFailure::Mismatch("no KV location known for request 1".into())
+        )
     );
     assert_eq!(transmitted(&mut gen_side), vec![]);
     assert_eq!(gen_side.poll_timeout(), None);

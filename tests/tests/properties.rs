@@ -6,7 +6,7 @@ use lockstep_actors::ids::{ConvId, ReqId};
 use lockstep_actors::policy::Policy;
 use lockstep_actors::request::{RequestSpec, RequestState};
 use lockstep_actors::seats::{SkewDirection, SlotPools, validate_pools};
-use lockstep_actors::vocab::{Finish, TransferEvent, TransferOutcome};
+use lockstep_actors::vocab::{Failure, Finish, TransferEvent, TransferOutcome};
 use lockstep_tests::{Harness, adp_server};
 use proptest::prelude::*;
 
@@ -216,12 +216,13 @@ proptest! {
                 Finish::Completed => prop_assert!(c.role != Role::Ctx),
                 Finish::ContextDone => prop_assert_eq!(c.role, Role::Ctx),
                 Finish::Cancelled => prop_assert!(r.cancel, "{id} cancelled unasked"),
-                Finish::Failed(why) => prop_assert!(
+                Finish::Failed(Failure::Refused(why)) => prop_assert!(
                     why.contains("exceeds max_num_tokens")
                         || why.contains("KV blocks")
                         || why.contains("recompute"),
-                    "{id} failed: {why}"
+                    "{id} refused: {why}"
                 ),
+                Finish::Failed(why) => prop_assert!(false, "{id} failed: {why}"),
             }
         }
         for r in h.group.ranks() {

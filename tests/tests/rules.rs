@@ -8,8 +8,12 @@ use lockstep_actors::executor::{
 use lockstep_actors::ids::{RankId, ReqId};
 use lockstep_actors::policy::Policy;
 use lockstep_actors::request::{PinnedRank, RequestSpec, RequestState};
-use lockstep_actors::vocab::{Finish, TransferCommand, TransferEvent, TransferOutcome};
+use lockstep_actors::vocab::{
+    Failure, Finish, TransferCommand, TransferEvent, TransferFailure, TransferOutcome,
+};
 use lockstep_tests::{ClosedLoop, Harness, SoloRank, adp_server, peer_with};
+
+const TIMED_OUT: TransferFailure = TransferFailure::TimedOut { after_ms: 30_000 };
 
 #[test]
 fn s1_overlap_marks_a_request_whose_next_token_is_its_last_as_retiring() {
@@ -305,7 +309,7 @@ fn s3_bad_requests_fail_with_a_reason_and_change_nothing() {
         .responses
         .iter()
         .filter_map(|r| match &r.finish {
-            Some(Finish::Failed(why)) => Some((r.id.0, why.clone())),
+            Some(Finish::Failed(Failure::Refused(why))) => Some((r.id.0, why.clone())),
             _ => None,
         })
         .collect();
@@ -566,10 +570,7 @@ fn s8_a_failed_transfer_fails_only_that_request_and_frees_its_kv() {
     h.submit(gen_spec(2));
     h.step();
     for (id, outcome) in [
-        (
-            1,
-            TransferOutcome::Failed("timed out after 30000 ms".into()),
-        ),
+        (1, TransferOutcome::Failed(TIMED_OUT)),
         (2, TransferOutcome::Done),
     ] {
         h.group.ranks_mut()[0]
@@ -580,7 +581,10 @@ fn s8_a_failed_transfer_fails_only_that_request_and_frees_its_kv() {
             .unwrap();
     }
     h.run(10);
-    assert!(matches!(&h.finished[&ReqId(1)], Finish::Failed(why) if why.contains("timed out")));
+    assert_eq!(
+        h.finished[&ReqId(1)],
+        Finish::Failed(Failure::KvReceive(TIMED_OUT))
+    );
     assert_eq!(h.finished[&ReqId(2)], Finish::Completed);
     let r = &h.group.ranks()[0];
     assert_eq!((r.kv().used_blocks(), r.seats_used()), (0, 0));
@@ -598,7 +602,7 @@ fn s3_2_a_failed_transfers_response_keeps_an_idle_server_iterating_until_it_is_g
     h.group.ranks_mut()[0]
         .handle_transfer_event(TransferEvent {
             id: ReqId(1),
-            outcome: TransferOutcome::Failed("timed out after 30000 ms".into()),
+            outcome: TransferOutcome::Failed(TIMED_OUT),
         })
         .unwrap();
     assert!(h.step().is_some(), "the iteration that applies the failure");
@@ -608,7 +612,10 @@ fn s3_2_a_failed_transfers_response_keeps_an_idle_server_iterating_until_it_is_g
         h.step().is_some(),
         "nothing is live, yet the iteration must run for the response"
     );
-    assert!(matches!(&h.finished[&ReqId(1)], Finish::Failed(why) if why.contains("timed out")));
+    assert_eq!(
+        h.finished[&ReqId(1)],
+        Finish::Failed(Failure::KvReceive(TIMED_OUT))
+    );
     assert!(h.step().is_none(), "then the server idles");
 }
 

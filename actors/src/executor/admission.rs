@@ -83,7 +83,7 @@ impl RankExecutor {
                     // Every rank drops it the same way; rank 0 alone answers.
                     self.replicated.peer_known.remove(&spec.id);
                     if self.rank.0 == 0 {
-                        self.push_finish(spec.id, 0, Finish::Failed(reason));
+                        self.push_finish(spec.id, 0, Finish::Failed(Failure::Refused(reason)));
                     }
                 }
             }
@@ -332,7 +332,7 @@ impl RankExecutor {
             if r.state == RequestState::DisaggGenerationTransInProgress {
                 self.iter.commands.push(TransferCommand::Abort {
                     id,
-                    reason: "cancelled".into(),
+                    cause: AbortCause::Cancelled,
                 });
             }
             self.push_finish(id, r.generated, Finish::Cancelled);
@@ -350,7 +350,7 @@ impl RankExecutor {
         }
         self.replicated.shutdown = true;
         self.iter.gathered = None;
-        let reason = format!("deadlocked: {why}");
+        let reason = Failure::Deadlocked(why.to_string());
         for spec in std::mem::take(&mut self.replicated.waiting) {
             if self.rank.0 == 0 {
                 self.push_finish(spec.id, 0, Finish::Failed(reason.clone()));
@@ -362,7 +362,7 @@ impl RankExecutor {
             if r.state == RequestState::DisaggGenerationTransInProgress {
                 self.iter.commands.push(TransferCommand::Abort {
                     id: r.id(),
-                    reason: reason.clone(),
+                    cause: AbortCause::Failed(Box::new(reason.clone())),
                 });
             }
             self.push_finish(r.id(), r.generated, Finish::Failed(reason.clone()));
@@ -371,14 +371,15 @@ impl RankExecutor {
             // Its first token went out already (ContextDone); the front fails the
             // request when the ctx side reports the send failed.
             let _ = self.kv.handle(KvCommand::FreeSequence { id: r.id() });
+            let cause = AbortCause::Failed(Box::new(reason.clone()));
             self.iter.commands.push(TransferCommand::Abort {
                 id: r.id(),
-                reason: reason.clone(),
+                cause: cause.clone(),
             });
             self.push_finish(
                 r.id(),
                 r.generated,
-                Finish::Failed(format!("kv send failed: {reason}")),
+                Finish::Failed(Failure::KvSend(TransferFailure::Aborted(cause))),
             );
         }
         if let Some(batch) = self.resident.in_flight.take() {

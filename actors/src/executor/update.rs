@@ -243,9 +243,7 @@ impl RankExecutor {
             let _ = self.kv.handle(KvCommand::FreeSequence { id: r.id() });
             match failure {
                 None => self.totals.completed += 1,
-                Some(reason) => {
-                    self.fail_after_transfer(&r, format!("kv send failed: {reason}"));
-                }
+                Some(reason) => self.fail_after_transfer(&r, Failure::KvSend(reason)),
             }
             return;
         }
@@ -262,14 +260,14 @@ impl RankExecutor {
             Some(reason) => {
                 let r = self.resident.active.remove(i);
                 self.release(&r);
-                self.fail_after_transfer(&r, format!("kv receive failed: {reason}"));
+                self.fail_after_transfer(&r, Failure::KvReceive(reason));
             }
         }
     }
 
     /// A failed transfer fails its request; the response goes out with the next
     /// iteration's gather (this one's has already happened).
-    fn fail_after_transfer(&mut self, r: &crate::request::Request, reason: String) {
+    fn fail_after_transfer(&mut self, r: &crate::request::Request, reason: Failure) {
         self.totals.failed += 1;
         self.carried_responses.push(Response {
             id: r.id(),

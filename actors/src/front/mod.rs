@@ -30,7 +30,7 @@ use crate::config::Role;
 use crate::ids::{RankId, ReqId};
 use crate::request::RequestSpec;
 use crate::transceiver::PeerMessage;
-use crate::vocab::{Finish, KvAddress, Response};
+use crate::vocab::{AbortCause, Failure, Finish, KvAddress, Response, TransferFailure};
 
 /// How the front picks a server among those of a role (the names production
 /// disaggregated routers use).
@@ -320,15 +320,19 @@ impl Front {
         // request in flight, in id order.
         self.out.retain(|o| matches!(o, FrontOut::ToClient(_)));
         for r in std::mem::take(&mut self.requests).into_values() {
-            self.out
-                .push_back(FrontOut::ToClient(failed(&r.spec, reason.to_string())));
+            self.out.push_back(FrontOut::ToClient(failed(
+                &r.spec,
+                Failure::FleetLost(reason.to_string()),
+            )));
         }
     }
 
     fn on_request(&mut self, spec: RequestSpec) {
         if let Some(reason) = &self.lost {
-            self.out
-                .push_back(FrontOut::ToClient(failed(&spec, reason.clone())));
+            self.out.push_back(FrontOut::ToClient(failed(
+                &spec,
+                Failure::FleetLost(reason.clone()),
+            )));
             return;
         }
         let roles: &[Role] = if self.has(Role::Agg) {
@@ -339,7 +343,9 @@ impl Front {
         let Some(server) = self.pick(roles[0], &spec) else {
             self.out.push_back(FrontOut::ToClient(failed(
                 &spec,
-                format!("no {} server to take the request", roles[0].name()),
+                Failure::NoServer {
+                    role: roles[0].name().to_string(),
+                },
             )));
             return;
         };
@@ -463,11 +469,15 @@ impl Front {
                 to: kv,
                 message: PeerMessage::Abort {
                     id,
-                    reason: format!("no gen server could take the request: {reason}"),
+                    cause: TransferFailure::Aborted(AbortCause::Failed(Box::new(
+                        Failure::Undeliverable(format!(
+                            "no gen server could take the request: {reason}"
+                        )),
+                    ))),
                 },
             });
         }
-        let mut response = failed(&r.spec, reason);
+        let mut response = failed(&r.spec, Failure::Undeliverable(reason));
         response.generated = r.spec.generated_before.max(u32::from(r.kv.is_some()));
         self.out.push_back(FrontOut::ToClient(response));
     }
@@ -497,10 +507,10 @@ impl Front {
             match (role, &r.finish) {
                 (Role::Ctx, Some(Finish::ContextDone)) => r.finish = self.hand_off(r.id, here),
                 (_, Some(Finish::Failed(why))) => {
-                    let why = why.clone();
-                    self.on_failed(role, r.id, &why);
+                    let why = AbortCause::Failed(Box::new(why.clone()));
+                    self.on_failed(role, r.id, why);
                 }
-                (_, Some(Finish::Cancelled)) => self.on_failed(role, r.id, "cancelled"),
+                (_, Some(Finish::Cancelled)) => self.on_failed(role, r.id, AbortCause::Cancelled),
                 (_, Some(Finish::Completed)) | (_, _) => {
                     self.requests.remove(&r.id);
                 }
@@ -546,10 +556,10 @@ impl Front {
                 to: here,
                 message: PeerMessage::Abort {
                     id,
-                    reason: "no gen server to take the request".into(),
+                    cause: TransferFailure::Aborted(AbortCause::Failed(Box::new(no_gen_server()))),
                 },
             });
-            return Some(Finish::Failed("no gen server to take the request".into()));
+            return Some(Finish::Failed(no_gen_server()));
         };
         let r = self.requests.get_mut(&id).expect("looked up above");
         r.server = target;
@@ -564,7 +574,7 @@ impl Front {
 
     /// `id` failed (or was cancelled) on a server of `role`: free what the other side
     /// of a handoff still holds.
-    fn on_failed(&mut self, role: Role, id: ReqId, why: &str) {
+    fn on_failed(&mut self, role: Role, id: ReqId, why: AbortCause) {
         let Some(r) = self.requests.remove(&id) else {
             return;
         };
@@ -575,7 +585,7 @@ impl Front {
                     to: ctx,
                     message: PeerMessage::Abort {
                         id,
-                        reason: format!("gen side failed: {why}"),
+                        cause: TransferFailure::Aborted(AbortCause::GenSide(Box::new(why))),
                     },
                 });
             }
@@ -592,7 +602,13 @@ impl Front {
     }
 }
 
-fn failed(spec: &RequestSpec, reason: String) -> Response {
+fn no_gen_server() -> Failure {
+    Failure::NoServer {
+        role: Role::Gen.name().to_string(),
+    }
+}
+
+fn failed(spec: &RequestSpec, reason: Failure) -> Response {
     Response {
         id: spec.id,
         new_tokens: 0,

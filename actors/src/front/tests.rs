@@ -163,14 +163,21 @@ fn a_gen_side_failure_aborts_the_ctx_send_and_a_ctx_side_failure_cancels_the_gen
     drain(&mut f);
     let mut gen_failed = [response(
         1,
-        Some(Finish::Failed("kv receive failed".into())),
+        Some(Finish::Failed(Failure::KvReceive(
+            TransferFailure::TimedOut { after_ms: 5 },
+        ))),
     )];
     f.handle_responses(0, 1, RankId(0), &mut gen_failed);
     assert!(matches!(
         &drain(&mut f)[..],
         [FrontOut::ToPeer { to, message: PeerMessage::Abort { id: ReqId(1), .. } }] if *to == at(0, 0)
     ));
-    let mut send_failed = [response(2, Some(Finish::Failed("kv send failed".into())))];
+    let mut send_failed = [response(
+        2,
+        Some(Finish::Failed(Failure::KvSend(TransferFailure::TimedOut {
+            after_ms: 5,
+        }))),
+    )];
     f.handle_responses(0, 0, RankId(0), &mut send_failed);
     assert_eq!(
         drain(&mut f),
@@ -237,7 +244,7 @@ fn a_lost_fleet_fails_every_request_in_flight_and_every_later_one_with_the_reaso
     let outs = drain(&mut f);
     assert!(f.all_stopped());
     assert_eq!(f.in_flight(), 0);
-    let failed: Vec<(u64, String)> = outs
+    let failed: Vec<(u64, Failure)> = outs
         .iter()
         .filter_map(|o| match o {
             FrontOut::ToClient(r) => match &r.finish {
@@ -247,7 +254,7 @@ fn a_lost_fleet_fails_every_request_in_flight_and_every_later_one_with_the_reaso
             _ => None,
         })
         .collect();
-    let why = "lost world rank 3".to_string();
+    let why = Failure::FleetLost("lost world rank 3".to_string());
     assert_eq!(
         failed,
         vec![

@@ -49,7 +49,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::ReqId;
 use crate::vocab::{
-    DEFAULT_PULL_TIMEOUT_MS, KvAddress, TransferCommand, TransferEvent, TransferOutcome,
+    AbortCause, DEFAULT_PULL_TIMEOUT_MS, KvAddress, TransferCommand, TransferEvent,
+    TransferFailure, TransferOutcome,
 };
 
 /// Fault injection (`[faults] lost_transfer_every = n`): the KV blocks of request `id`
@@ -142,8 +143,8 @@ pub enum PeerMessage {
     Abort {
         /// Request.
         id: ReqId,
-        /// Why.
-        reason: String,
+        /// Why, as the side that ended it says.
+        cause: TransferFailure,
     },
     /// front → ctx: nobody will pull `id` (its only output token is out); free the KV.
     Release {
@@ -311,7 +312,7 @@ struct Sending {
     /// The front said nobody will pull.
     released: bool,
     /// A peer failed the transfer before the `Send` command arrived.
-    aborted: Option<String>,
+    aborted: Option<TransferFailure>,
     /// Blocks are on the wire: bytes sent, awaiting the ack.
     sent_bytes: Option<u64>,
 }
@@ -357,7 +358,7 @@ pub struct Transceiver {
     /// Transfers that ended here: id → failure reason if failed. Late messages about
     /// them are ignored; entries are forgotten after two timeouts (no message can be
     /// that late).
-    ended: BTreeMap<ReqId, Option<String>>,
+    ended: BTreeMap<ReqId, Option<TransferFailure>>,
     ended_order: VecDeque<(u64, ReqId)>,
     events: std::collections::VecDeque<TransferEvent>,
     outgoing: std::collections::VecDeque<Outgoing>,
@@ -466,15 +467,16 @@ impl Transceiver {
         })
     }
 
-    fn timed_out_reason(&self) -> String {
-        format!("kv transfer timed out after {} ms", self.timeout_ms)
+    fn timed_out(&self) -> TransferFailure {
+        TransferFailure::TimedOut {
+            after_ms: self.timeout_ms,
+        }
     }
 
-    fn not_pulled_reason(&self) -> String {
-        format!(
-            "kv not pulled within {} ms (kv_pull_timeout_ms)",
-            self.pull_timeout_ms
-        )
+    fn not_pulled(&self) -> TransferFailure {
+        TransferFailure::NotPulled {
+            within_ms: self.pull_timeout_ms,
+        }
     }
 
     /// One command of this rank's executor. A `Receive` pulls from where its request's KV
@@ -503,7 +505,7 @@ impl Transceiver {
                     self.fail_here(
                         now_ns,
                         id,
-                        format!("no KV location known for request {id}"),
+                        TransferFailure::Mismatch(format!("no KV location known for request {id}")),
                         None,
                     );
                     return;
@@ -526,14 +528,14 @@ impl Transceiver {
                     },
                 });
             }
-            TransferCommand::Abort { id, ref reason } => self.abort_here(now_ns, id, reason),
+            TransferCommand::Abort { id, ref cause } => self.abort_here(now_ns, id, cause),
         }
     }
 
     /// The executor dropped `id` (cancelled, or failed with its server): end the
     /// transfer here without an event (the executor holds nothing to apply it to) and
     /// tell the counterpart, if known, so it frees its side.
-    fn abort_here(&mut self, now_ns: u64, id: ReqId, reason: &str) {
+    fn abort_here(&mut self, now_ns: u64, id: ReqId, cause: &AbortCause) {
         let peer = if let Some(r) = self.receiving.remove(&id) {
             Some(r.from)
         } else if let Some(s) = self.sending.remove(&id) {
@@ -542,16 +544,17 @@ impl Transceiver {
             return;
         };
         self.stats.failed += 1;
+        let failure = TransferFailure::Aborted(cause.clone());
         if let Some(to) = peer {
             self.outgoing.push_back(Outgoing {
                 to,
                 message: PeerMessage::Abort {
                     id,
-                    reason: reason.to_string(),
+                    cause: failure.clone(),
                 },
             });
         }
-        self.ended.insert(id, Some(reason.to_string()));
+        self.ended.insert(id, Some(failure));
         self.ended_order.push_back((now_ns, id));
     }
 
@@ -561,12 +564,12 @@ impl Transceiver {
         if let Some(failure) = self.ended.get(&id) {
             // A pull for a send that already failed here: tell the puller at once
             // rather than let it wait for its own timeout.
-            if let (PeerMessage::Pull { puller, .. }, Some(reason)) = (&message, failure) {
+            if let (PeerMessage::Pull { puller, .. }, Some(cause)) = (&message, failure) {
                 self.outgoing.push_back(Outgoing {
                     to: *puller,
                     message: PeerMessage::Abort {
                         id,
-                        reason: reason.clone(),
+                        cause: cause.clone(),
                     },
                 });
             }
@@ -598,7 +601,7 @@ impl Transceiver {
                 self.end(now_ns, id, TransferOutcome::Done);
             }
             PeerMessage::KvBlocks { id, payload } => self.on_blocks(now_ns, id, payload),
-            PeerMessage::Abort { id, reason } => {
+            PeerMessage::Abort { id, cause: reason } => {
                 if self.receiving.remove(&id).is_some() {
                     self.stats.failed += 1;
                     self.end(now_ns, id, TransferOutcome::Failed(reason));
@@ -630,7 +633,7 @@ impl Transceiver {
         for id in overdue_receives {
             let peer = self.receiving.remove(&id).map(|r| r.from);
             self.stats.timed_out += 1;
-            let reason = self.timed_out_reason();
+            let reason = self.timed_out();
             self.fail_here(now_ns, id, reason, peer);
         }
         let overdue_sends: Vec<ReqId> = self
@@ -645,9 +648,9 @@ impl Transceiver {
             };
             self.stats.timed_out += 1;
             let reason = if s.pulled_ns.is_some() {
-                self.timed_out_reason()
+                self.timed_out()
             } else {
-                self.not_pulled_reason()
+                self.not_pulled()
             };
             self.fail_here(now_ns, id, reason, s.pull.map(|(g, _)| g));
         }
@@ -689,7 +692,9 @@ impl Transceiver {
             return;
         }
         if wanted > held {
-            let reason = format!("gen rank reserved {wanted} KV blocks, ctx rank holds {held}");
+            let reason = TransferFailure::Mismatch(format!(
+                "gen rank reserved {wanted} KV blocks, ctx rank holds {held}"
+            ));
             self.sending.remove(&id);
             self.stats.failed += 1;
             self.fail_here(now_ns, id, reason, Some(puller));
@@ -734,7 +739,9 @@ impl Transceiver {
                     tokens,
                 },
                 Err(why) => {
-                    let reason = format!("kv of request {id} could not be read: {why}");
+                    let reason = TransferFailure::Store(format!(
+                        "kv of request {id} could not be read: {why}"
+                    ));
                     self.sending.remove(&id);
                     self.stats.failed += 1;
                     self.fail_here(now_ns, id, reason, Some(puller));
@@ -761,19 +768,29 @@ impl Transceiver {
             KvPayload::Sequence { blocks, tokens } => {
                 self.check_blocks(blocks, r.blocks).or_else(|| {
                     let KvCodec::Model { store, .. } = &self.codec else {
-                        return Some("a model's kv reached a transceiver without a model".into());
+                        return Some(TransferFailure::Mismatch(
+                            "a model's kv reached a transceiver without a model".into(),
+                        ));
                     };
                     store
                         .import(id, &r.block_ids, blocks, tokens)
                         .err()
-                        .map(|why| format!("kv of request {id} could not be written: {why}"))
+                        .map(|why| {
+                            TransferFailure::Store(format!(
+                                "kv of request {id} could not be written: {why}"
+                            ))
+                        })
                 })
             }
-            KvPayload::Modeled { blocks, .. } => (*blocks != r.blocks)
-                .then(|| format!("kv transfer brought {blocks} blocks, {} expected", r.blocks)),
+            KvPayload::Modeled { blocks, .. } => (*blocks != r.blocks).then(|| {
+                TransferFailure::Mismatch(format!(
+                    "kv transfer brought {blocks} blocks, {} expected",
+                    r.blocks
+                ))
+            }),
         };
         if let Some(reason) = problem {
-            if reason.contains("checksum") {
+            if matches!(reason, TransferFailure::Checksum { .. }) {
                 self.stats.checksum_failures += 1;
             }
             self.stats.failed += 1;
@@ -793,25 +810,30 @@ impl Transceiver {
     }
 
     /// What is wrong with real blocks, if anything: count, order, checksums.
-    fn check_blocks(&self, blocks: &[KvBlock], expected: u32) -> Option<String> {
+    fn check_blocks(&self, blocks: &[KvBlock], expected: u32) -> Option<TransferFailure> {
         let checksum = match &self.codec {
             KvCodec::Real { checksum, .. } | KvCodec::Model { checksum, .. } => *checksum,
             KvCodec::Modeled { .. } => {
-                return Some("real kv blocks reached a modeled transceiver".into());
+                return Some(TransferFailure::Mismatch(
+                    "real kv blocks reached a modeled transceiver".into(),
+                ));
             }
         };
         if blocks.len() != expected as usize {
-            Some(format!(
+            Some(TransferFailure::Mismatch(format!(
                 "kv transfer brought {} blocks, {} expected",
                 blocks.len(),
                 expected
-            ))
+            )))
         } else {
             blocks.iter().enumerate().find_map(|(i, b)| {
                 if b.index as usize != i {
-                    Some(format!("kv block {i} arrived as block {}", b.index))
+                    Some(TransferFailure::Mismatch(format!(
+                        "kv block {i} arrived as block {}",
+                        b.index
+                    )))
                 } else if checksum(&b.bytes) != b.checksum {
-                    Some(format!("kv block {} checksum mismatch", b.index))
+                    Some(TransferFailure::Checksum { block: b.index })
                 } else {
                     None
                 }
@@ -820,13 +842,19 @@ impl Transceiver {
     }
 
     /// Fails `id` here and, if known, tells the counterpart.
-    fn fail_here(&mut self, now_ns: u64, id: ReqId, reason: String, peer: Option<KvAddress>) {
+    fn fail_here(
+        &mut self,
+        now_ns: u64,
+        id: ReqId,
+        reason: TransferFailure,
+        peer: Option<KvAddress>,
+    ) {
         if let Some(to) = peer {
             self.outgoing.push_back(Outgoing {
                 to,
                 message: PeerMessage::Abort {
                     id,
-                    reason: reason.clone(),
+                    cause: reason.clone(),
                 },
             });
         }

@@ -129,7 +129,7 @@ fn lost_blocks_time_out_on_both_sides_and_late_blocks_are_ignored() {
     gen_side.on_tick(100 * MS);
     assert!(gen_side.take_events().is_empty(), "not overdue yet");
     gen_side.on_tick(101 * MS);
-    let why = "kv transfer timed out after 100 ms".to_string();
+    let why = TransferFailure::TimedOut { after_ms: 100 };
     assert_eq!(
         gen_side.take_events(),
         vec![TransferEvent {
@@ -170,7 +170,7 @@ fn the_ctx_side_holds_an_unpulled_send_up_to_the_pull_timeout_and_aborts_a_later
     assert!(matches!(
         &ctx.take_events()[..],
         [TransferEvent { outcome: TransferOutcome::Failed(r), .. }]
-            if r == "kv not pulled within 300 ms (kv_pull_timeout_ms)"
+            if *r == TransferFailure::NotPulled { within_ms: 300 }
     ));
     gen_side.on_command(
         350 * MS,
@@ -185,7 +185,8 @@ fn the_ctx_side_holds_an_unpulled_send_up_to_the_pull_timeout_and_aborts_a_later
     pump(350 * MS, &mut ctx, &mut gen_side);
     assert!(matches!(
         &gen_side.take_events()[..],
-        [TransferEvent { outcome: TransferOutcome::Failed(r), .. }] if r.contains("not pulled")
+        [TransferEvent { outcome: TransferOutcome::Failed(r), .. }]
+            if matches!(r, TransferFailure::NotPulled { .. })
     ));
 }
 
@@ -220,7 +221,7 @@ fn the_ctx_side_times_out_from_the_pull_when_the_ack_never_comes() {
     assert!(matches!(
         &ctx.take_events()[..],
         [TransferEvent { outcome: TransferOutcome::Failed(r), .. }]
-            if r == "kv transfer timed out after 100 ms"
+            if *r == TransferFailure::TimedOut { after_ms: 100 }
     ));
 }
 
@@ -253,7 +254,7 @@ fn a_corrupted_block_fails_the_transfer_naming_the_block() {
         gen_side.take_events(),
         vec![TransferEvent {
             id,
-            outcome: TransferOutcome::Failed("kv block 1 checksum mismatch".into())
+            outcome: TransferOutcome::Failed(TransferFailure::Checksum { block: 1 })
         }]
     );
     assert_eq!(gen_side.stats().checksum_failures, 1);
@@ -358,7 +359,7 @@ fn an_abort_command_ends_the_transfer_without_an_event_and_tells_the_peer() {
         MS,
         TransceiverIn::Command(TransferCommand::Abort {
             id,
-            reason: "cancelled".into(),
+            cause: AbortCause::Cancelled,
         }),
     );
     assert!(
@@ -376,7 +377,7 @@ fn an_abort_command_ends_the_transfer_without_an_event_and_tells_the_peer() {
         ctx.take_events(),
         vec![TransferEvent {
             id,
-            outcome: TransferOutcome::Failed("cancelled".into())
+            outcome: TransferOutcome::Failed(TransferFailure::Aborted(AbortCause::Cancelled))
         }]
     );
     assert_eq!((ctx.in_flight(), gen_side.in_flight()), (0, 0));
@@ -571,7 +572,7 @@ fn a_models_kv_that_changed_on_the_wire_or_cannot_be_written_fails_both_sides() 
         } else {
             "kv block 1 checksum mismatch"
         };
-        assert!(why.contains(expected), "{why}");
+        assert!(why.to_string().contains(expected), "{why}");
         assert!(
             gen_memory.blocks.lock().unwrap().is_empty(),
             "nothing written"
@@ -597,7 +598,8 @@ fn a_ctx_rank_that_cannot_read_a_models_kv_fails_the_transfer_naming_why() {
         panic!("{events:?}");
     };
     assert!(
-        why.contains("kv of request 4 could not be read: nothing staged for request 4"),
+        why.to_string()
+            .contains("kv of request 4 could not be read: nothing staged for request 4"),
         "{why}"
     );
     let events = gen_side.take_events();

@@ -28,6 +28,7 @@ use serde_json::Value;
 use tokio::task::JoinSet;
 
 use lockstep_actors::ids::ReqId;
+use lockstep_actors::vocab::FailureKind;
 
 use crate::fleet::{Fleet, PlanError};
 use crate::report::{ClientLog, ClientRecord, Itl, Outcome, Report, TimeBase, assemble_report};
@@ -363,7 +364,7 @@ impl Driver {
                 );
                 let now = now_ns();
                 for rec in records.values_mut().filter(|r| r.end_ns.is_none()) {
-                    rec.end(now, false, Some(why.clone()));
+                    rec.fail(now, FailureKind::Client, why.clone());
                 }
                 outcome = Some((Outcome::Failed, why));
                 break;
@@ -406,8 +407,8 @@ fn apply(rec: &mut ClientRecord, ex: &Exchange, itl: &mut Itl) {
     rec.output_tokens = ex.output_tokens;
     rec.token_digest = ex.digest;
     match &ex.failure {
-        None => rec.end(ex.end_ns, true, None),
-        Some(why) => rec.end(ex.end_ns, false, Some(why.clone())),
+        None => rec.complete(ex.end_ns),
+        Some(why) => rec.fail(ex.end_ns, FailureKind::Client, why.clone()),
     }
 }
 
@@ -467,6 +468,9 @@ mod tests {
         );
         assert_eq!(itl.samples(), 2, "no gap of a failed request counts");
         assert!(!failed.completed);
-        assert_eq!(failed.failure.as_deref(), Some("HTTP 401: no"));
+        assert_eq!(
+            failed.failure,
+            Some((FailureKind::Client, "HTTP 401: no".to_string()))
+        );
     }
 }

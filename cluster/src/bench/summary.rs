@@ -114,6 +114,7 @@ mod tests {
             output_tokens: 4,
             token_digest: String::new(),
             failure: failure.map(String::from),
+            failure_kind: failure.map(|_| lockstep_actors::vocab::FailureKind::Client),
             prompt_tokens: 10,
             arrival_ms: 0.0,
             first_scheduled_ms: None,

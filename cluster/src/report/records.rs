@@ -1,5 +1,7 @@
 //! The client's record of each request, from which latencies are computed.
 
+use lockstep_actors::vocab::{Failure, FailureKind};
+
 /// The client side's record of one request, from which latencies are computed. Compact
 /// (about 100 bytes): it outlives the request, so it keeps only what the report needs,
 /// not the request's spec and its block hashes.
@@ -22,8 +24,8 @@ pub struct ClientRecord {
     pub output_tokens: u32,
     /// Completed (rather than failed).
     pub completed: bool,
-    /// Why it failed, if it did.
-    pub failure: Option<String>,
+    /// Why it failed, if it did: its kind and the text a client reads.
+    pub failure: Option<(FailureKind, String)>,
     /// A digest of the token stream received.
     pub token_digest: u64,
 }
@@ -74,17 +76,32 @@ impl ClientRecord {
         self.on_tokens(r, now_ns, itl);
         match &r.finish {
             None | Some(Finish::ContextDone) => {}
-            Some(Finish::Completed) => self.end(now_ns, true, None),
-            Some(Finish::Failed(why)) => self.end(now_ns, false, Some(why.clone())),
-            Some(Finish::Cancelled) => self.end(now_ns, false, Some("cancelled".into())),
+            Some(Finish::Completed) => self.complete(now_ns),
+            Some(Finish::Failed(why)) => self.fail_with(now_ns, why),
+            Some(Finish::Cancelled) => self.fail(now_ns, FailureKind::Cancelled, "cancelled"),
         }
     }
 
+    /// Completes the request, unless it already ended.
+    pub fn complete(&mut self, now_ns: u64) {
+        self.end(now_ns, None);
+    }
+
+    /// Fails the request with a failure the fleet reported, unless it already ended.
+    pub fn fail_with(&mut self, now_ns: u64, failure: &Failure) {
+        self.end(now_ns, Some((failure.kind(), failure.to_string())));
+    }
+
+    /// Fails the request with a failure only the client saw, unless it already ended.
+    pub fn fail(&mut self, now_ns: u64, kind: FailureKind, why: impl Into<String>) {
+        self.end(now_ns, Some((kind, why.into())));
+    }
+
     /// Ends the request once.
-    pub fn end(&mut self, now_ns: u64, completed: bool, failure: Option<String>) {
+    fn end(&mut self, now_ns: u64, failure: Option<(FailureKind, String)>) {
         if self.end_ns.is_none() {
             self.end_ns = Some(now_ns);
-            self.completed = completed;
+            self.completed = failure.is_none();
             self.failure = failure;
         }
     }

@@ -356,6 +356,9 @@ pub struct RequestDetail {
     pub token_digest: String,
     /// Completed, or the failure reason.
     pub failure: Option<String>,
+    /// The failure's kind (what a classifier branches on; `failure` is its text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_kind: Option<lockstep_actors::vocab::FailureKind>,
     /// Prompt tokens.
     #[serde(default)]
     pub prompt_tokens: u32,
@@ -384,6 +387,7 @@ impl PartialEq for RequestDetail {
             && self.output_tokens == other.output_tokens
             && self.token_digest == other.token_digest
             && self.failure == other.failure
+            && self.failure_kind == other.failure_kind
     }
 }
 

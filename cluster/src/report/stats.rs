@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use lockstep_actors::invariants::Violation;
 use lockstep_actors::transceiver::TransferStats;
+use lockstep_actors::vocab::FailureKind;
 
 use super::records::ClientLog;
 use super::schema::*;
@@ -302,18 +303,20 @@ pub fn assemble_report(
         .iter()
         .map(|r| {
             let first_scheduled_ms = scheduled.get(&r.id.0).map(|&ns| ms(ns));
+            let failure = match (r.end_ns, &r.failure) {
+                (Some(_), None) => None,
+                (Some(_), Some(f)) => Some(f.clone()),
+                (None, _) => Some((
+                    FailureKind::Unfinished,
+                    format!("still open when the run ended ({})", outcome.name()),
+                )),
+            };
             RequestDetail {
                 id: r.id.0,
                 output_tokens: r.output_tokens,
                 token_digest: format!("{:016x}", r.token_digest),
-                failure: match (r.end_ns, r.completed) {
-                    (Some(_), true) => None,
-                    (Some(_), false) => Some(r.failure.clone().unwrap_or_else(|| "failed".into())),
-                    (None, _) => Some(format!(
-                        "still open when the run ended ({})",
-                        outcome.name()
-                    )),
-                },
+                failure: failure.as_ref().map(|(_, why)| why.clone()),
+                failure_kind: failure.map(|(kind, _)| kind),
                 prompt_tokens: r.prompt_len,
                 arrival_ms: ms(r.arrival_ns),
                 first_scheduled_ms,

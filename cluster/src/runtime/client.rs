@@ -8,7 +8,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::request::RequestSpec;
-use lockstep_actors::vocab::Response;
+use lockstep_actors::vocab::{FailureKind, Response};
 
 use super::clock::{Clock, WallClock};
 use crate::report::{ClientRecord, Itl};
@@ -117,7 +117,7 @@ impl Client {
         self.front_gone = true;
         let now = self.clock.now_ns();
         let fail = |rec: &mut ClientRecord, workload: &mut Workload| {
-            rec.end(now, false, Some(FRONT_STOPPED.into()));
+            rec.fail(now, FailureKind::Unavailable, FRONT_STOPPED);
             workload.on_finished(rec.id, now, false);
         };
         if let Some(rec) = refused.and_then(|id| self.records.get_mut(&id)) {

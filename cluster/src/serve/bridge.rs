@@ -14,7 +14,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::request::RequestSpec;
-use lockstep_actors::vocab::{Finish, Response};
+use lockstep_actors::vocab::{FailureKind, Finish, Response};
 
 use super::metrics::Metrics;
 use crate::runtime::client::ClientItem;
@@ -241,8 +241,8 @@ fn deliver(open: &mut HashMap<ReqId, Open>, r: Response, metrics: &Metrics, pend
         None | Some(Finish::ContextDone) => return,
         Some(Finish::Completed) => Event::Completed,
         Some(Finish::Failed(why)) => Event::Failed {
-            why,
-            unavailable: false,
+            unavailable: why.kind() == FailureKind::Unavailable,
+            why: why.to_string(),
         },
         Some(Finish::Cancelled) => Event::Failed {
             why: "cancelled".into(),

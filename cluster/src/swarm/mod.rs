@@ -20,6 +20,7 @@ use std::sync::{Mutex, Once, mpsc};
 use std::time::{Duration, Instant};
 
 use lockstep_actors::config::{CacheTransceiverConfig, Role};
+use lockstep_actors::vocab::FailureKind;
 
 use crate::backends::RealOptions;
 use crate::backends::sim::{self, SimError, SimOptions};
@@ -178,13 +179,6 @@ pub fn injects_faults(scenario: &Scenario) -> bool {
         })
 }
 
-/// Whether a failure reason is a KV transfer that timed out (lost or slow), or KV its
-/// gen server did not pull in time.
-pub fn is_transfer_timeout(reason: &str) -> bool {
-    (reason.starts_with("kv send failed") || reason.starts_with("kv receive failed"))
-        && (reason.contains("timed out") || reason.contains("not pulled"))
-}
-
 /// The role of the first server a deadlock's detail names (`server `gen0`: ...`), so
 /// that shrinking keeps a deadlock on the same side of a disaggregated fleet.
 fn stuck_role(detail: &str, scenario: &Scenario) -> String {
@@ -221,10 +215,10 @@ pub fn classify(report: &Report, scenario: &Scenario) -> Finding {
         Outcome::Completed => {}
     }
     let r = &report.requests;
-    let failures: Vec<&str> = report
+    let failures: Vec<(Option<FailureKind>, &str)> = report
         .per_request
         .iter()
-        .filter_map(|d| d.failure.as_deref())
+        .filter_map(|d| Some((d.failure_kind, d.failure.as_deref()?)))
         .collect();
     if r.completed + r.failed != r.submitted
         || report.per_request.len() as u64 != r.submitted
@@ -273,7 +267,9 @@ pub fn classify(report: &Report, scenario: &Scenario) -> Finding {
     let faults = injects_faults(scenario);
     match failures
         .iter()
-        .find(|f| !(faults && is_transfer_timeout(f)))
+        // A KV transfer that timed out (lost or slow), or KV its gen server did not pull
+        // in time, is what injected faults cause.
+        .find(|(kind, _)| !(faults && *kind == Some(FailureKind::TransferTimeout)))
     {
         None => Finding::new(
             Class::FaultOnly,
@@ -284,7 +280,7 @@ pub fn classify(report: &Report, scenario: &Scenario) -> Finding {
                 r.submitted
             ),
         ),
-        Some(reason) => Finding::new(
+        Some((_, reason)) => Finding::new(
             Class::FailedWithoutFault,
             normalized(reason),
             format!(
@@ -836,17 +832,6 @@ mod tests {
             normalized("kv transfer timed out after 500 ms on rank 12"),
             "kv transfer timed out after N ms on rank N"
         );
-    }
-
-    #[test]
-    fn a_transfer_timeout_is_recognised_on_both_sides() {
-        assert!(is_transfer_timeout(
-            "kv receive failed: kv transfer timed out after 5 ms"
-        ));
-        assert!(is_transfer_timeout(
-            "kv send failed: kv transfer timed out after 5 ms"
-        ));
-        assert!(!is_transfer_timeout("server `gen0` stopped"));
     }
 
     #[test]

@@ -465,11 +465,16 @@ impl Sim<'_, '_> {
                 Step::Finished => {
                     return self.deliver_control(Event::ServerStopped(s));
                 }
-                Step::Crashed(v) => {
-                    self.outcome = Some((
-                        Outcome::Crashed,
-                        format!("server `{}`: {v}", self.servers[s].name),
-                    ));
+                Step::Crashed(why) => {
+                    use lockstep_actors::executor::StopReason;
+                    let name = &self.servers[s].name;
+                    let detail = match why {
+                        StopReason::Crashed(v) => format!("server `{name}`: {v}"),
+                        StopReason::PeerCrashed { peer } => {
+                            format!("server `{name}`: rank {peer} crashed")
+                        }
+                    };
+                    self.outcome = Some((Outcome::Crashed, detail));
                     return Ok(());
                 }
             }

@@ -55,8 +55,9 @@ pub enum Step {
     Ended,
     /// The server drained.
     Finished,
-    /// A fatal violation stopped it.
-    Crashed(Violation),
+    /// A fatal violation stopped it: a rank's own, or a peer's that this group could not
+    /// read (named as such, never dressed up as a violation).
+    Crashed(lockstep_actors::executor::StopReason),
 }
 
 /// A pending timer: when it fires, and its event's sequence number.
@@ -160,15 +161,7 @@ impl SimServer {
                 }
                 GroupNeed::Stopped(why) => {
                     self.state = ServerState::Done;
-                    return Ok(Step::Crashed(match why {
-                        lockstep_actors::executor::StopReason::Crashed(v) => v,
-                        lockstep_actors::executor::StopReason::PeerCrashed { peer } => Violation {
-                            iteration: self.group.ranks()[0].iteration(),
-                            rank: peer,
-                            kind: lockstep_actors::invariants::InvariantKind::Cap,
-                            detail: "a peer crashed".into(),
-                        },
-                    }));
+                    return Ok(Step::Crashed(why));
                 }
             }
         }
