@@ -42,8 +42,30 @@ struct ScenarioArgs {
     set: Vec<String>,
 }
 
+/// Where `run` runs the ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Driver {
+    /// One thread per rank, in this process.
+    Threads,
+    /// One process per rank under mpirun (this binary, re-launched).
+    Mpi,
+}
+
+/// Where `serve` and `overhead` run the ranks: as [`Driver`], or one process of an MPI
+/// run (what the `mpi` launcher starts each process with).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ProcessDriver {
+    /// One thread per rank, in this process.
+    Threads,
+    /// One process per rank under mpirun (this binary, re-launched).
+    Mpi,
+    /// One process of an MPI run.
+    #[value(hide = true)]
+    MpiRank,
+}
+
 /// How `--driver mpi` starts mpirun.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
 struct MpirunArgs {
     /// `--driver mpi`: mpirun's hostfile (which hosts the processes go to; README
     /// "Running on several machines").
@@ -81,16 +103,6 @@ impl ModelArgs {
         let params = self.sampling.params(0);
         Ok(Some(ModelBackend::load(dir, params, seed)?))
     }
-
-    /// The same options as arguments (for `rank` under mpirun).
-    fn to_args(&self) -> Vec<String> {
-        let Some(dir) = &self.model else {
-            return Vec::new();
-        };
-        let mut args = vec!["--model".into(), dir.display().to_string()];
-        args.extend(self.sampling.to_args());
-        args
-    }
 }
 
 /// The options both real drivers take (`run --driver mpi` passes them on to `rank`).
@@ -121,6 +133,9 @@ struct RealArgs {
     /// reports `deadlocked`.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     stall_timeout_ms: u64,
+    /// A collective waiting longer fails naming the missing ranks.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    timeout_ms: u64,
     #[command(flatten)]
     model: ModelArgs,
     /// With --model: write each forward's batch shape and measured time, one JSON line
@@ -180,15 +195,12 @@ enum Command {
         args: ScenarioArgs,
         /// Which driver (`mpi` re-launches this binary under `mpirun`, one process per
         /// rank; it needs a build with `--features mpi`).
-        #[arg(long, value_parser = ["threads", "mpi"], default_value = "threads")]
-        driver: String,
+        #[arg(long, value_enum, default_value_t = Driver::Threads)]
+        driver: Driver,
         #[command(flatten)]
         real: RealArgs,
         #[command(flatten)]
         mpirun: MpirunArgs,
-        /// A collective waiting longer fails naming the missing ranks.
-        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
-        timeout_ms: u64,
     },
     /// One process of an MPI run: `mpirun -n N lockstep rank SCENARIO.toml ...` with N =
     /// 1 + the ranks of every server (built with `--features mpi`). World rank 0 is the
@@ -208,10 +220,9 @@ enum Command {
     /// Per-iteration control-plane overhead with the zero-cost backend, next to a raw
     /// loop of the same collectives (the floor).
     Overhead {
-        /// Which driver (`mpi` re-launches this binary under mpirun; `mpi-rank` is what
-        /// each MPI process runs).
-        #[arg(long, value_parser = ["threads", "mpi", "mpi-rank"], default_value = "threads")]
-        driver: String,
+        /// Which driver (`mpi` re-launches this binary under mpirun).
+        #[arg(long, value_enum, default_value_t = ProcessDriver::Threads)]
+        driver: ProcessDriver,
         /// DP ranks.
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
         dp: u32,
@@ -271,10 +282,9 @@ enum Command {
         #[command(flatten)]
         args: ScenarioArgs,
         /// Which driver: `threads`, or `mpi` (re-launches this binary under mpirun: the
-        /// HTTP server in the front process, world rank 0, one process per rank;
-        /// `mpi-rank` is what each of them runs).
-        #[arg(long, value_parser = ["threads", "mpi", "mpi-rank"], default_value = "threads")]
-        driver: String,
+        /// HTTP server in the front process, world rank 0, one process per rank).
+        #[arg(long, value_enum, default_value_t = ProcessDriver::Threads)]
+        driver: ProcessDriver,
         #[command(flatten)]
         mpirun: MpirunArgs,
         /// Address to bind; one that is not loopback needs --api-key.
@@ -584,19 +594,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             driver,
             real,
             mpirun,
-            timeout_ms,
         } => {
-            if driver == "mpi" {
+            if driver == Driver::Mpi {
                 return relaunch_under_mpirun(&args, &real, &mpirun);
             }
             let scenario = load(&args, real.policy.as_deref(), real.seed)?;
-            let mut report = lockstep_cluster::backends::threads::run(
-                &scenario,
-                &RealOptions {
-                    collective_timeout: std::time::Duration::from_millis(timeout_ms),
-                    ..real.options()?
-                },
-            )?;
+            let mut report = lockstep_cluster::backends::threads::run(&scenario, &real.options()?)?;
             if let Some(slo) = &real.slo {
                 report.apply_slo(slo);
             }
@@ -656,28 +659,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             active,
             iterations,
         } => {
-            let o = match driver.as_str() {
-                "threads" => lockstep_cluster::overhead::threads(
+            let o = match driver {
+                ProcessDriver::Threads => lockstep_cluster::overhead::threads(
                     dp,
                     active,
                     iterations,
                     lockstep_cluster::overhead::WARMUP,
                 )?,
-                "mpi" => {
+                ProcessDriver::Mpi => {
                     require_mpi_build()?;
-                    let exe = std::env::current_exe()?;
-                    let status = std::process::Command::new("mpirun")
-                        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-                        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-                        .args(["--oversubscribe", "-n", &dp.to_string()])
-                        .arg(exe)
-                        .args(["overhead", "--driver", "mpi-rank", "--dp", &dp.to_string()])
-                        .args([
-                            "--active",
-                            &active.to_string(),
-                            "--iterations",
-                            &iterations.to_string(),
-                        ])
+                    let mut cmd = mpirun_command(dp, &MpirunArgs::default())?;
+                    cmd.arg("overhead")
+                        .args(args_for_each_process(
+                            "overhead",
+                            &std::env::args().collect::<Vec<_>>(),
+                        ))
+                        .arg("--driver=mpi-rank");
+                    let status = cmd
                         .status()
                         .context("starting mpirun (is OpenMPI installed?)")?;
                     return Ok(if status.success() {
@@ -686,15 +684,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         ExitCode::FAILURE
                     });
                 }
-                _ => match mpi_overhead(dp, active, iterations)? {
+                ProcessDriver::MpiRank => match mpi_overhead(dp, active, iterations)? {
                     Some(o) => o,
                     None => return Ok(ExitCode::SUCCESS),
                 },
             };
-            let driver = if driver == "mpi-rank" {
-                "mpi"
-            } else {
-                driver.as_str()
+            let driver = match driver {
+                ProcessDriver::Threads => "threads",
+                ProcessDriver::Mpi | ProcessDriver::MpiRank => "mpi",
             };
             println!(
                 "driver={driver} dp={dp} active_per_rank={active} iterations={iterations} collectives_per_iteration={}",
@@ -825,7 +822,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let real = RealOptions {
                 time_scale,
                 collective_timeout: std::time::Duration::from_millis(timeout_ms),
-                model: if driver == "mpi" {
+                model: if driver == ProcessDriver::Mpi {
                     // The rank processes load it.
                     None
                 } else {
@@ -833,17 +830,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
                 ..RealOptions::default()
             };
-            match driver.as_str() {
-                "mpi" => {
+            match driver {
+                ProcessDriver::Mpi => {
                     require_mpi_build()?;
                     // Refused here, before any process starts.
                     lockstep_cluster::serve::check_address(&opts)?;
                     let mut cmd = mpirun_command(processes_of(&scenario)?, &mpirun)?;
-                    cmd.arg("serve").args(serve_rank_args());
+                    cmd.arg("serve")
+                        .args(args_for_each_process(
+                            "serve",
+                            &std::env::args().collect::<Vec<_>>(),
+                        ))
+                        .arg("--driver=mpi-rank");
                     Ok(status_of(run_draining_on_signal(cmd)?))
                 }
-                "mpi-rank" => serve_rank(&scenario, &args, &opts, real),
-                _ => {
+                ProcessDriver::MpiRank => serve_rank(&scenario, &args, &opts, real),
+                ProcessDriver::Threads => {
                     let listener = lockstep_cluster::serve::bind(&opts)?;
                     let summary = lockstep_cluster::serve::serve(
                         &scenario,
@@ -1068,19 +1070,28 @@ fn status_of(status: std::process::ExitStatus) -> ExitCode {
     }
 }
 
-/// This command line's `serve` options for every MPI process: as given, with
-/// `--driver mpi-rank`.
-fn serve_rank_args() -> Vec<String> {
+/// The options only a launcher reads (which driver, how mpirun starts); every other
+/// option goes on to each process it starts.
+const LAUNCHER_ONLY: [&str; 3] = ["--driver", "--hostfile", "--mpirun-arg"];
+
+/// The one way a launcher hands its options to the processes it starts under mpirun:
+/// its own command line `argv` after `subcommand`, as given, less [`LAUNCHER_ONLY`]
+/// (with their values, in either `--key value` or `--key=value` form). Nothing is
+/// rebuilt by hand, so an option added to a subcommand is never dropped on the way: the
+/// process either takes it or refuses it by name.
+fn args_for_each_process(subcommand: &str, argv: &[String]) -> Vec<String> {
     let mut out = Vec::new();
-    let mut args = std::env::args().skip_while(|a| a != "serve").skip(1);
+    let mut args = argv.iter().skip(1).skip_while(|a| *a != subcommand).skip(1);
     while let Some(a) = args.next() {
-        if a == "--driver" {
+        if LAUNCHER_ONLY.contains(&a.as_str()) {
             args.next();
-        } else if !a.starts_with("--driver=") {
-            out.push(a);
+        } else if !LAUNCHER_ONLY
+            .iter()
+            .any(|flag| a.strip_prefix(flag).is_some_and(|v| v.starts_with('=')))
+        {
+            out.push(a.clone());
         }
     }
-    out.push("--driver=mpi-rank".into());
     out
 }
 
@@ -1193,31 +1204,10 @@ fn relaunch_under_mpirun(
     require_mpi_build()?;
     let scenario = load(args, real.policy.as_deref(), real.seed)?;
     let mut cmd = mpirun_command(processes_of(&scenario)?, mpirun)?;
-    cmd.arg("rank").arg(&args.scenario).args([
-        "--time-scale",
-        &real.time_scale.to_string(),
-        "--stall-timeout-ms",
-        &real.stall_timeout_ms.to_string(),
-    ]);
-    if let Some(p) = &real.policy {
-        cmd.args(["--policy", p]);
-    }
-    if let Some(seed) = real.seed {
-        cmd.args(["--seed", &seed.to_string()]);
-    }
-    // Every option `rank` shares with `run` is passed on.
-    if real.preload {
-        cmd.arg("--preload");
-    }
-    for s in &args.set {
-        cmd.args(["--set", s]);
-    }
-    if let Some(j) = &real.json {
-        cmd.arg("--json").arg(j);
-    }
-    if let Some(slo) = &real.slo {
-        cmd.args(["--slo", &slo.to_string()]);
-    }
+    cmd.arg("rank").args(args_for_each_process(
+        "run",
+        &std::env::args().collect::<Vec<_>>(),
+    ));
     if let Some(log) = &real.forward_log {
         if real.model.model.is_none() {
             anyhow::bail!("--forward-log records the forwards of --model: give --model DIR");
@@ -1225,9 +1215,7 @@ fn relaunch_under_mpirun(
         // Empty it here: the ranks append.
         std::fs::File::create(log)
             .with_context(|| format!("--forward-log: creating {}", log.display()))?;
-        cmd.arg("--forward-log").arg(log);
     }
-    cmd.args(real.model.to_args());
     let status = cmd
         .status()
         .context("starting mpirun (is OpenMPI installed?)")?;
@@ -1250,6 +1238,7 @@ impl RealArgs {
             time_scale: self.time_scale,
             preload: self.preload,
             stall_bound: std::time::Duration::from_millis(self.stall_timeout_ms),
+            collective_timeout: std::time::Duration::from_millis(self.timeout_ms),
             model: self.model.load(seed)?,
             forward_log: match &self.forward_log {
                 None => None,
@@ -1371,4 +1360,109 @@ fn mpi_overhead(
     anyhow::bail!(
         "this lockstep was built without MPI: rebuild with `cargo build --release -p lockstep-cluster --features mpi`"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    /// `run --driver mpi` hands every option `rank` shares with it on, whatever it is:
+    /// the rank process parses the same scenario and real-driver options the launcher
+    /// did, and none of the launcher's own.
+    #[test]
+    fn a_rank_process_gets_every_option_of_the_run_it_was_launched_for() {
+        let run = argv(&[
+            "lockstep",
+            "run",
+            "examples/disagg-small.toml",
+            "--driver",
+            "mpi",
+            "--hostfile",
+            "hosts.txt",
+            "--mpirun-arg=--map-by",
+            "--mpirun-arg",
+            "ppr:3:node",
+            "--set",
+            "workload.num_requests=60",
+            "--policy",
+            "legacy",
+            "--seed",
+            "7",
+            "--time-scale",
+            "0.5",
+            "--preload",
+            "--json",
+            "out.json",
+            "--slo",
+            "ttft_ms=200",
+            "--stall-timeout-ms",
+            "1234",
+            "--timeout-ms",
+            "4321",
+            "--model",
+            "/tmp/tiny",
+            "--temperature",
+            "0.8",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "5",
+            "--forward-log",
+            "fl.jsonl",
+        ]);
+        let Command::Run {
+            args: run_args,
+            real: run_real,
+            ..
+        } = Cli::try_parse_from(&run).expect("run parses").command
+        else {
+            panic!("not run");
+        };
+        let mut rank = argv(&["lockstep", "rank"]);
+        rank.extend(args_for_each_process("run", &run));
+        let parsed = Cli::try_parse_from(&rank);
+        let Ok(Cli {
+            command:
+                Command::Rank {
+                    args: rank_args,
+                    real: rank_real,
+                    ..
+                },
+            ..
+        }) = parsed
+        else {
+            panic!("rank refused {rank:?}: {parsed:?}");
+        };
+        assert_eq!(format!("{rank_args:?}"), format!("{run_args:?}"));
+        assert_eq!(format!("{rank_real:?}"), format!("{run_real:?}"));
+        for gone in ["--driver", "--hostfile", "--mpirun-arg", "hosts.txt", "ppr:3:node"] {
+            assert!(
+                !rank.iter().any(|a| a.starts_with(gone)),
+                "{gone} in {rank:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_serve_process_gets_the_launchers_options_in_either_form() {
+        let serve = argv(&[
+            "lockstep",
+            "serve",
+            "s.toml",
+            "--driver=mpi",
+            "--port",
+            "0",
+            "--hostfile=h",
+            "--api-key",
+            "k",
+        ]);
+        assert_eq!(
+            args_for_each_process("serve", &serve),
+            argv(&["s.toml", "--port", "0", "--api-key", "k"])
+        );
+    }
 }

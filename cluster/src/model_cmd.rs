@@ -158,18 +158,6 @@ impl SamplingArgs {
             seed,
         }
     }
-
-    /// The same options as arguments (for processes under mpirun).
-    pub fn to_args(&self) -> Vec<String> {
-        vec![
-            "--temperature".into(),
-            self.temperature.to_string(),
-            "--top-p".into(),
-            self.top_p.to_string(),
-            "--top-k".into(),
-            self.top_k.to_string(),
-        ]
-    }
 }
 
 /// Runs one `lockstep model` subcommand.
