@@ -1439,7 +1439,13 @@ mod tests {
         };
         assert_eq!(format!("{rank_args:?}"), format!("{run_args:?}"));
         assert_eq!(format!("{rank_real:?}"), format!("{run_real:?}"));
-        for gone in ["--driver", "--hostfile", "--mpirun-arg", "hosts.txt", "ppr:3:node"] {
+        for gone in [
+            "--driver",
+            "--hostfile",
+            "--mpirun-arg",
+            "hosts.txt",
+            "ppr:3:node",
+        ] {
             assert!(
                 !rank.iter().any(|a| a.starts_with(gone)),
                 "{gone} in {rank:?}"

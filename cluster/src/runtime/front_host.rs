@@ -246,6 +246,7 @@ impl<'a> FrontHost<'a> {
         inbox: &mut dyn Inbox<FrontInbound>,
         quiet_limit: Duration,
     ) -> Result<FrontEnd, RuntimeError> {
+        let _span = tracing::info_span!("front").entered();
         while !self.finished() {
             let deadline = self.client_done.then(|| Instant::now() + quiet_limit);
             match inbox.recv_until(deadline) {

@@ -156,6 +156,7 @@ pub fn run_rank<C: Collective + ?Sized>(
 ) -> Result<RankRun, RuntimeError> {
     let rank = exec.rank().index();
     let server = ports.server;
+    let _rank_span = tracing::info_span!("rank", server, rank).entered();
     let mut run = RankRun {
         ending: RankEnding::Drained,
         violations: Vec::new(),
@@ -176,6 +177,7 @@ pub fn run_rank<C: Collective + ?Sized>(
         rank,
         source,
     };
+    let mut iteration_span = tracing::debug_span!("iteration", n = 0u64).entered();
     loop {
         apply_arrived_transfer_events(exec, &ports);
         let exe_err = |source| RuntimeError::Executor {
@@ -309,6 +311,8 @@ pub fn run_rank<C: Collective + ?Sized>(
                     }
                 }
                 iterations += 1;
+                drop(iteration_span);
+                iteration_span = tracing::debug_span!("iteration", n = iterations).entered();
                 let now = ports.clock.now_ns();
                 run.series.record(&report.stats, now, preemptions);
                 ports.progress.iteration_done(iterations, now);

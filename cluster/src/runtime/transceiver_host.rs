@@ -102,6 +102,12 @@ pub fn run_transceiver(
     wire: Option<WireModel>,
 ) -> TransceiverEnd {
     let server = transceiver.address().server as usize;
+    let _span = tracing::info_span!(
+        "transceiver",
+        server,
+        rank = transceiver.address().rank.index()
+    )
+    .entered();
     let mut lost = 0;
     // Messages on the modeled wire, by due time (then arrival order).
     let mut on_wire: std::collections::BTreeMap<(u64, u64), TransceiverIn> = Default::default();

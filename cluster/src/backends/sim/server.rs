@@ -131,6 +131,8 @@ impl SimServer {
     /// Runs the protocol until the server needs time to pass or an input: at the
     /// ingress read, a waiting rank 0 with nothing queued stops there.
     pub fn step(&mut self, now: u64, backend: &AnalyticBackend) -> Result<Step, GroupError> {
+        // Cheap when debug is off: the level is checked once per call site.
+        let _span = tracing::debug_span!("server", name = %self.name).entered();
         loop {
             match self.group.advance()? {
                 GroupNeed::ReadIngress(mode) => {
