@@ -364,3 +364,19 @@ mod tests {
         assert!(r.will_complete_next_iteration());
     }
 }
+
+/// What reaches a server's rank 0 through its ingress queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IngressItem {
+    /// A new request.
+    Request(RequestSpec),
+    /// Cancel a request.
+    Cancel(ReqId),
+    /// Finish the work in hand, then stop.
+    Shutdown,
+    /// ctx server, generation-first mode: this request's gen peer is named.
+    PeerReady(ReqId),
+    /// Something concerning the server happened elsewhere (a transfer event reached one
+    /// of its ranks): a waiting rank 0 should run an iteration. Carries no data.
+    Wake,
+}

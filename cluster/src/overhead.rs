@@ -19,9 +19,9 @@ use lockstep_actors::executor::{
     BatchVote, CollectiveTag, Exchange, FetchBatch, Phase, PrefixMatches, RankExecutor,
     RankResponses, RankState, ResponsesAndStatus,
 };
-use lockstep_actors::front::IngressItem;
 use lockstep_actors::ids::RankId;
 use lockstep_actors::policy::Policy;
+use lockstep_actors::request::IngressItem;
 use lockstep_actors::request::RequestSpec;
 use lockstep_actors::vocab::PadIntent;
 use lockstep_transport::{Collective, CollectiveError, InProcessGroup, exchange};

@@ -33,10 +33,10 @@ use std::time::Duration;
 
 use lockstep_actors::config::{KvCacheConfig, ServerConfig};
 use lockstep_actors::executor::RankExecutor;
-use lockstep_actors::front::IngressItem;
 use lockstep_actors::ids::RankId;
 use lockstep_actors::invariants::InvariantKind;
 use lockstep_actors::policy::{IdlePredicate, PadPredicate, Policy};
+use lockstep_actors::request::IngressItem;
 use lockstep_actors::request::RequestSpec;
 use lockstep_cluster::report::RankEnding;
 use lockstep_cluster::runtime::device::DeviceHandle;

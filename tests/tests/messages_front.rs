@@ -5,10 +5,9 @@
 //! and `ToClient` tell it).
 
 use lockstep_actors::config::Role;
-use lockstep_actors::front::{
-    Front, FrontConfig, FrontIn, FrontOut, FrontPolicy, FrontServer, IngressItem,
-};
+use lockstep_actors::front::{Front, FrontConfig, FrontIn, FrontOut, FrontPolicy, FrontServer};
 use lockstep_actors::ids::{RankId, ReqId};
+use lockstep_actors::request::IngressItem;
 use lockstep_actors::request::RequestSpec;
 use lockstep_actors::transceiver::PeerMessage;
 use lockstep_actors::vocab::{AbortCause, Failure, Finish, KvAddress, Response, TransferFailure};

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::counts::RankCounts;
 use crate::ids::{BatchNumber, RankId, ReqId};
-use crate::request::RequestSpec;
+use crate::request::{IngressItem, RequestSpec};
 use crate::vocab::{Response, TransferEvent};
 
 /// The collectives of one iteration, in their fixed order (§3). A collective is tagged
@@ -171,6 +171,19 @@ pub struct FetchBatch {
     /// what it holds with the reason, and the server winds down.
     #[serde(default)]
     pub stalled_out: Option<String>,
+}
+
+impl FetchBatch {
+    /// Adds one item read from the ingress (every host reads it into the batch this way).
+    pub fn add(&mut self, item: IngressItem) {
+        match item {
+            IngressItem::Request(spec) => self.requests.push(spec),
+            IngressItem::Cancel(id) => self.cancellations.push(id),
+            IngressItem::Shutdown => self.shutdown = true,
+            IngressItem::PeerReady(id) => self.peers_ready.push(id),
+            IngressItem::Wake => {}
+        }
+    }
 }
 
 /// Rank 0's decision of how to read the ingress queue (§3.2).

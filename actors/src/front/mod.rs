@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Role;
 use crate::ids::{RankId, ReqId};
-use crate::request::RequestSpec;
+use crate::request::{IngressItem, RequestSpec};
 use crate::transceiver::PeerMessage;
 use crate::vocab::{AbortCause, Failure, Finish, KvAddress, Response, TransferFailure};
 
@@ -47,20 +47,35 @@ pub enum FrontPolicy {
     KvAware,
 }
 
-/// What reaches a server's rank 0 through its ingress queue.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum IngressItem {
-    /// A new request.
-    Request(RequestSpec),
-    /// Cancel a request.
-    Cancel(ReqId),
-    /// Finish the work in hand, then stop.
-    Shutdown,
-    /// ctx server, generation-first mode: this request's gen peer is named.
-    PeerReady(ReqId),
-    /// Something concerning the server happened elsewhere (a transfer event reached one
-    /// of its ranks): a waiting rank 0 should run an iteration. Carries no data.
-    Wake,
+/// One turn of the front's outputs ([`Front::take_turn`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct FrontTurn {
+    /// Per server (in server order), what its ingress gets.
+    pub ingress: BTreeMap<usize, ServerIngress>,
+    /// Generation-first notices for ctx servers (`IngressItem::PeerReady`), in order.
+    pub notices: Vec<(usize, IngressItem)>,
+    /// Messages for transceivers, in the order they were made.
+    pub to_peers: Vec<(KvAddress, PeerMessage)>,
+    /// Responses for the client, in the order they were made.
+    pub to_client: Vec<Response>,
+}
+
+/// What one server's ingress gets in one turn.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ServerIngress {
+    /// New requests (a full queue may refuse them).
+    pub requests: Vec<IngressItem>,
+    /// Cancellations and shutdowns (taken while the server runs).
+    pub control: Vec<IngressItem>,
+}
+
+impl ServerIngress {
+    /// Requests then control items, as one batch (a host whose queue never refuses).
+    pub fn into_items(self) -> Vec<IngressItem> {
+        let mut items = self.requests;
+        items.extend(self.control);
+        items
+    }
 }
 
 /// One server as the front sees it.
@@ -279,6 +294,33 @@ impl Front {
     #[must_use]
     pub fn poll_out(&mut self) -> Option<FrontOut> {
         self.out.pop_front()
+    }
+
+    /// Everything the front produced since the last turn, grouped as every host
+    /// delivers it: per server its requests, then its control items (a full queue
+    /// refuses only requests); the generation-first notices, which cross the link
+    /// between the servers (a host sends each after its server's requests, so it never
+    /// overtakes the request it concerns); the messages for transceivers; the responses
+    /// for the client. One rule for the simulator and the real front host.
+    pub fn take_turn(&mut self) -> FrontTurn {
+        let mut turn = FrontTurn::default();
+        while let Some(out) = self.out.pop_front() {
+            match out {
+                FrontOut::ToServer { server, item } => {
+                    let items = turn.ingress.entry(server).or_default();
+                    match item {
+                        IngressItem::Request(_) => items.requests.push(item),
+                        _ => items.control.push(item),
+                    }
+                }
+                FrontOut::PeerReady { ctx_server, id, .. } => {
+                    turn.notices.push((ctx_server, IngressItem::PeerReady(id)))
+                }
+                FrontOut::ToPeer { to, message } => turn.to_peers.push((to, message)),
+                FrontOut::ToClient(r) => turn.to_client.push(r),
+            }
+        }
+        turn
     }
 
     /// The one funnel for inputs other than gathered responses.

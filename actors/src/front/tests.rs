@@ -339,6 +339,56 @@ fn generation_first_names_the_gen_peer_at_arrival_and_hands_off_there() {
 }
 
 #[test]
+fn a_turn_gives_each_server_its_requests_then_its_control_items_notices_included() {
+    let mut f = Front::new(&FrontConfig {
+        policy: FrontPolicy::RoundRobin,
+        servers: vec![
+            FrontServer {
+                role: Role::Ctx,
+                generation_first: true,
+            },
+            server(Role::Gen),
+        ],
+        prefix_memory: 0,
+    });
+    f.handle(0, FrontIn::Request(RequestSpec::new(1, 100, 8)));
+    f.handle(0, FrontIn::Cancel(ReqId(1)));
+    f.handle(0, FrontIn::Request(RequestSpec::new(2, 100, 8)));
+    let turn = f.take_turn();
+    assert_eq!(turn.ingress.keys().copied().collect::<Vec<_>>(), vec![0]);
+    let ctx = &turn.ingress[&0];
+    let ids = |items: &[IngressItem]| -> Vec<String> {
+        items
+            .iter()
+            .map(|i| match i {
+                IngressItem::Request(s) => format!("request {}", s.id),
+                IngressItem::Cancel(id) => format!("cancel {id}"),
+                IngressItem::PeerReady(id) => format!("peer ready {id}"),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(ids(&ctx.requests), vec!["request 1", "request 2"]);
+    assert_eq!(ids(&ctx.control), vec!["cancel 1"]);
+    // The generation-first notices, for the ctx server, in order.
+    let notices: Vec<IngressItem> = turn
+        .notices
+        .iter()
+        .map(|(s, n)| {
+            assert_eq!(*s, 0);
+            n.clone()
+        })
+        .collect();
+    assert_eq!(ids(&notices), vec!["peer ready 1", "peer ready 2"]);
+    assert!(turn.to_client.is_empty() && turn.to_peers.is_empty());
+    assert_eq!(
+        f.take_turn(),
+        FrontTurn::default(),
+        "a turn takes everything"
+    );
+}
+
+#[test]
 fn a_cancel_goes_to_the_server_holding_the_request() {
     let mut f = front(FrontPolicy::RoundRobin, &[Role::Ctx, Role::Gen]);
     f.handle(0, FrontIn::Request(RequestSpec::new(1, 100, 8)));

@@ -23,7 +23,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use lockstep_actors::executor::{CollectiveTag, Phase, RankExecutor};
-use lockstep_actors::front::{Front, IngressItem};
+use lockstep_actors::front::Front;
+use lockstep_actors::request::IngressItem;
 use lockstep_actors::transceiver::TransceiverIn;
 use lockstep_actors::vocab::{KvAddress, Response, TransferEvent};
 use lockstep_gpu::AnalyticBackend;

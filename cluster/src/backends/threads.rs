@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, select, unbounded};
 
 use lockstep_actors::executor::RankExecutor;
-use lockstep_actors::front::{Front, IngressItem};
+use lockstep_actors::front::Front;
+use lockstep_actors::request::IngressItem;
 use lockstep_actors::transceiver::{Transceiver, TransceiverIn};
 use lockstep_actors::vocab::{KvAddress, Response, TransferEvent};
 use lockstep_gpu::AnalyticBackend;

@@ -4,12 +4,12 @@
 //! rank 0 reads what one turn produced all at once. It collects every rank's summary
 //! and returns them when every server has stopped.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use lockstep_actors::front::{Front, FrontIn, FrontOut, IngressItem};
+use lockstep_actors::front::{Front, FrontIn, ServerIngress};
+use lockstep_actors::request::IngressItem;
 use lockstep_actors::vocab::Response;
 
 use super::RuntimeError;
@@ -170,40 +170,26 @@ impl<'a> FrontHost<'a> {
     /// server cannot take fails its request (which may produce more output).
     fn flush(&mut self) {
         loop {
-            let mut batches: BTreeMap<usize, Vec<IngressItem>> = BTreeMap::new();
-            let mut for_client = Vec::new();
-            while let Some(out) = self.front.poll_out() {
-                match out {
-                    FrontOut::ToServer { server, item } => {
-                        batches.entry(server).or_default().push(item)
-                    }
-                    FrontOut::PeerReady { ctx_server, id, .. } => batches
-                        .entry(ctx_server)
-                        .or_default()
-                        .push(IngressItem::PeerReady(id)),
-                    FrontOut::ToPeer { to, message } => {
-                        if !self.stopped[to.server as usize] {
-                            // A rank that stopped has nothing left to free.
-                            let _ = self
-                                .net
-                                .send(Endpoint::Transceiver(to), Envelope::Peer(message));
-                        }
-                    }
-                    FrontOut::ToClient(r) => for_client.push(r),
+            let turn = self.front.take_turn();
+            for (to, message) in turn.to_peers {
+                if !self.stopped[to.server as usize] {
+                    // A rank that stopped has nothing left to free.
+                    let _ = self
+                        .net
+                        .send(Endpoint::Transceiver(to), Envelope::Peer(message));
                 }
             }
-            self.to_client(for_client);
-            if batches.is_empty() {
+            self.to_client(turn.to_client);
+            let mut ingress = turn.ingress;
+            for (server, notice) in turn.notices {
+                // Sent with the server's control items, after its requests.
+                ingress.entry(server).or_default().control.push(notice);
+            }
+            if ingress.is_empty() {
                 return;
             }
             let now = self.clock.now_ns();
-            for (server, items) in batches {
-                // Requests first (a queue may refuse them when full), then control items
-                // (always taken while the server runs), so a notice never overtakes the
-                // request it concerns.
-                let (requests, control): (Vec<IngressItem>, Vec<IngressItem>) = items
-                    .into_iter()
-                    .partition(|i| matches!(i, IngressItem::Request(_)));
+            for (server, ServerIngress { requests, control }) in ingress {
                 if !requests.is_empty()
                     && let Err(e) = self.send_ingress(server, requests.clone())
                 {

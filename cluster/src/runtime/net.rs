@@ -13,7 +13,7 @@ use lockstep_transport::sync::Deadline;
 use lockstep_transport::{IngressQueue, Popped};
 
 use lockstep_actors::executor::RankResponses;
-use lockstep_actors::front::IngressItem;
+use lockstep_actors::request::IngressItem;
 use lockstep_actors::transceiver::PeerMessage;
 use lockstep_actors::vocab::KvAddress;
 

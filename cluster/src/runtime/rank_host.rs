@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use lockstep_actors::executor::{
     FetchBatch, FetchMode, Input, Io, RankExecutor, RankResponses, StopReason,
 };
-use lockstep_actors::front::IngressItem;
 use lockstep_actors::invariants::Violation;
+use lockstep_actors::request::IngressItem;
 use lockstep_gpu::{AnalyticBackend, Backend};
 use lockstep_transport::{Collective, Exchanged, exchange};
 
@@ -390,7 +390,7 @@ fn read_ingress<C: Collective + ?Sized>(
             let until = bound.map_or(slice, |b| b.min(slice));
             match ingress.recv_until(Some(clock.instant(until))) {
                 Received::Message(item) => {
-                    add(&mut batch, item);
+                    batch.add(item);
                     break;
                 }
                 Received::Closed => {
@@ -413,18 +413,8 @@ fn read_ingress<C: Collective + ?Sized>(
         }
     }
     while let Some(item) = ingress.try_recv() {
-        add(&mut batch, item);
+        batch.add(item);
     }
     batch.now_ns = clock.now_ns();
     batch
-}
-
-fn add(batch: &mut FetchBatch, item: IngressItem) {
-    match item {
-        IngressItem::Request(spec) => batch.requests.push(spec),
-        IngressItem::Cancel(id) => batch.cancellations.push(id),
-        IngressItem::Shutdown => batch.shutdown = true,
-        IngressItem::PeerReady(id) => batch.peers_ready.push(id),
-        IngressItem::Wake => {}
-    }
 }

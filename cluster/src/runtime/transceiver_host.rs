@@ -6,7 +6,7 @@
 
 use crossbeam_channel::{Receiver, Sender};
 
-use lockstep_actors::front::IngressItem;
+use lockstep_actors::request::IngressItem;
 use lockstep_actors::transceiver::{
     Outgoing, PeerMessage, Transceiver, TransceiverIn, TransferStats, lost_on_the_wire,
 };

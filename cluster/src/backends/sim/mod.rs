@@ -22,9 +22,10 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::io::Write;
 use std::time::Instant;
 
-use lockstep_actors::front::{Front, FrontIn, FrontOut, IngressItem};
+use lockstep_actors::front::{Front, FrontIn};
 use lockstep_actors::group::{DeterministicTokens, TokenSource};
 use lockstep_actors::ids::RankId;
+use lockstep_actors::request::IngressItem;
 use lockstep_actors::transceiver::{Outgoing, PeerMessage, TransceiverIn, lost_on_the_wire};
 use lockstep_actors::vocab::KvAddress;
 use lockstep_actors::vocab::Response;
@@ -585,36 +586,29 @@ impl Sim<'_, '_> {
     /// batch per server.
     fn dispatch_front(&mut self) -> Result<(), SimError> {
         let now = self.now;
-        let mut batches: BTreeMap<usize, Vec<IngressItem>> = BTreeMap::new();
-        let mut for_client = Vec::new();
-        let mut notices = Vec::new();
-        while let Some(out) = self.front.poll_out() {
-            match out {
-                FrontOut::ToServer { server, item } => {
-                    batches.entry(server).or_default().push(item)
-                }
-                FrontOut::PeerReady { ctx_server, id, .. } => notices.push((ctx_server, id)),
-                FrontOut::ToPeer { to, message } => {
-                    let at = now + self.net.wire_ns(message.wire_bytes());
-                    self.push(at, Event::Peer { to, message });
-                }
-                FrontOut::ToClient(r) => for_client.push(r),
-            }
+        let turn = self.front.take_turn();
+        for (to, message) in turn.to_peers {
+            let at = now + self.net.wire_ns(message.wire_bytes());
+            self.push(at, Event::Peer { to, message });
         }
-        for (server, items) in batches {
-            self.deliver_control(Event::Ingress { server, items })?;
+        for (server, items) in turn.ingress {
+            self.deliver_control(Event::Ingress {
+                server,
+                items: items.into_items(),
+            })?;
         }
-        for (server, id) in notices {
+        for (server, notice) in turn.notices {
             // The gen peer's notice crosses the link between the servers.
             let at = now + self.net.wire_ns(0);
             self.push(
                 at,
                 Event::Ingress {
                     server,
-                    items: vec![IngressItem::PeerReady(id)],
+                    items: vec![notice],
                 },
             );
         }
+        let for_client = turn.to_client;
         for r in &for_client {
             self.answer_client(r);
         }

@@ -14,10 +14,10 @@ use std::collections::VecDeque;
 use lockstep_actors::config::Role;
 use lockstep_actors::device::{Device, DeviceIn};
 use lockstep_actors::executor::FetchBatch;
-use lockstep_actors::front::IngressItem;
 use lockstep_actors::group::{GroupError, GroupNeed, ServerGroup, TokenSource};
 use lockstep_actors::ids::BatchNumber;
 use lockstep_actors::invariants::Violation;
+use lockstep_actors::request::IngressItem;
 use lockstep_actors::transceiver::Transceiver;
 use lockstep_gpu::{AnalyticBackend, Backend};
 
@@ -177,13 +177,7 @@ impl SimServer {
             ..FetchBatch::default()
         };
         for item in self.ingress.drain(..) {
-            match item {
-                IngressItem::Request(spec) => batch.requests.push(spec),
-                IngressItem::Cancel(id) => batch.cancellations.push(id),
-                IngressItem::Shutdown => batch.shutdown = true,
-                IngressItem::PeerReady(id) => batch.peers_ready.push(id),
-                IngressItem::Wake => {}
-            }
+            batch.add(item);
         }
         self.state = ServerState::Busy;
         self.current = Some((now, 0, 0));
