@@ -564,8 +564,9 @@ fn a_model_answers_chat_completions_with_its_greedy_text() {
     let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
     let eos: Vec<u32> = model
         .config
-        .eos_token_id
-        .into_iter()
+        .eos_token_ids
+        .iter()
+        .copied()
         .chain(tokenizer.token_id("<|im_end|>"))
         .collect();
     const MAX_TOKENS: usize = 48;
@@ -716,8 +717,8 @@ fn a_models_per_request_sampling_follows_the_body() {
     );
     let model = Model::load(&dir).expect("load");
     let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
-    let prompt = tokenizer.encode("greedy please").expect("encode");
-    let eos: Vec<u32> = model.config.eos_token_id.into_iter().collect();
+    let prompt = tokenizer.encode_prompt("greedy please").expect("encode");
+    let eos: Vec<u32> = model.config.eos_token_ids.clone();
     let ids = greedy_reference(&model, &prompt, 12).expect("reference");
     let shown = match ids.iter().position(|t| eos.contains(t)) {
         Some(end) => &ids[..end],

@@ -37,7 +37,7 @@ impl ModelText {
                     ),
                 })?;
         let config = &backend.model.config;
-        let eos = tokenizer.end_of_answer_ids(config.eos_token_id);
+        let eos = tokenizer.end_of_answer_ids(&config.eos_token_ids);
         Ok(ModelText {
             defaults: backend.sampling,
             eos: Arc::new(eos),
@@ -51,10 +51,15 @@ impl ModelText {
     pub fn prompt_ids(&self, body: &[u8], endpoint: Endpoint) -> Result<Vec<u32>, ApiError> {
         let value: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::status(400, "invalid_request_error", e.to_string()))?;
+        // A plain prompt gets the special tokens the tokenizer adds (a BOS); a chat's
+        // rendered template already holds its own, so it is encoded as written.
         let encode = |param: &str, text: &str| {
-            self.tokenizer
-                .encode(text)
-                .map_err(|e| ApiError::field(param, format!("{param}: {e}")))
+            let ids = if param == "prompt" {
+                self.tokenizer.encode_prompt(text)
+            } else {
+                self.tokenizer.encode(text)
+            };
+            ids.map_err(|e| ApiError::field(param, format!("{param}: {e}")))
         };
         match endpoint {
             Endpoint::Completions => match value.get("prompt") {
