@@ -107,6 +107,11 @@ impl ModelText {
         }
     }
 
+    /// The model's positions (`max_position_embeddings`).
+    pub fn max_positions(&self) -> u32 {
+        self.max_positions
+    }
+
     /// A request the model's positions cannot hold is refused, naming both numbers.
     pub fn check_length(&self, prompt: u32, max_tokens: u32, param: &str) -> Result<(), ApiError> {
         if u64::from(prompt) + u64::from(max_tokens) > u64::from(self.max_positions) {
