@@ -745,7 +745,8 @@ fn a_models_per_request_sampling_follows_the_body() {
 /// `serve --model`: a chat without `max_tokens` runs to the end of the model's context
 /// (vLLM's default); `ignore_eos` passes over the end of sequence, so the answer is the
 /// greedy reference to the last position; fields lockstep does not implement are a 400
-/// naming them, not a 200 that ignores them.
+/// naming them, not a 200 that ignores them; `/v1/models` gives `max_model_len` and
+/// `root`, and `/ping` and `/version` answer.
 #[test]
 fn a_models_chat_defaults_to_its_context_and_unimplemented_fields_are_refused() {
     use lockstep_gpu::model::{InitOptions, Model, TextTokenizer, greedy_reference};
@@ -782,6 +783,17 @@ fn a_models_chat_defaults_to_its_context_and_unimplemented_fields_are_refused() 
     let left = POSITIONS - prompt.len();
     let dir_arg = dir.to_string_lossy().into_owned();
     let s = Server::start("model/agg-tiny.toml", &["--model", &dir_arg]);
+    // vLLM's routes: /v1/models names the context and the directory; /ping, /version.
+    let (code, models) = get(&s.url("/v1/models"));
+    assert_eq!(code, 200, "{models}");
+    let served = &json_of(&models)["data"][0];
+    assert_eq!(served["max_model_len"], POSITIONS, "{models}");
+    assert_eq!(served["root"], dir_arg.as_str(), "{models}");
+    assert_eq!(get(&s.url("/ping")).0, 200);
+    assert_eq!(post(&s.url("/ping"), "", None).0, 200);
+    let (code, version) = get(&s.url("/version"));
+    assert_eq!(code, 200);
+    assert_eq!(json_of(&version)["version"], env!("CARGO_PKG_VERSION"));
     let chat = |extra: Value| {
         let mut body = json!({"messages": [{"role": "user", "content": message.as_str()}]});
         for (k, v) in extra.as_object().expect("an object") {

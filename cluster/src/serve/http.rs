@@ -1,4 +1,5 @@
-//! The actix-web application: the OpenAI routes, `/v1/models`, `/health`, `/metrics`;
+//! The actix-web application: the OpenAI routes, `/v1/models`, `/health`, `/ping`,
+//! `/version`, `/metrics`;
 //! the API key, the body limit, and server-sent events.
 
 use std::sync::Arc;
@@ -57,6 +58,10 @@ pub struct AppState {
 /// The routes.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/health", web::get().to(health))
+        // vLLM's liveness route (SageMaker's `/ping`, GET or POST) and its version.
+        .route("/ping", web::get().to(health))
+        .route("/ping", web::post().to(health))
+        .route("/version", web::get().to(version))
         .route("/metrics", web::get().to(metrics))
         .route("/v1/models", web::get().to(models))
         .route("/v1/completions", web::post().to(completions))
@@ -217,6 +222,10 @@ async fn health() -> HttpResponse {
     HttpResponse::Ok().finish()
 }
 
+async fn version() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
 async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
@@ -227,6 +236,15 @@ async fn models(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     if let Err(e) = authorized(&req, &state) {
         return error(&e);
     }
+    // As vLLM: `root` is what is served (the model directory), `max_model_len` its
+    // context (null without a model: the fleet's limits are per server, not one number).
+    let (root, max_model_len) = match &state.text {
+        Some(text) => (
+            text.root().display().to_string(),
+            Some(text.max_positions()),
+        ),
+        None => (state.model.clone(), None),
+    };
     HttpResponse::Ok().json(json!({
         "object": "list",
         "data": [{
@@ -234,6 +252,9 @@ async fn models(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
             "object": "model",
             "created": state.created,
             "owned_by": "lockstep",
+            "root": root,
+            "parent": null,
+            "max_model_len": max_model_len,
         }],
     }))
 }

@@ -13,6 +13,8 @@ use crate::model_backend::{ModelBackend, ModelBackendError};
 
 /// The served model's text rules.
 pub struct ModelText {
+    /// The model directory (`/v1/models`' `root`).
+    dir: std::path::PathBuf,
     tokenizer: Arc<TextTokenizer>,
     vocab: u32,
     max_positions: u32,
@@ -39,6 +41,7 @@ impl ModelText {
         let config = &backend.model.config;
         let eos = tokenizer.end_of_answer_ids(&config.eos_token_ids);
         Ok(ModelText {
+            dir: backend.dir.clone(),
             defaults: backend.sampling,
             eos: Arc::new(eos),
             tokenizer,
@@ -105,6 +108,11 @@ impl ModelText {
                 encode("messages", &prompt)
             }
         }
+    }
+
+    /// The model directory served.
+    pub fn root(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// The model's positions (`max_position_embeddings`).
