@@ -256,6 +256,58 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A text prompt gets the BOS the tokenizer's post-processor adds; a chat, rendered
+    /// by a template that writes its own BOS, gets no second one; token ids stay as given.
+    #[test]
+    fn a_text_prompt_gets_the_tokenizers_bos_and_a_chat_only_its_templates() {
+        let dir =
+            std::env::temp_dir().join(format!("lockstep-model-text-bos-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_random_model(&dir, &InitOptions::default()).expect("init");
+        let bos = "<|endoftext|>";
+        let path = dir.join("tokenizer.json");
+        let mut tokenizer: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+        tokenizer["post_processor"] = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos: {"id": bos, "ids": [256], "tokens": [bos]}},
+        });
+        std::fs::write(&path, tokenizer.to_string()).expect("write");
+        std::fs::write(
+            dir.join("chat_template.jinja"),
+            "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        )
+        .expect("a template");
+        let mut config: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("tokenizer_config.json")).expect("read"),
+        )
+        .expect("json");
+        config["bos_token"] = bos.into();
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write");
+        let backend = ModelBackend::load(&dir, SamplingParams::default(), 0).expect("load");
+        let text = ModelText::new(&backend).expect("a tokenizer");
+        let plain = text.tokenizer.encode("hi").expect("encode");
+        let ids = text
+            .prompt_ids(br#"{"prompt": "hi"}"#, Endpoint::Completions)
+            .expect("a prompt");
+        assert_eq!(ids[0], 256, "{ids:?}");
+        assert_eq!(&ids[1..], &plain[..]);
+        let chat = text
+            .prompt_ids(
+                br#"{"messages": [{"role": "user", "content": "hi"}]}"#,
+                Endpoint::Chat,
+            )
+            .expect("a chat");
+        assert_eq!(chat, ids, "one BOS, the template's");
+        let given = text
+            .prompt_ids(br#"{"prompt": [5, 6]}"#, Endpoint::Completions)
+            .expect("ids");
+        assert_eq!(given, vec![5, 6]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn decoding_token_by_token_holds_back_split_characters_and_adds_up_to_the_whole() {
         let (text, dir) = text_rules("decode");
