@@ -275,14 +275,14 @@ fn generate(
     let model = load(dir)?;
     let tokenizer = TextTokenizer::load(dir)?;
     let mut sampler = Sampler::new(params)?;
-    let text = if chat {
-        tokenizer.chat_prompt(prompt)?
+    // A chat's template writes its own BOS; a plain prompt gets the tokenizer's.
+    let prompt_ids = if chat {
+        tokenizer.encode(&tokenizer.chat_prompt(prompt)?)?
     } else {
-        prompt.to_string()
+        tokenizer.encode_prompt(prompt)?
     };
-    let prompt_ids = tokenizer.encode(&text)?;
     anyhow::ensure!(!prompt_ids.is_empty(), "the prompt encodes to no tokens");
-    let stop = tokenizer.end_of_answer_ids(model.config.eos_token_id);
+    let stop = tokenizer.end_of_answer_ids(&model.config.eos_token_ids);
     let capacity = prompt_ids.len() + max_tokens;
     let num_blocks = capacity.div_ceil(tokens_per_block);
     let mut cache = model.paged_cache(num_blocks, tokens_per_block)?;

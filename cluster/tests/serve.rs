@@ -564,8 +564,9 @@ fn a_model_answers_chat_completions_with_its_greedy_text() {
     let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
     let eos: Vec<u32> = model
         .config
-        .eos_token_id
-        .into_iter()
+        .eos_token_ids
+        .iter()
+        .copied()
         .chain(tokenizer.token_id("<|im_end|>"))
         .collect();
     const MAX_TOKENS: usize = 48;
@@ -716,8 +717,8 @@ fn a_models_per_request_sampling_follows_the_body() {
     );
     let model = Model::load(&dir).expect("load");
     let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
-    let prompt = tokenizer.encode("greedy please").expect("encode");
-    let eos: Vec<u32> = model.config.eos_token_id.into_iter().collect();
+    let prompt = tokenizer.encode_prompt("greedy please").expect("encode");
+    let eos: Vec<u32> = model.config.eos_token_ids.clone();
     let ids = greedy_reference(&model, &prompt, 12).expect("reference");
     let shown = match ids.iter().position(|t| eos.contains(t)) {
         Some(end) => &ids[..end],
@@ -735,6 +736,103 @@ fn a_models_per_request_sampling_follows_the_body() {
         let body = json!({"prompt": "x", field: value}).to_string();
         let (code, err) = post(&s.url("/v1/completions"), &body, None);
         assert_eq!(code, 400, "{err}");
+        assert_eq!(json_of(&err)["error"]["param"], field, "{err}");
+    }
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `serve --model`: a chat without `max_tokens` runs to the end of the model's context
+/// (vLLM's default); `ignore_eos` passes over the end of sequence, so the answer is the
+/// greedy reference to the last position; fields lockstep does not implement are a 400
+/// naming them, not a 200 that ignores them; `/v1/models` gives `max_model_len` and
+/// `root`, and `/ping` and `/version` answer.
+#[test]
+fn a_models_chat_defaults_to_its_context_and_unimplemented_fields_are_refused() {
+    use lockstep_gpu::model::{InitOptions, Model, TextTokenizer, greedy_reference};
+    const POSITIONS: usize = 64;
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-fields-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
+    let config_path = dir.join("config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).expect("config")).unwrap();
+    config["max_position_embeddings"] = POSITIONS.into();
+    std::fs::write(&config_path, config.to_string()).expect("write config");
+    let model = Model::load(&dir).expect("load");
+    let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
+    let ends: Vec<u32> = tokenizer.end_of_answer_ids(&model.config.eos_token_ids);
+    // A message whose greedy answer reaches an end of sequence before the context ends,
+    // so that ignore_eos has something to pass over.
+    let (message, prompt, ids) = (0..40)
+        .find_map(|i| {
+            let message = format!("Question {i}: what is the paged KV cache?");
+            let prompt = tokenizer
+                .encode(
+                    &tokenizer
+                        .chat_prompt_messages(&[("user".into(), message.clone())])
+                        .expect("the chat template"),
+                )
+                .expect("encode");
+            let ids =
+                greedy_reference(&model, &prompt, POSITIONS - prompt.len()).expect("reference");
+            let end = ids.iter().position(|t| ends.contains(t))?;
+            (end + 1 < ids.len()).then_some((message, prompt, ids))
+        })
+        .expect("some greedy answer ends early");
+    let left = POSITIONS - prompt.len();
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let s = Server::start("model/agg-tiny.toml", &["--model", &dir_arg]);
+    // vLLM's routes: /v1/models names the context and the directory; /ping, /version.
+    let (code, models) = get(&s.url("/v1/models"));
+    assert_eq!(code, 200, "{models}");
+    let served = &json_of(&models)["data"][0];
+    assert_eq!(served["max_model_len"], POSITIONS, "{models}");
+    assert_eq!(served["root"], dir_arg.as_str(), "{models}");
+    assert_eq!(get(&s.url("/ping")).0, 200);
+    assert_eq!(post(&s.url("/ping"), "", None).0, 200);
+    let (code, version) = get(&s.url("/version"));
+    assert_eq!(code, 200);
+    assert_eq!(json_of(&version)["version"], env!("CARGO_PKG_VERSION"));
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": message.as_str()}]});
+        for (k, v) in extra.as_object().expect("an object") {
+            body[k] = v.clone();
+        }
+        post(&s.url("/v1/chat/completions"), &body.to_string(), None)
+    };
+    let (code, answer) = chat(json!({"ignore_eos": true}));
+    assert_eq!(code, 200, "{answer}");
+    let v = json_of(&answer);
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{answer}");
+    assert_eq!(v["usage"]["prompt_tokens"], prompt.len());
+    assert_eq!(v["usage"]["completion_tokens"], left, "{answer}");
+    // (A last byte-level token that ends inside a character is held back, as ever.)
+    let expected = tokenizer.decode(&ids).expect("decode");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        expected.trim_end_matches('\u{FFFD}')
+    );
+    // Without ignore_eos the same request ends at the end of sequence.
+    let (code, answer) = chat(json!({}));
+    assert_eq!(code, 200, "{answer}");
+    let v = json_of(&answer);
+    let end = ids.iter().position(|t| ends.contains(t)).expect("an end");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{answer}");
+    assert_eq!(v["usage"]["completion_tokens"], end + 1, "{answer}");
+    for (field, value) in [
+        ("logprobs", json!(true)),
+        ("top_logprobs", json!(2)),
+        (
+            "tools",
+            json!([{"type": "function", "function": {"name": "f"}}]),
+        ),
+        ("response_format", json!({"type": "json_object"})),
+        ("frequency_penalty", json!(0.5)),
+        ("min_tokens", json!(3)),
+    ] {
+        let (code, err) = chat(json!({ field: value }));
+        assert_eq!(code, 400, "{field}: {err}");
         assert_eq!(json_of(&err)["error"]["param"], field, "{err}");
     }
     drop(s);

@@ -14,8 +14,15 @@
 //! - `temperature` (0 or more), `top_p` (in (0, 1]), `top_k` (-1 or more) and `seed`
 //!   are checked; a model backend (`--model`) samples by them, the server's
 //!   `--temperature`, `--top-p`, `--top-k` and `--seed` standing in for any not given;
-//!   the zero-cost and analytic backends do not sample. `presence_penalty`,
-//!   `frequency_penalty`, `logit_bias`, `user` are type-checked and otherwise ignored;
+//!   the zero-cost and analytic backends do not sample. `user` is type-checked and
+//!   otherwise ignored;
+//! - a field lockstep does not implement is refused (400 naming it) rather than
+//!   answered as if it were not there: `logprobs`, `top_logprobs`, `echo`, a non-empty
+//!   `logit_bias`, non-zero `presence_penalty`/`frequency_penalty`, `repetition_penalty`
+//!   other than 1, `response_format` other than text, `tools`/`functions`, `tool_choice`
+//!   that asks for a tool, `suffix`, `best_of` above 1, `n` above 1, `min_tokens` above
+//!   0 (it needs the end ids masked in the sampler); `ignore_eos` is implemented (the end
+//!   of sequence no longer ends the answer);
 //! - with `--model` the model's tokenizer replaces the word rules: the prompt is its
 //!   token ids (a chat in the model's chat format), the output its decoded text, and the
 //!   model's end of sequence ends an answer with `finish_reason: "stop"`
@@ -80,6 +87,11 @@ pub struct Parsed {
     pub stop: Vec<String>,
     /// The sampling fields the body gave (a model backend uses them; `None`: not given).
     pub sampling: SamplingFields,
+    /// Whether the body gave `max_tokens` (or `max_completion_tokens`): a model's chat
+    /// without one runs to the end of the context, as vLLM's does.
+    pub max_tokens_given: bool,
+    /// `ignore_eos`: the model's end of sequence does not end the answer.
+    pub ignore_eos: bool,
 }
 
 /// `temperature`, `top_p`, `top_k` and `seed` as the body gave them, each checked.
@@ -372,11 +384,20 @@ pub fn parse(
     }
     // Used by a model backend only, but always checked.
     let sampling = sampling_fields(obj)?;
+    refuse_unimplemented(obj)?;
+    let ignore_eos = match obj.get("ignore_eos") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(ApiError::field(
+                "ignore_eos",
+                format!("ignore_eos must be a boolean, got {}", short(v)),
+            ));
+        }
+    };
     // Accepted and ignored, but of the right type.
     for (field, ok) in [
-        ("presence_penalty", Value::is_number as fn(&Value) -> bool),
-        ("frequency_penalty", Value::is_number),
-        ("user", Value::is_string),
+        ("user", Value::is_string as fn(&Value) -> bool),
         ("logit_bias", Value::is_object),
     ] {
         if let Some(v) = obj.get(field)
@@ -399,7 +420,103 @@ pub fn parse(
         include_usage,
         stop,
         sampling,
+        max_tokens_given: obj.get(max_param).is_some_and(|v| !v.is_null()),
+        ignore_eos,
     })
+}
+
+/// Refuses the fields lockstep does not implement when they ask for something (their
+/// defaults pass): answering as if they were absent would be a silent wrong 200.
+fn refuse_unimplemented(obj: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    let given = |k: &str| obj.get(k).filter(|v| !v.is_null());
+    let refuse = |field: &str, v: &Value, why: &str| {
+        Err(ApiError::field(
+            field,
+            format!("{field} {} is not supported by lockstep: {why}", short(v)),
+        ))
+    };
+    if let Some(v) = given("logprobs")
+        && v != &Value::Bool(false)
+    {
+        return refuse("logprobs", v, "no log-probabilities are returned");
+    }
+    if let Some(v) = given("top_logprobs")
+        && v.as_u64() != Some(0)
+    {
+        return refuse("top_logprobs", v, "no log-probabilities are returned");
+    }
+    if let Some(v) = given("echo")
+        && v != &Value::Bool(false)
+    {
+        return refuse("echo", v, "the prompt is not echoed");
+    }
+    if let Some(v) = given("logit_bias")
+        && v.as_object().is_some_and(|m| !m.is_empty())
+    {
+        return refuse("logit_bias", v, "the sampler applies no logit bias");
+    }
+    for (field, neutral) in [
+        ("presence_penalty", 0.0),
+        ("frequency_penalty", 0.0),
+        ("repetition_penalty", 1.0),
+    ] {
+        if let Some(v) = given(field) {
+            match v.as_f64() {
+                Some(x) if x == neutral => {}
+                Some(_) => return refuse(field, v, "the sampler applies no penalties"),
+                None => {
+                    return Err(ApiError::field(
+                        field,
+                        format!("{field} must be a number, got {}", short(v)),
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(v) = given("response_format")
+        && v.get("type").and_then(Value::as_str) != Some("text")
+    {
+        return refuse(
+            "response_format",
+            v,
+            "only {\"type\": \"text\"} is produced",
+        );
+    }
+    for field in ["tools", "functions"] {
+        if let Some(v) = given(field)
+            && v.as_array().is_none_or(|a| !a.is_empty())
+        {
+            return refuse(field, v, "tool calls are not implemented");
+        }
+    }
+    // With no tools given, "auto" and "none" both mean plain text.
+    for field in ["tool_choice", "function_call"] {
+        if let Some(v) = given(field)
+            && !(v == "none" || v == "auto")
+        {
+            return refuse(field, v, "tool calls are not implemented");
+        }
+    }
+    if let Some(v) = given("suffix")
+        && v.as_str() != Some("")
+    {
+        return refuse("suffix", v, "insertion after a suffix is not implemented");
+    }
+    if let Some(v) = given("best_of")
+        && v.as_u64() != Some(1)
+    {
+        return refuse("best_of", v, "one sequence is generated per request");
+    }
+    if let Some(v) = given("min_tokens")
+        && v.as_u64() != Some(0)
+    {
+        return refuse(
+            "min_tokens",
+            v,
+            "the sampler cannot mask the end of sequence before it",
+        );
+    }
+    Ok(())
 }
 
 /// The field a prompt comes in.
@@ -599,6 +716,70 @@ mod tests {
 
     fn p(body: &str, e: Endpoint) -> Result<Parsed, ApiError> {
         parse(body.as_bytes(), e, "m", 100, 2)
+    }
+
+    #[test]
+    fn fields_lockstep_does_not_implement_are_refused_naming_them() {
+        let refused = [
+            (r#""logprobs": 2"#, "logprobs"),
+            (r#""logprobs": true"#, "logprobs"),
+            (r#""top_logprobs": 3"#, "top_logprobs"),
+            (r#""echo": true"#, "echo"),
+            (r#""logit_bias": {"5": 10}"#, "logit_bias"),
+            (r#""frequency_penalty": 0.5"#, "frequency_penalty"),
+            (r#""presence_penalty": -1"#, "presence_penalty"),
+            (r#""repetition_penalty": 1.2"#, "repetition_penalty"),
+            (
+                r#""response_format": {"type": "json_object"}"#,
+                "response_format",
+            ),
+            (
+                r#""tools": [{"type": "function", "function": {"name": "f"}}]"#,
+                "tools",
+            ),
+            (r#""tool_choice": "required""#, "tool_choice"),
+            (r#""suffix": "end""#, "suffix"),
+            (r#""best_of": 3"#, "best_of"),
+            (r#""n": 2"#, "n"),
+            (r#""min_tokens": 4"#, "min_tokens"),
+        ];
+        for (field, name) in refused {
+            let body = format!(r#"{{"prompt": "a b", {field}}}"#);
+            let e = p(&body, Endpoint::Completions).expect_err(field);
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(name)), "{field}");
+            assert!(e.message.starts_with(name), "{field}: {}", e.message);
+        }
+        // Their defaults pass: a client that sends them spelled out is served.
+        let neutral = r#"{"prompt": "a b", "logprobs": null, "top_logprobs": 0, "echo": false,
+            "logit_bias": {}, "frequency_penalty": 0, "presence_penalty": 0.0,
+            "repetition_penalty": 1, "response_format": {"type": "text"}, "tools": [],
+            "tool_choice": "auto", "suffix": "", "best_of": 1, "n": 1, "min_tokens": 0}"#;
+        let parsed = p(neutral, Endpoint::Completions).expect("the defaults pass");
+        assert!(!parsed.ignore_eos && !parsed.max_tokens_given);
+        let e = p(
+            r#"{"prompt": "a", "frequency_penalty": "x"}"#,
+            Endpoint::Completions,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("frequency_penalty"));
+    }
+
+    #[test]
+    fn ignore_eos_and_whether_max_tokens_was_given_are_read() {
+        let c = p(
+            r#"{"messages": [{"role": "user", "content": "x"}], "ignore_eos": true}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert!(c.ignore_eos && !c.max_tokens_given);
+        let c = p(
+            r#"{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 3}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert!(!c.ignore_eos && c.max_tokens_given);
+        let e = p(r#"{"prompt": "a", "ignore_eos": 1}"#, Endpoint::Completions).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("ignore_eos"));
     }
 
     #[test]

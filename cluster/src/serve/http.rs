@@ -1,4 +1,5 @@
-//! The actix-web application: the OpenAI routes, `/v1/models`, `/health`, `/metrics`;
+//! The actix-web application: the OpenAI routes, `/v1/models`, `/health`, `/ping`,
+//! `/version`, `/metrics`;
 //! the API key, the body limit, and server-sent events.
 
 use std::sync::Arc;
@@ -57,6 +58,10 @@ pub struct AppState {
 /// The routes.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/health", web::get().to(health))
+        // vLLM's liveness route (SageMaker's `/ping`, GET or POST) and its version.
+        .route("/ping", web::get().to(health))
+        .route("/ping", web::post().to(health))
+        .route("/version", web::get().to(version))
         .route("/metrics", web::get().to(metrics))
         .route("/v1/models", web::get().to(models))
         .route("/v1/completions", web::post().to(completions))
@@ -217,6 +222,10 @@ async fn health() -> HttpResponse {
     HttpResponse::Ok().finish()
 }
 
+async fn version() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
 async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
@@ -227,6 +236,15 @@ async fn models(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     if let Err(e) = authorized(&req, &state) {
         return error(&e);
     }
+    // As vLLM: `root` is what is served (the model directory), `max_model_len` its
+    // context (null without a model: the fleet's limits are per server, not one number).
+    let (root, max_model_len) = match &state.text {
+        Some(text) => (
+            text.root().display().to_string(),
+            Some(text.max_positions()),
+        ),
+        None => (state.model.clone(), None),
+    };
     HttpResponse::Ok().json(json!({
         "object": "list",
         "data": [{
@@ -234,6 +252,9 @@ async fn models(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
             "object": "model",
             "created": state.created,
             "owned_by": "lockstep",
+            "root": root,
+            "parent": null,
+            "max_model_len": max_model_len,
         }],
     }))
 }
@@ -410,11 +431,49 @@ fn model_prompt(
 ) -> Result<Vec<u32>, ApiError> {
     let ids = text.prompt_ids(body, endpoint)?;
     api::check_prompt_tokens(endpoint, ids.len(), state.max_prompt_tokens)?;
-    text.check_length(ids.len() as u32, parsed.max_tokens, parsed.max_tokens_param)?;
     parsed.prompt_tokens = ids.len() as u32;
+    if endpoint == Endpoint::Chat && !parsed.max_tokens_given {
+        // vLLM's default: what the context leaves after the prompt (here also what the
+        // fleet's KV can hold), rather than OpenAI's 16 for completions.
+        parsed.max_tokens = context_left(state, parsed, text.max_positions());
+    }
+    text.check_length(ids.len() as u32, parsed.max_tokens, parsed.max_tokens_param)?;
     let keys: Vec<u64> = ids.iter().map(|&t| u64::from(t)).collect();
     parsed.block_hashes = api::block_hashes(&keys, state.tokens_per_block);
     Ok(ids)
+}
+
+/// The most output tokens a request of `parsed.prompt_tokens` can ask for: the model's
+/// positions left after the prompt, and no more than some server of the fleet takes
+/// (the refusal grows with `max_new_tokens`, so a bisection finds the edge). At least 1,
+/// so that a prompt that fills the context is refused by the length check naming it.
+fn context_left(state: &AppState, parsed: &Parsed, max_positions: u32) -> u32 {
+    let positions_left = max_positions
+        .saturating_sub(parsed.prompt_tokens)
+        .clamp(1, api::MAX_TOKENS_LIMIT);
+    let fits = |max_new_tokens| {
+        state
+            .shapes
+            .refusal(RequestShape {
+                prompt_len: parsed.prompt_tokens,
+                max_new_tokens,
+                draft_len: 0,
+            })
+            .is_none()
+    };
+    if fits(positions_left) || !fits(1) {
+        return positions_left;
+    }
+    let (mut ok, mut too_many) = (1, positions_left);
+    while too_many - ok > 1 {
+        let mid = ok + (too_many - ok) / 2;
+        if fits(mid) {
+            ok = mid;
+        } else {
+            too_many = mid;
+        }
+    }
+    ok
 }
 
 /// What every answer of one request repeats.
@@ -435,7 +494,7 @@ impl Shape {
     /// counted, not shown).
     fn release(&mut self, watch: &mut StopWatch, last: u32, count: u32, before: u32) -> Released {
         match &mut self.decoder {
-            Some(d) if d.is_eos(last) => watch.end_of_sequence(),
+            Some(d) if d.is_eos(last) && !self.parsed.ignore_eos => watch.end_of_sequence(),
             Some(d) => watch.push(&d.push(last)),
             None => watch.push(&api::render(last, count, before)),
         }

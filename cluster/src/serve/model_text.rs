@@ -13,6 +13,8 @@ use crate::model_backend::{ModelBackend, ModelBackendError};
 
 /// The served model's text rules.
 pub struct ModelText {
+    /// The model directory (`/v1/models`' `root`).
+    dir: std::path::PathBuf,
     tokenizer: Arc<TextTokenizer>,
     vocab: u32,
     max_positions: u32,
@@ -37,8 +39,9 @@ impl ModelText {
                     ),
                 })?;
         let config = &backend.model.config;
-        let eos = tokenizer.end_of_answer_ids(config.eos_token_id);
+        let eos = tokenizer.end_of_answer_ids(&config.eos_token_ids);
         Ok(ModelText {
+            dir: backend.dir.clone(),
             defaults: backend.sampling,
             eos: Arc::new(eos),
             tokenizer,
@@ -51,10 +54,15 @@ impl ModelText {
     pub fn prompt_ids(&self, body: &[u8], endpoint: Endpoint) -> Result<Vec<u32>, ApiError> {
         let value: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::status(400, "invalid_request_error", e.to_string()))?;
+        // A plain prompt gets the special tokens the tokenizer adds (a BOS); a chat's
+        // rendered template already holds its own, so it is encoded as written.
         let encode = |param: &str, text: &str| {
-            self.tokenizer
-                .encode(text)
-                .map_err(|e| ApiError::field(param, format!("{param}: {e}")))
+            let ids = if param == "prompt" {
+                self.tokenizer.encode_prompt(text)
+            } else {
+                self.tokenizer.encode(text)
+            };
+            ids.map_err(|e| ApiError::field(param, format!("{param}: {e}")))
         };
         match endpoint {
             Endpoint::Completions => match value.get("prompt") {
@@ -100,6 +108,16 @@ impl ModelText {
                 encode("messages", &prompt)
             }
         }
+    }
+
+    /// The model directory served.
+    pub fn root(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// The model's positions (`max_position_embeddings`).
+    pub fn max_positions(&self) -> u32 {
+        self.max_positions
     }
 
     /// A request the model's positions cannot hold is refused, naming both numbers.
@@ -235,6 +253,58 @@ mod tests {
             )
             .expect("the template renders");
         assert_eq!(ids, text.tokenizer.encode("hi").expect("encode"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A text prompt gets the BOS the tokenizer's post-processor adds; a chat, rendered
+    /// by a template that writes its own BOS, gets no second one; token ids stay as given.
+    #[test]
+    fn a_text_prompt_gets_the_tokenizers_bos_and_a_chat_only_its_templates() {
+        let dir =
+            std::env::temp_dir().join(format!("lockstep-model-text-bos-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_random_model(&dir, &InitOptions::default()).expect("init");
+        let bos = "<|endoftext|>";
+        let path = dir.join("tokenizer.json");
+        let mut tokenizer: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+        tokenizer["post_processor"] = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos: {"id": bos, "ids": [256], "tokens": [bos]}},
+        });
+        std::fs::write(&path, tokenizer.to_string()).expect("write");
+        std::fs::write(
+            dir.join("chat_template.jinja"),
+            "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        )
+        .expect("a template");
+        let mut config: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("tokenizer_config.json")).expect("read"),
+        )
+        .expect("json");
+        config["bos_token"] = bos.into();
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write");
+        let backend = ModelBackend::load(&dir, SamplingParams::default(), 0).expect("load");
+        let text = ModelText::new(&backend).expect("a tokenizer");
+        let plain = text.tokenizer.encode("hi").expect("encode");
+        let ids = text
+            .prompt_ids(br#"{"prompt": "hi"}"#, Endpoint::Completions)
+            .expect("a prompt");
+        assert_eq!(ids[0], 256, "{ids:?}");
+        assert_eq!(&ids[1..], &plain[..]);
+        let chat = text
+            .prompt_ids(
+                br#"{"messages": [{"role": "user", "content": "hi"}]}"#,
+                Endpoint::Chat,
+            )
+            .expect("a chat");
+        assert_eq!(chat, ids, "one BOS, the template's");
+        let given = text
+            .prompt_ids(br#"{"prompt": [5, 6]}"#, Endpoint::Completions)
+            .expect("ids");
+        assert_eq!(given, vec![5, 6]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

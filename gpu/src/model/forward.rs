@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor};
 
 use super::Model;
 use super::error::{ModelError, Result};
-use super::ops::{RotaryAngles, attention, rms_norm, swiglu};
+use super::ops::{RotaryAngles, attention, gated_mlp, rms_norm};
 use super::paged_kv::PagedKvCache;
 
 /// One request's share of a forward.
@@ -126,7 +126,7 @@ pub(crate) fn forward_with(
         let attended = Tensor::cat(&outputs, 0)?;
         x = (x + layer.o_proj.forward(&attended)?)?;
         let h = rms_norm(&x, &layer.post_attention_layernorm, config.rms_norm_eps)?;
-        x = (x + swiglu(&h, layer)?)?;
+        x = (x + gated_mlp(&h, layer, config.hidden_act)?)?;
     }
     // Only each entry's last position is sampled from: the LM head (the widest matmul)
     // runs on those rows alone.

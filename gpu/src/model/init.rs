@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use super::config::{Architecture, ModelConfig};
+use super::config::{Activation, Architecture, GenerationDefaults, ModelConfig};
 use super::error::{ModelError, Result};
 use super::rope::RopeScaling;
 
@@ -126,10 +126,13 @@ pub fn write_random_model(dir: &Path, options: &InitOptions) -> Result<ModelConf
         tie_word_embeddings: false,
         max_position_embeddings: 4096,
         attention_bias: options.architecture == Architecture::Qwen2,
-        eos_token_id: Some(256),
+        mlp_bias: false,
+        hidden_act: Activation::Silu,
+        eos_token_ids: vec![256],
+        generation: GenerationDefaults::default(),
     };
     write(&config_path, config.to_json().as_bytes())?;
-    write_weights(&dir.join("model.safetensors"), &config, options.seed)?;
+    write_random_weights(dir, &config, options.seed)?;
     write(
         &dir.join("tokenizer.json"),
         tokenizer_json(options.vocab).as_bytes(),
@@ -157,6 +160,12 @@ fn write(path: &Path, bytes: &[u8]) -> Result<()> {
 /// standard deviation of `1 / sqrt(fan_in)`, which keeps activations of order one
 /// through the layers; norm scales sit near one so that a forward which skipped one
 /// would still differ from one that applies it.
+/// Writes seeded weights for `config` to `DIR/model.safetensors`: every tensor the config
+/// asks for, biases included (a test edits `config.json`, then rewrites the weights).
+pub fn write_random_weights(dir: &Path, config: &ModelConfig, seed: u64) -> Result<()> {
+    write_weights(&dir.join("model.safetensors"), config, seed)
+}
+
 fn write_weights(path: &Path, config: &ModelConfig, seed: u64) -> Result<()> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
@@ -213,6 +222,14 @@ fn write_weights(path: &Path, config: &ModelConfig, seed: u64) -> Result<()> {
             0.0,
             spread(q),
         );
+        if config.o_proj_bias() {
+            add(format!("{p}.self_attn.o_proj.bias"), vec![h], 0.0, 0.5);
+        }
+        if config.mlp_bias {
+            add(format!("{p}.mlp.gate_proj.bias"), vec![i], 0.0, 0.5);
+            add(format!("{p}.mlp.up_proj.bias"), vec![i], 0.0, 0.5);
+            add(format!("{p}.mlp.down_proj.bias"), vec![h], 0.0, 0.5);
+        }
         add(
             format!("{p}.post_attention_layernorm.weight"),
             vec![h],

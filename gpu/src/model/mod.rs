@@ -22,11 +22,11 @@ mod weights;
 use std::path::Path;
 
 pub use chat_template::ChatTemplate;
-pub use config::{Architecture, ModelConfig};
+pub use config::{Activation, Architecture, GenerationDefaults, ModelConfig};
 pub use dense::{DenseSequence, forward_dense, greedy_reference};
 pub use error::{ModelError, Result};
 pub use forward::{BatchEntry, forward_paged};
-pub use init::{InitOptions, write_random_model};
+pub use init::{InitOptions, write_random_model, write_random_weights};
 pub use paged_kv::{PagedKvCache, PagedKvGeometry};
 pub use rope::RopeScaling;
 pub use sampling::{Sampler, SamplingParams, argmax};

@@ -1,9 +1,10 @@
 //! The transformer's arithmetic, shared by the paged and the dense forward so that the
 //! two differ only in where K/V live: RMSNorm, rotary embeddings, grouped-query
-//! attention with a causal mask, and the SwiGLU MLP.
+//! attention with a causal mask, and the gated MLP.
 
 use candle_core::{D, Device, Tensor};
 
+use super::config::Activation;
 use super::error::Result;
 use super::weights::LayerWeights;
 
@@ -113,9 +114,14 @@ pub(crate) fn attention(
         .reshape((n, heads * head_dim))?)
 }
 
-/// The SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
-pub(crate) fn swiglu(x: &Tensor, layer: &LayerWeights) -> Result<Tensor> {
-    let gate = layer.gate_proj.forward(x)?.silu()?;
+/// The gated MLP: `down(act(gate(x)) * up(x))`, `act` SiLU (SwiGLU) or a GELU.
+pub(crate) fn gated_mlp(x: &Tensor, layer: &LayerWeights, act: Activation) -> Result<Tensor> {
+    let gate = layer.gate_proj.forward(x)?;
+    let gate = match act {
+        Activation::Silu => gate.silu()?,
+        Activation::Gelu => gate.gelu_erf()?,
+        Activation::GeluTanh => gate.gelu()?,
+    };
     let up = layer.up_proj.forward(x)?;
     layer.down_proj.forward(&(gate * up)?)
 }

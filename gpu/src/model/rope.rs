@@ -36,24 +36,32 @@ pub enum RopeScaling {
 impl RopeScaling {
     /// Reads `rope_scaling` (absent or null: none). The error names the field and value.
     pub fn parse(value: Option<&Value>) -> Result<RopeScaling, String> {
+        Self::parse_in(value, "rope_scaling")
+    }
+
+    /// Reads the scaling fields of the object `key` of `config.json` (`rope_scaling`, or
+    /// transformers 5's `rope_parameters`, where `rope_type` may be absent: default).
+    pub fn parse_in(value: Option<&Value>, key: &str) -> Result<RopeScaling, String> {
         let Some(v) = value.filter(|v| !v.is_null()) else {
             return Ok(RopeScaling::None);
         };
         // Older configs say `type`, newer ones `rope_type`.
-        let kind = v
-            .get("rope_type")
-            .or_else(|| v.get("type"))
-            .and_then(Value::as_str)
-            .ok_or("rope_scaling has no rope_type")?;
+        let kind = match v.get("rope_type").or_else(|| v.get("type")) {
+            Some(kind) => kind
+                .as_str()
+                .ok_or_else(|| format!("{key}.rope_type must be a string, got {kind}"))?,
+            None if key == "rope_parameters" => "default",
+            None => return Err(format!("{key} has no rope_type")),
+        };
         let number = |field: &str| -> Result<f64, String> {
             let x = v
                 .get(field)
                 .and_then(Value::as_f64)
-                .ok_or_else(|| format!("rope_scaling.{field} is missing (rope_type {kind:?})"))?;
+                .ok_or_else(|| format!("{key}.{field} is missing (rope_type {kind:?})"))?;
             if x.is_finite() && x > 0.0 {
                 Ok(x)
             } else {
-                Err(format!("rope_scaling.{field} must be positive, got {x}"))
+                Err(format!("{key}.{field} must be positive, got {x}"))
             }
         };
         match kind {
@@ -65,7 +73,7 @@ impl RopeScaling {
                 let (low, high) = (number("low_freq_factor")?, number("high_freq_factor")?);
                 if high <= low {
                     return Err(format!(
-                        "rope_scaling.high_freq_factor {high} must exceed low_freq_factor {low}"
+                        "{key}.high_freq_factor {high} must exceed low_freq_factor {low}"
                     ));
                 }
                 Ok(RopeScaling::Llama3 {
@@ -76,7 +84,7 @@ impl RopeScaling {
                 })
             }
             other => Err(format!(
-                "rope_scaling.rope_type {other:?} is not supported by the CPU backend (supported: linear, llama3)"
+                "{key}.rope_type {other:?} is not supported by the CPU backend (supported: linear, llama3)"
             )),
         }
     }

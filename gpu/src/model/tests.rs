@@ -622,11 +622,16 @@ fn scalar_reference_logits(model: &Model, sequence: &[u32], stretch: f64) -> Vec
             let h = norm(x, &layer.post_attention_layernorm);
             let gate = linear(&layer.gate_proj, &h);
             let up = linear(&layer.up_proj, &h);
-            let product: Vec<f64> = gate
-                .iter()
-                .zip(&up)
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
+            let act = |g: f64| match config.hidden_act {
+                Activation::Silu => g / (1.0 + (-g).exp()),
+                Activation::GeluTanh => {
+                    let c = (2.0 / std::f64::consts::PI).sqrt();
+                    0.5 * g * (1.0 + (c * (g + 0.044_715 * g * g * g)).tanh())
+                }
+                // std has no erf: the exact GELU is checked paged against dense only.
+                Activation::Gelu => panic!("the scalar reference has no exact GELU"),
+            };
+            let product: Vec<f64> = gate.iter().zip(&up).map(|(g, u)| act(*g) * u).collect();
             let down = linear(&layer.down_proj, &product);
             x.iter_mut().zip(down).for_each(|(a, b)| *a += b);
         }
@@ -884,5 +889,308 @@ fn sharded_bf16_checkpoints_load() {
     assert!(
         message.contains("model.safetensors.index.json") && message.contains("missing tensor"),
         "{message}"
+    );
+}
+
+/// Rewrites `DIR/config.json` as `base` edited by `edit`, then loads the directory.
+fn load_edited(
+    dir: &Path,
+    base: &serde_json::Value,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> Result<Model> {
+    let mut config = base.clone();
+    edit(&mut config);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    Model::load(dir)
+}
+
+fn config_of(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn rope_parameters_read_as_the_top_level_keys() {
+    use serde_json::json;
+    let dir = TempDir::new("rope-parameters");
+    write_random_model(
+        &dir.0,
+        &InitOptions {
+            seed: 9,
+            ..scalar_sized()
+        },
+    )
+    .unwrap();
+    let base = config_of(&dir.0);
+    let prompt = tokens(10, 6, 300);
+    let generate = |model: &Model| greedy_reference(model, &prompt, 8).unwrap();
+    let old = load_edited(&dir.0, &base, |c| c["rope_theta"] = json!(500_000.0)).unwrap();
+    let new = load_edited(&dir.0, &base, |c| {
+        c.as_object_mut().unwrap().remove("rope_theta");
+        c["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 500_000.0});
+    })
+    .unwrap();
+    assert_eq!(new.config.rope_theta, 500_000.0);
+    assert_eq!(
+        generate(&old),
+        generate(&new),
+        "the two layouts generate alike"
+    );
+    // The key is read: θ = 10000 answers otherwise.
+    let ten_thousand = load_edited(&dir.0, &base, |c| {
+        c.as_object_mut().unwrap().remove("rope_theta");
+        c["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 10_000.0});
+    })
+    .unwrap();
+    assert!(
+        largest_gap(
+            &dense_logits(&new, &prompt),
+            &dense_logits(&ten_thousand, &prompt)
+        ) > 1e-3,
+        "rope_parameters.rope_theta had no effect"
+    );
+    // Scaling inside rope_parameters reads as rope_scaling does.
+    let llama3 = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8});
+    let old = load_edited(&dir.0, &base, |c| c["rope_scaling"] = llama3.clone()).unwrap();
+    let new = load_edited(&dir.0, &base, |c| {
+        let mut parameters = llama3.clone();
+        parameters["rope_theta"] = json!(10_000.0);
+        c.as_object_mut().unwrap().remove("rope_theta");
+        c["rope_parameters"] = parameters;
+    })
+    .unwrap();
+    assert_eq!(new.config.rope_scaling, old.config.rope_scaling);
+    assert!(matches!(
+        new.config.rope_scaling,
+        RopeScaling::Llama3 { .. }
+    ));
+    assert_eq!(generate(&old), generate(&new));
+    // A type not implemented is refused at load, naming it.
+    let err = load_edited(&dir.0, &base, |c| {
+        c["rope_parameters"] = json!({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0});
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("rope_parameters.rope_type \"yarn\""), "{err}");
+}
+
+#[test]
+fn llama_attention_and_mlp_biases_load_and_apply() {
+    let dir = TempDir::new("llama-biases");
+    write_random_model(
+        &dir.0,
+        &InitOptions {
+            seed: 4,
+            ..scalar_sized()
+        },
+    )
+    .unwrap();
+    let mut base = config_of(&dir.0);
+    base["attention_bias"] = true.into();
+    base["mlp_bias"] = true.into();
+    std::fs::write(dir.0.join("config.json"), base.to_string()).unwrap();
+    let config = ModelConfig::load(&dir.0).unwrap();
+    assert!(config.o_proj_bias() && config.mlp_bias);
+    write_random_weights(&dir.0, &config, 4).unwrap();
+    let model = Model::load(&dir.0).unwrap();
+    let layer = &model.weights.layers[0];
+    assert!(layer.q_proj.bias.is_some() && layer.o_proj.bias.is_some());
+    assert!(layer.gate_proj.bias.is_some() && layer.down_proj.bias.is_some());
+    let sequence = tokens(9, 2, 300);
+    let mut cache = model.paged_cache(4, 4).unwrap();
+    let paged = forward_paged(&model, &mut cache, &[entry(&[3, 1, 0], 0, &sequence)]).unwrap();
+    assert_close(&paged[0], &dense_logits(&model, &sequence), "biased dense");
+    assert!(largest_gap(&paged[0], &scalar_reference_logits(&model, &sequence, 1.0)) < 1e-3);
+    // Each bias matters: without it the same weights answer otherwise.
+    let mut no_o = model.clone();
+    no_o.weights
+        .layers
+        .iter_mut()
+        .for_each(|l| l.o_proj.bias = None);
+    assert!(
+        largest_gap(&paged[0], &dense_logits(&no_o, &sequence)) > 1e-2,
+        "o_proj bias"
+    );
+    let mut no_mlp = model.clone();
+    for l in &mut no_mlp.weights.layers {
+        l.gate_proj.bias = None;
+        l.up_proj.bias = None;
+        l.down_proj.bias = None;
+    }
+    assert!(
+        largest_gap(&paged[0], &dense_logits(&no_mlp, &sequence)) > 1e-2,
+        "mlp bias"
+    );
+    // A missing bias tensor is an error naming it.
+    drop_tensor(
+        &dir.0.join("model.safetensors"),
+        "model.layers.0.self_attn.o_proj.bias",
+    );
+    let err = Model::load(&dir.0).unwrap_err().to_string();
+    assert!(
+        err.contains("model.layers.0.self_attn.o_proj.bias"),
+        "{err}"
+    );
+}
+
+#[test]
+fn gelu_activations_apply_and_others_are_refused() {
+    let dir = TempDir::new("hidden-act");
+    write_random_model(
+        &dir.0,
+        &InitOptions {
+            seed: 8,
+            ..scalar_sized()
+        },
+    )
+    .unwrap();
+    let base = config_of(&dir.0);
+    let silu = Model::load(&dir.0).unwrap();
+    let sequence = tokens(9, 5, 300);
+    let silu_logits = dense_logits(&silu, &sequence);
+    for name in ["gelu_pytorch_tanh", "gelu"] {
+        let model = load_edited(&dir.0, &base, |c| c["hidden_act"] = name.into()).unwrap();
+        let mut cache = model.paged_cache(4, 4).unwrap();
+        let paged = forward_paged(&model, &mut cache, &[entry(&[2, 0, 1], 0, &sequence)]).unwrap();
+        assert_close(&paged[0], &dense_logits(&model, &sequence), name);
+        assert!(
+            largest_gap(&paged[0], &silu_logits) > 1e-3,
+            "{name} changed nothing"
+        );
+        if name == "gelu_pytorch_tanh" {
+            let reference = scalar_reference_logits(&model, &sequence, 1.0);
+            assert!(
+                largest_gap(&paged[0], &reference) < 1e-3,
+                "tanh GELU vs the scalar reference"
+            );
+        }
+    }
+    let refused = [
+        (
+            "hidden_act",
+            serde_json::json!("relu"),
+            "hidden_act \"relu\"",
+        ),
+        (
+            "quantization_config",
+            serde_json::json!({"quant_method": "awq"}),
+            "quantization_config",
+        ),
+        (
+            "layer_types",
+            serde_json::json!(["full_attention", "sliding_attention"]),
+            "layer_types entry \"sliding_attention\"",
+        ),
+        (
+            "mlp_bias",
+            serde_json::json!("yes"),
+            "mlp_bias must be true or false",
+        ),
+    ];
+    for (key, value, named) in refused {
+        let err = load_edited(&dir.0, &base, |c| c[key] = value.clone())
+            .expect_err(key)
+            .to_string();
+        assert!(
+            err.contains("config.json") && err.contains(named),
+            "{key}: {err}"
+        );
+    }
+}
+
+#[test]
+fn every_eos_id_and_generation_config_are_read() {
+    let dir = TempDir::new("eos-list");
+    write_random_model(&dir.0, &scalar_sized()).unwrap();
+    let base = config_of(&dir.0);
+    let model = load_edited(&dir.0, &base, |c| {
+        c["eos_token_id"] = serde_json::json!([256, 258])
+    })
+    .unwrap();
+    assert_eq!(model.config.eos_token_ids, vec![256, 258]);
+    assert_eq!(model.config.generation, GenerationDefaults::default());
+    std::fs::write(
+        dir.0.join("generation_config.json"),
+        r#"{"eos_token_id": [258, 299], "temperature": 0.6, "top_p": 0.9, "top_k": 20}"#,
+    )
+    .unwrap();
+    let config = ModelConfig::load(&dir.0).unwrap();
+    assert_eq!(config.eos_token_ids, vec![256, 258, 299]);
+    assert_eq!(
+        config.generation,
+        GenerationDefaults {
+            temperature: Some(0.6),
+            top_p: Some(0.9),
+            top_k: Some(20)
+        }
+    );
+    let tokenizer = TextTokenizer::load(&dir.0).unwrap();
+    let ends = tokenizer.end_of_answer_ids(&config.eos_token_ids);
+    assert!(
+        [256, 258, 299].iter().all(|id| ends.contains(id)),
+        "{ends:?}"
+    );
+    std::fs::write(
+        dir.0.join("generation_config.json"),
+        r#"{"eos_token_id": "x"}"#,
+    )
+    .unwrap();
+    let err = ModelConfig::load(&dir.0).unwrap_err().to_string();
+    assert!(
+        err.contains("generation_config.json") && err.contains("eos_token_id"),
+        "{err}"
+    );
+}
+
+#[test]
+fn plain_prompts_get_the_bos_the_tokenizer_adds() {
+    let dir = TempDir::new("bos");
+    write_random_model(&dir.0, &scalar_sized()).unwrap();
+    let bos = "<|endoftext|>";
+    let path = dir.0.join("tokenizer.json");
+    let mut tokenizer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    tokenizer["post_processor"] = serde_json::json!({
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos: {"id": bos, "ids": [256], "tokens": [bos]}},
+    });
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    let loaded = TextTokenizer::load(&dir.0).unwrap();
+    let plain = loaded.encode("hello").unwrap();
+    assert_ne!(plain[0], 256);
+    let prompt = loaded.encode_prompt("hello").unwrap();
+    assert_eq!(prompt[0], 256, "the post-processor's BOS");
+    assert_eq!(&prompt[1..], &plain[..]);
+    // A chat renders through its template, encoded as written: no BOS added to it.
+    let chat = loaded
+        .encode(&loaded.chat_prompt("hello").unwrap())
+        .unwrap();
+    assert_ne!(chat[0], 256);
+    // `add_bos_token` in tokenizer_config.json overrides the post-processor.
+    let config_path = dir.0.join("tokenizer_config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["bos_token"] = bos.into();
+    config["add_bos_token"] = false.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    assert_eq!(
+        TextTokenizer::load(&dir.0)
+            .unwrap()
+            .encode_prompt("hello")
+            .unwrap(),
+        plain
+    );
+    tokenizer["post_processor"] = serde_json::Value::Null;
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    config["add_bos_token"] = true.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    assert_eq!(
+        TextTokenizer::load(&dir.0)
+            .unwrap()
+            .encode_prompt("hello")
+            .unwrap(),
+        prompt
     );
 }

@@ -11,6 +11,9 @@ pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
     chat_template: Option<ChatTemplate>,
+    /// `add_bos_token` of `tokenizer_config.json` with the BOS id, where it says: it
+    /// overrides the post-processor, as transformers' fast Llama tokenizer does.
+    add_bos: Option<(bool, u32)>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -47,10 +50,19 @@ impl TextTokenizer {
             Err(_) => None,
         };
         let chat_template = ChatTemplate::of_dir(dir, config.as_ref(), &config_path)?;
+        let add_bos = config.as_ref().and_then(|c| {
+            let add = c.get("add_bos_token")?.as_bool()?;
+            let bos = c.get("bos_token")?;
+            let spelled = bos
+                .as_str()
+                .or_else(|| bos.get("content").and_then(|c| c.as_str()))?;
+            Some((add, inner.token_to_id(spelled)?))
+        });
         Ok(TextTokenizer {
             inner,
             path,
             chat_template,
+            add_bos,
         })
     }
 
@@ -67,13 +79,16 @@ impl TextTokenizer {
 
     /// The ids that end an answer: the model's `eos_token_id` and the chat format's
     /// end-of-turn token, where the vocabulary has them.
-    pub fn end_of_answer_ids(&self, eos_token_id: Option<u32>) -> Vec<u32> {
-        let mut ids: Vec<u32> = eos_token_id.into_iter().collect();
-        ids.extend(
-            ["<|im_end|>", "<|eot_id|>"]
-                .iter()
-                .filter_map(|t| self.token_id(t)),
-        );
+    pub fn end_of_answer_ids(&self, eos_token_ids: &[u32]) -> Vec<u32> {
+        let mut ids: Vec<u32> = eos_token_ids.to_vec();
+        for id in ["<|im_end|>", "<|eot_id|>"]
+            .iter()
+            .filter_map(|t| self.token_id(t))
+        {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
         ids
     }
 
@@ -92,7 +107,31 @@ impl TextTokenizer {
         }
     }
 
-    /// Token ids of `text` (special tokens written in the text are recognised).
+    /// Token ids of a plain-text prompt, with the special tokens the model expects around
+    /// one: the post-processor's (`add_special_tokens`, e.g. a BOS), adjusted to
+    /// `add_bos_token` where `tokenizer_config.json` gives it. (A rendered chat template
+    /// writes its own BOS: encode it with [`TextTokenizer::encode`].)
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| self.error(e.to_string()))?;
+        let mut ids = encoding.get_ids().to_vec();
+        match self.add_bos {
+            Some((true, bos)) if ids.first() != Some(&bos) => ids.insert(0, bos),
+            // Only a BOS the post-processor added goes, not one the text spells.
+            Some((false, bos))
+                if ids.first() == Some(&bos) && self.encode(text)?.first() != Some(&bos) =>
+            {
+                ids.remove(0);
+            }
+            _ => {}
+        }
+        Ok(ids)
+    }
+
+    /// Token ids of `text` as written: no special tokens added (those written in the
+    /// text are recognised).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self
             .inner

@@ -216,6 +216,7 @@ impl ModelWeights {
         let kv = config.num_key_value_heads * config.head_dim;
         let i = config.intermediate_size;
         let bias = config.attention_bias;
+        let (o_bias, mlp_bias) = (config.o_proj_bias(), config.mlp_bias);
         let embed_tokens = source.get("model.embed_tokens.weight", &[config.vocab_size, h])?;
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for n in 0..config.num_hidden_layers {
@@ -225,12 +226,12 @@ impl ModelWeights {
                 q_proj: source.linear(&format!("{p}.self_attn.q_proj"), h, q, bias)?,
                 k_proj: source.linear(&format!("{p}.self_attn.k_proj"), h, kv, bias)?,
                 v_proj: source.linear(&format!("{p}.self_attn.v_proj"), h, kv, bias)?,
-                o_proj: source.linear(&format!("{p}.self_attn.o_proj"), q, h, false)?,
+                o_proj: source.linear(&format!("{p}.self_attn.o_proj"), q, h, o_bias)?,
                 post_attention_layernorm: source
                     .get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                gate_proj: source.linear(&format!("{p}.mlp.gate_proj"), h, i, false)?,
-                up_proj: source.linear(&format!("{p}.mlp.up_proj"), h, i, false)?,
-                down_proj: source.linear(&format!("{p}.mlp.down_proj"), i, h, false)?,
+                gate_proj: source.linear(&format!("{p}.mlp.gate_proj"), h, i, mlp_bias)?,
+                up_proj: source.linear(&format!("{p}.mlp.up_proj"), h, i, mlp_bias)?,
+                down_proj: source.linear(&format!("{p}.mlp.down_proj"), i, h, mlp_bias)?,
             });
         }
         let norm = source.get("model.norm.weight", &[h])?;
