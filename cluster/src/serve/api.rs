@@ -126,7 +126,9 @@ fn sampling_fields(obj: &serde_json::Map<String, Value>) -> Result<SamplingField
     let mut f = SamplingFields::default();
     if let Some(v) = given("temperature") {
         match v.as_f64() {
-            Some(t) if t.is_finite() && t >= 0.0 => f.temperature = Some(t as f32),
+            // Checked as the f32 the sampler gets: 1e308 passes as an f64 and is inf
+            // as an f32, which the rank would refuse mid-collective.
+            Some(t) if (t as f32).is_finite() && t >= 0.0 => f.temperature = Some(t as f32),
             _ => {
                 return Err(ApiError::field(
                     "temperature",
@@ -140,7 +142,8 @@ fn sampling_fields(obj: &serde_json::Map<String, Value>) -> Result<SamplingField
     }
     if let Some(v) = given("top_p") {
         match v.as_f64() {
-            Some(p) if p > 0.0 && p <= 1.0 => f.top_p = Some(p as f32),
+            // As an f32: 1e-50 is 0 there.
+            Some(p) if (p as f32) > 0.0 && p <= 1.0 => f.top_p = Some(p as f32),
             _ => {
                 return Err(ApiError::field(
                     "top_p",
@@ -842,6 +845,8 @@ mod tests {
             (r#"{"prompt": "a", "stream": "yes"}"#, "stream"),
             (r#"{"prompt": "a", "stream_options": {}}"#, "stream_options"),
             (r#"{"prompt": "a", "temperature": "hot"}"#, "temperature"),
+            (r#"{"prompt": "a", "temperature": 1e308}"#, "temperature"),
+            (r#"{"prompt": "a", "top_p": 1e-50}"#, "top_p"),
             (r#"{"prompt": "a", "n": 2}"#, "n"),
             (r#"{"prompt": "a", "model": 3}"#, "model"),
         ];
