@@ -510,8 +510,14 @@ fn refuse_unimplemented(obj: &serde_json::Map<String, Value>) -> Result<(), ApiE
     {
         return refuse("best_of", v, "one sequence is generated per request");
     }
+    // With `ignore_eos` and no stop strings nothing but `max_tokens` ends the answer, so
+    // any `min_tokens` up to it holds already (what `lockstep bench` and vLLM's benchmark
+    // send for an exact output length).
+    let only_length_ends = given("ignore_eos") == Some(&Value::Bool(true))
+        && given("stop").is_none_or(|s| s.as_array().is_some_and(Vec::is_empty));
     if let Some(v) = given("min_tokens")
         && v.as_u64() != Some(0)
+        && !only_length_ends
     {
         return refuse(
             "min_tokens",
@@ -745,6 +751,10 @@ mod tests {
             (r#""best_of": 3"#, "best_of"),
             (r#""n": 2"#, "n"),
             (r#""min_tokens": 4"#, "min_tokens"),
+            (
+                r#""min_tokens": 4, "ignore_eos": true, "stop": ["x"]"#,
+                "min_tokens",
+            ),
         ];
         for (field, name) in refused {
             let body = format!(r#"{{"prompt": "a b", {field}}}"#);
@@ -759,6 +769,10 @@ mod tests {
             "tool_choice": "auto", "suffix": "", "best_of": 1, "n": 1, "min_tokens": 0}"#;
         let parsed = p(neutral, Endpoint::Completions).expect("the defaults pass");
         assert!(!parsed.ignore_eos && !parsed.max_tokens_given);
+        // With ignore_eos and no stop strings only max_tokens ends an answer: min_tokens
+        // holds already (a benchmark's exact output length).
+        let exact = r#"{"prompt": "a b", "max_tokens": 8, "min_tokens": 8, "ignore_eos": true}"#;
+        assert!(p(exact, Endpoint::Completions).is_ok());
         let e = p(
             r#"{"prompt": "a", "frequency_penalty": "x"}"#,
             Endpoint::Completions,
