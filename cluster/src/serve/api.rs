@@ -21,8 +21,9 @@
 //!   `logit_bias`, non-zero `presence_penalty`/`frequency_penalty`, `repetition_penalty`
 //!   other than 1, `response_format` other than text, `tools`/`functions`, `tool_choice`
 //!   that asks for a tool, `suffix`, `best_of` above 1, `n` above 1, `min_tokens` above
-//!   0 (it needs the end ids masked in the sampler); `ignore_eos` is implemented (the end
-//!   of sequence no longer ends the answer);
+//!   0 unless `ignore_eos` is set and no stop string is given (then it holds already;
+//!   otherwise it needs the end ids masked in the sampler); `ignore_eos` is implemented
+//!   (the end of sequence no longer ends the answer);
 //! - with `--model` the model's tokenizer replaces the word rules: the prompt is its
 //!   token ids (a chat in the model's chat format), the output its decoded text, and the
 //!   model's end of sequence ends an answer with `finish_reason: "stop"`
