@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use lockstep_gpu::fit::{Sample, fit_device};
 use lockstep_gpu::model::{BatchEntry, Model, forward_paged};
-use lockstep_gpu::{BatchShape, Coefficients, KvGeometry, ModelProfile};
+use lockstep_gpu::{BatchShape, KvGeometry, ModelProfile};
 use rand::{Rng, SeedableRng};
 
 /// Context batches timed: (requests, chunk tokens, tokens already cached).
@@ -219,18 +219,12 @@ pub fn calibrate(o: &CalibrateOptions<'_>) -> anyhow::Result<()> {
     } else {
         format!("{:.1} % on held-out ones", worst_held_out * 100.0)
     };
-    let c = Coefficients {
-        forward_base_ns: fit.forward_base_ns,
-        ctx_token_ns: fit.ctx_token_ns,
-        ctx_attention_ns: fit.ctx_attention_ns,
-        gen_request_ns: fit.gen_request_ns,
-        gen_token_ns: 0.0,
-        kv_read_ns: fit.kv_read_ns,
-        // One process: the forward has no collectives of its own.
-        collective_ns: 0.0,
-        host_base_ns: host.coefficients.host_base_ns,
-        host_per_request_ns: host.coefficients.host_per_request_ns,
-    };
+    // One process: the forward has no collectives of its own.
+    let c = fit.coefficients(
+        0.0,
+        host.coefficients.host_base_ns,
+        host.coefficients.host_per_request_ns,
+    );
     let config = &model.config;
     let profile = ModelProfile {
         name: format!("calibrated:{}", o.model_dir.display()),

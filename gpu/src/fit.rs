@@ -45,6 +45,28 @@ pub struct DeviceFit {
 }
 
 impl DeviceFit {
+    /// The cost model's coefficients: these device terms, the given collective time and
+    /// host terms. The fit has no per-generation-token term: without draft tokens it
+    /// cannot tell a request from its one token, so `gen_request_ns` carries both.
+    pub fn coefficients(
+        &self,
+        collective_ns: f64,
+        host_base_ns: f64,
+        host_per_request_ns: f64,
+    ) -> crate::Coefficients {
+        crate::Coefficients {
+            forward_base_ns: self.forward_base_ns,
+            ctx_token_ns: self.ctx_token_ns,
+            ctx_attention_ns: self.ctx_attention_ns,
+            gen_request_ns: self.gen_request_ns,
+            gen_token_ns: 0.0,
+            kv_read_ns: self.kv_read_ns,
+            collective_ns,
+            host_base_ns,
+            host_per_request_ns,
+        }
+    }
+
     /// The fitted time of `shape` (what `forward_ns` gives with these coefficients).
     pub fn predict(&self, shape: &BatchShape) -> f64 {
         let x = features(shape);

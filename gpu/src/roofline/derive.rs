@@ -12,8 +12,7 @@ use lockstep_actors::executor::BatchShape;
 
 use super::ops::{ContextChunk, ForwardBatch};
 use super::{Attention, Deployment};
-use crate::cost::Coefficients;
-use crate::fit::{DeviceFit, FitError, Sample, fit_device};
+use crate::fit::{FitError, Sample, fit_device};
 use crate::profiles::ModelProfile;
 
 /// Host costs: the serving framework's scheduler, not the model, so the same as the
@@ -148,26 +147,11 @@ pub fn derive_profile(d: &Deployment, name: &str) -> Result<DerivedProfile, Deri
         profile: ModelProfile {
             name: name.to_string(),
             assumptions: assumptions(d, &report),
-            coefficients: coefficients(&fit, collective_ns),
+            coefficients: fit.coefficients(collective_ns, HOST_BASE_NS, HOST_PER_REQUEST_NS),
             kv: d.kv_geometry(),
         },
         fit: report,
     })
-}
-
-fn coefficients(fit: &DeviceFit, collective_ns: f64) -> Coefficients {
-    Coefficients {
-        forward_base_ns: fit.forward_base_ns,
-        ctx_token_ns: fit.ctx_token_ns,
-        ctx_attention_ns: fit.ctx_attention_ns,
-        // Without draft tokens the fit cannot tell a request from its token.
-        gen_request_ns: fit.gen_request_ns,
-        gen_token_ns: 0.0,
-        kv_read_ns: fit.kv_read_ns,
-        collective_ns,
-        host_base_ns: HOST_BASE_NS,
-        host_per_request_ns: HOST_PER_REQUEST_NS,
-    }
 }
 
 fn assumptions(d: &Deployment, r: &FitReport) -> String {
