@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
-cargo build --release -q -p lockstep-cluster
+cargo build --release -q -p lockstep
 bin="$PWD/target/release/lockstep"
 work="$(mktemp -d)"
 server_pid=""

@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs="${1:-3}"
-cargo build --release -q -p lockstep-cluster
+cargo build --release -q -p lockstep
 bin=target/release/lockstep
 work=target/fidelity
 rm -rf "$work"

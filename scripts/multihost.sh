@@ -8,7 +8,7 @@
 # and OpenMPI.
 #
 #   scripts/multihost.sh test       the multi-host test stage of scripts/test.sh: three
-#                                   hosts, cluster/tests/multihost.rs against them;
+#                                   hosts, cluster/cli/tests/multihost.rs against them;
 #                                   exit status 77 (and SKIPPED) when namespaces cannot
 #                                   be made here
 #   scripts/multihost.sh overhead   `lockstep overhead --driver mpi` with its two ranks
@@ -243,7 +243,7 @@ mh_test() {
   [ "$b" != "${b%:wire}" ] && third="user-space wire (no netem in this kernel)"
   echo "hosts: ${hosts[*]} on 10.77.0.0/24, mpirun in ${MH_PREFIX}-ctl; the third host's link: $third"
   LOCKSTEP_MULTIHOST="$MH_SELF" LOCKSTEP_MULTIHOST_HOSTS="${hosts[*]}" \
-    cargo test -p lockstep-cluster --test multihost -- --ignored --test-threads=1
+    cargo test -p lockstep --test multihost -- --ignored --test-threads=1
 }
 
 # mh_rtt FROM TO_ADDRESS: the median TCP round trip (1 byte, 200 times) in µs.
@@ -280,7 +280,7 @@ mh_overhead() {
     return 77
   fi
   if [ ! -x "$bin" ]; then
-    echo "no MPI driver at $bin: CARGO_TARGET_DIR=target/mpi cargo build --release -p lockstep-cluster --features mpi (or set LOCKSTEP_MPI_BIN)" >&2
+    echo "no MPI driver at $bin: CARGO_TARGET_DIR=target/mpi cargo build --release -p lockstep --features mpi (or set LOCKSTEP_MPI_BIN)" >&2
     return 1
   fi
   trap mh_teardown EXIT

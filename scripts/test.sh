@@ -5,13 +5,13 @@
 #   1. the MPI driver build (release, --features mpi, in target/mpi);
 #   2. the whole workspace suite (--all-targets --no-fail-fast); the MPI tests are
 #      #[ignore]d there (they need mpirun and the MPI build);
-#   3. the MPI tests (cluster/tests/mpi.rs, the ignored ones), one at a time, through
+#   3. the MPI tests (cluster/cli/tests/mpi.rs, the ignored ones), one at a time, through
 #      mpirun with the driver of stage 1;
-#   4. the browser test of the HTML report (cluster/tests/report_browser.rs, ignored in
+#   4. the browser test of the HTML report (cluster/cli/tests/report_browser.rs, ignored in
 #      stage 2): Chromium is installed from Debian's packages when missing; when it
 #      cannot be, the test is reported SKIPPED by name, never passed;
 #   5. the multi-host tests (scripts/multihost.sh test: the MPI driver across three
-#      network-namespace "hosts", cluster/tests/multihost.rs); SKIPPED, and counted as
+#      network-namespace "hosts", cluster/cli/tests/multihost.rs); SKIPPED, and counted as
 #      skipped, where namespaces cannot be made (not root, no iproute2);
 #   6. the official `openai` Python client against `lockstep serve` (installed from PyPI
 #      when missing; SKIPPED by name when it cannot be);
@@ -135,7 +135,7 @@ install_browser() {
 }
 
 build_mpi_driver() {
-  env CARGO_TARGET_DIR=target/mpi cargo build --release -p lockstep-cluster --features mpi
+  env CARGO_TARGET_DIR=target/mpi cargo build --release -p lockstep --features mpi
 }
 
 stage "system packages" install_packages
@@ -169,7 +169,7 @@ stage "workspace tests" logged cargo test --workspace --all-targets --no-fail-fa
 if [ -n "${LOCKSTEP_MPI_BIN:-}" ]; then
   # One at a time: each test is a whole mpirun job, and one of them paces the cost model
   # in real time.
-  stage "MPI tests" logged cargo test -p lockstep-cluster --test mpi -- --ignored --test-threads=1
+  stage "MPI tests" logged cargo test -p lockstep --test mpi -- --ignored --test-threads=1
 else
   echo "== MPI tests"
   echo "!! MPI tests NOT RUN: the MPI driver did not build (see above); this run fails" >&2
@@ -179,7 +179,7 @@ fi
 skipped_tests=()
 echo "== browser test"
 if install_browser && have_browser; then
-  stage "browser test" logged cargo test -p lockstep-cluster --test report_browser -- --ignored
+  stage "browser test" logged cargo test -p lockstep --test report_browser -- --ignored
 else
   echo "SKIPPED: report_browser::the_ab_report_renders_in_headless_chromium (chromium could not be installed)" >&2
   skipped_tests+=("report_browser::the_ab_report_renders_in_headless_chromium (no chromium)")
@@ -211,7 +211,7 @@ have_openai() {
 }
 echo "== openai client test"
 if have_openai || { python3 -m pip install -q openai >/dev/null 2>&1 && have_openai; }; then
-  stage "openai client test" logged cargo test -p lockstep-cluster --test serve -- --ignored the_official_openai_client
+  stage "openai client test" logged cargo test -p lockstep --test serve -- --ignored the_official_openai_client
 else
   echo "SKIPPED: serve::the_official_openai_client_talks_to_it (the openai package could not be installed)" >&2
   skipped_tests+=("serve::the_official_openai_client_talks_to_it (no openai package)")

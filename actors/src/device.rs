@@ -4,7 +4,7 @@
 //! when N ends, not when it was launched.
 //!
 //! Pure: the simulator reads ready times from it directly; the real drivers' device
-//! handle (`cluster/src/runtime/device.rs`) drives the same actor inline on the rank's
+//! handle (`cluster/runtime/src/device.rs`) drives the same actor inline on the rank's
 //! thread, handing an output back no earlier than its modeled end on the wall clock.
 
 use std::collections::VecDeque;

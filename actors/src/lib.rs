@@ -2,7 +2,7 @@
 //! deterministic actors with typed messages and no I/O, no clock, no threads.
 //!
 //! Behaviour follows `mechanisms.md` (section numbers are cited as §N throughout).
-//! A driver (the simulator, threads, or MPI in `lockstep-cluster`) owns time and moves
+//! A driver (the simulator in `lockstep-sim`, threads or MPI in `lockstep-runtime`) owns time and moves
 //! messages; the [`executor::RankExecutor`] runs one rank's phases, each taking the
 //! previous collective's result and returning this rank's contribution to the next.
 

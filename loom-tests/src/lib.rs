@@ -1,5 +1,5 @@
 //! loom models of lockstep's synchronisation protocols, on the shipped code: the models
-//! run `lockstep-cluster`'s rank host (`runtime::rank_host::run_rank`, what the `threads`
+//! run `lockstep-runtime`'s rank host (`rank_host::run_rank`, what the `threads`
 //! and `mpi` drivers run) with the real executor protocol, over `lockstep-transport`'s
 //! in-process collective group and ingress queue. Those are built on the transport's
 //! `sync` shim, which re-exports loom's primitives under `--cfg lockstep_loom`, so loom

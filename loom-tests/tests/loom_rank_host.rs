@@ -1,5 +1,5 @@
 //! The shipped rank host under loom: two ranks of one aggregated server run
-//! `lockstep_cluster::runtime::rank_host::run_rank` — the host the `threads` and `mpi`
+//! `lockstep_runtime::rank_host::run_rank` — the host the `threads` and `mpi`
 //! drivers run — over the real executor protocol, the in-process collective group and
 //! the server's ingress queue, all built on the transport's `sync` shim, so loom
 //! explores their interleavings. Nothing of the iteration is written here.
@@ -38,11 +38,11 @@ use lockstep_actors::invariants::InvariantKind;
 use lockstep_actors::policy::{IdlePredicate, PadPredicate, Policy};
 use lockstep_actors::request::IngressItem;
 use lockstep_actors::request::RequestSpec;
-use lockstep_cluster::report::RankEnding;
-use lockstep_cluster::runtime::device::DeviceHandle;
-use lockstep_cluster::runtime::rank_host::{RankOptions, RankPorts, RankRun, run_rank};
-use lockstep_cluster::runtime::watchdog::Progress;
-use lockstep_cluster::runtime::{Endpoint, Envelope, Net, NetError, QueueInbox, WallClock};
+use lockstep_plan::report::RankEnding;
+use lockstep_runtime::device::DeviceHandle;
+use lockstep_runtime::rank_host::{RankOptions, RankPorts, RankRun, run_rank};
+use lockstep_runtime::watchdog::Progress;
+use lockstep_runtime::{Endpoint, Envelope, Net, NetError, QueueInbox, WallClock};
 use lockstep_transport::{Collective, InProcessGroup, IngressQueue};
 use loom::thread;
 
@@ -109,7 +109,7 @@ fn rank_thread(
             server: 0,
             ingress: inbox
                 .as_mut()
-                .map(|i| i as &mut dyn lockstep_cluster::runtime::Inbox<IngressItem>),
+                .map(|i| i as &mut dyn lockstep_runtime::Inbox<IngressItem>),
             net: &net,
             transfers: None,
             device: &mut device,

@@ -1,0 +1,480 @@
+//! `lockstep bench`: plays a scenario's workload against any OpenAI-compatible server
+//! (`lockstep serve`, vLLM, SGLang, TensorRT-LLM) over plain HTTP and reports what
+//! vLLM's `benchmark_serving` reports, as the same [`Report`] `sim` and `run` write.
+//!
+//! - [`request`]: the request body and its synthetic prompt (token ids from the
+//!   workload's block hashes, so shared prefixes share tokens);
+//! - [`sse`]: the streamed answer, event by event;
+//! - [`exchange`]: one request, sent and measured;
+//! - [`summary`]: vLLM's result lines from a report;
+//! - here: the options, the server check, and the driver that plays the workload.
+//!
+//! The driver mirrors the real drivers' client ([`lockstep_runtime::client`]): one task
+//! owns the [`Workload`], releases each arrival when it is due (in scaled wall time),
+//! starts one tokio task per request, and hands each ending back to the workload
+//! (`on_finished`), which releases a closed loop's next request or a conversation's next
+//! round. Every request ends completed or failed with a reason: each has a timeout, and
+//! a run where nothing ends for longer than that fails what is left.
+
+#![forbid(unsafe_code)]
+
+pub mod exchange;
+pub mod request;
+pub mod sse;
+pub mod summary;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::task::JoinSet;
+
+use lockstep_actors::ids::ReqId;
+use lockstep_actors::vocab::FailureKind;
+
+use exchange::{Exchange, Target, error_chain};
+pub use lockstep_openai::Endpoint;
+use lockstep_plan::fleet::{Fleet, PlanError};
+use lockstep_plan::report::{
+    ClientLog, ClientRecord, Itl, Outcome, Report, TimeBase, assemble_report,
+};
+use lockstep_plan::scenario::Scenario;
+use lockstep_plan::workload::Workload;
+
+/// How long the server check (`GET /v1/models`) may take at most.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Slack past the per-request timeout before a run in which no request ends is given up.
+const STALL_SLACK: Duration = Duration::from_secs(60);
+
+/// What `lockstep bench` is told.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// The server's base URL (`http://host:port`; a trailing `/v1` is taken off).
+    pub url: String,
+    /// The model to name in requests (`None`: the first of `GET /v1/models`).
+    pub model: Option<String>,
+    /// Which API.
+    pub endpoint: Endpoint,
+    /// Sent as `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Wall seconds per workload second (0: every arrival as soon as it is released).
+    pub time_scale: f64,
+    /// Longest one request may take, from sending to the end of its stream.
+    pub request_timeout: Duration,
+    /// The workload's seed (a seed in the scenario wins, as in `sim`).
+    pub seed: u64,
+}
+
+/// Why a benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// `--url` is not a usable base URL.
+    #[error("--url `{url}`: {why}")]
+    BadUrl {
+        /// As given.
+        url: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// No HTTP answer from the server.
+    #[error("--url {url}: cannot reach the server: {why}")]
+    Unreachable {
+        /// As given.
+        url: String,
+        /// The connection error.
+        why: String,
+    },
+    /// `GET /v1/models` did not name a model, and none was given.
+    #[error("--url {url}: GET /v1/models gave no model ({why}); name one with --model")]
+    NoModel {
+        /// As given.
+        url: String,
+        /// The answer.
+        why: String,
+    },
+    /// The scenario cannot be played.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// The HTTP client or the async runtime could not start.
+    #[error("starting the HTTP client: {0}")]
+    Start(String),
+}
+
+/// A base URL ending in `/`, from `--url`.
+pub fn base_url(url: &str) -> Result<reqwest::Url, BenchError> {
+    let bad = |why: String| BenchError::BadUrl {
+        url: url.to_string(),
+        why,
+    };
+    let mut u = reqwest::Url::parse(url.trim())
+        .map_err(|e| bad(format!("not a URL ({e}); expected http://HOST:PORT")))?;
+    match u.scheme() {
+        "http" => {}
+        "https" => {
+            return Err(bad(
+                "https is not supported: bench speaks plain HTTP (no TLS); use http://".into(),
+            ));
+        }
+        s => {
+            return Err(bad(format!(
+                "the scheme must be http, got `{s}`; expected http://HOST:PORT"
+            )));
+        }
+    }
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err(bad("no host; expected http://HOST:PORT".into()));
+    }
+    if u.query().is_some() || u.fragment().is_some() {
+        return Err(bad("a base URL takes no query or fragment".into()));
+    }
+    let mut path = u.path().trim_end_matches('/').to_string();
+    if path.ends_with("/v1") {
+        path.truncate(path.len() - 3);
+    }
+    path.push('/');
+    u.set_path(&path);
+    Ok(u)
+}
+
+/// Plays `scenario`'s workload against the server at `opts.url` and reports. `progress`
+/// is told (requests ended, requests in all) as requests end.
+pub fn run(
+    scenario: &Scenario,
+    opts: &BenchOptions,
+    progress: Option<&mut dyn FnMut(u64, u64)>,
+) -> Result<Report, BenchError> {
+    let base = base_url(&opts.url)?;
+    let fleet = Fleet::plan(scenario, opts.seed)?;
+    let workload = fleet.workload()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| BenchError::Start(e.to_string()))?;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| BenchError::Start(error_chain(&e)))?;
+    runtime.block_on(async {
+        let model = match (&opts.model, probe(&client, &base, opts).await?) {
+            (Some(m), _) => m.clone(),
+            (None, Ok(Some(m))) => m,
+            (None, Ok(None)) => {
+                return Err(BenchError::NoModel {
+                    url: opts.url.clone(),
+                    why: "its list is empty".into(),
+                });
+            }
+            (None, Err(why)) => {
+                return Err(BenchError::NoModel {
+                    url: opts.url.clone(),
+                    why,
+                });
+            }
+        };
+        let target = Target {
+            url: base
+                .join(request::endpoint_path(opts.endpoint))
+                .map_err(|e| BenchError::BadUrl {
+                    url: opts.url.clone(),
+                    why: e.to_string(),
+                })?,
+            api_key: opts.api_key.clone(),
+        };
+        let driver = Driver {
+            client,
+            target,
+            model,
+            endpoint: opts.endpoint,
+            tokens_per_block: fleet.tokens_per_block,
+            time_scale: opts.time_scale.max(0.0),
+            timeout: opts.request_timeout,
+        };
+        Ok(driver.play(scenario, fleet.seed, workload, progress).await)
+    })
+}
+
+/// Checks that the server answers HTTP (`GET /v1/models`); its first model's id, or why
+/// the answer names none. An error only when no HTTP answer came.
+async fn probe(
+    client: &reqwest::Client,
+    base: &reqwest::Url,
+    opts: &BenchOptions,
+) -> Result<Result<Option<String>, String>, BenchError> {
+    let unreachable = |why: String| BenchError::Unreachable {
+        url: opts.url.clone(),
+        why,
+    };
+    let url = base
+        .join("v1/models")
+        .map_err(|e| unreachable(e.to_string()))?;
+    let mut req = client
+        .get(url.clone())
+        .timeout(PROBE_TIMEOUT.min(opts.request_timeout));
+    if let Some(k) = &opts.api_key {
+        req = req.bearer_auth(k);
+    }
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| unreachable(format!("GET {url}: {}", error_chain(&e.without_url()))))?;
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    if !status.is_success() {
+        return Ok(Err(sse::http_error_reason(status.as_u16(), &text)));
+    }
+    let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Ok(Ok(v
+        .get("data")
+        .and_then(|d| d.get(0))
+        .and_then(|m| m.get("id"))
+        .and_then(Value::as_str)
+        .map(String::from)))
+}
+
+/// Plays the workload: one task owns it; one tokio task per request.
+struct Driver {
+    client: reqwest::Client,
+    target: Target,
+    model: String,
+    endpoint: Endpoint,
+    tokens_per_block: u32,
+    time_scale: f64,
+    timeout: Duration,
+}
+
+impl Driver {
+    /// Wall ns since the start at which workload time `t_ns` is due.
+    fn due_ns(&self, t_ns: u64) -> u64 {
+        (t_ns as f64 * self.time_scale) as u64
+    }
+
+    /// Workload time at wall ns `wall_ns` since the start.
+    fn workload_ns(&self, wall_ns: u64) -> u64 {
+        if self.time_scale > 0.0 {
+            (wall_ns as f64 / self.time_scale) as u64
+        } else {
+            wall_ns
+        }
+    }
+
+    async fn play(
+        self,
+        scenario: &Scenario,
+        seed: u64,
+        mut workload: Workload,
+        mut progress: Option<&mut dyn FnMut(u64, u64)>,
+    ) -> Report {
+        let start = Instant::now();
+        let now_ns = || u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let total = workload.total().unwrap_or(0);
+        let mut records: BTreeMap<ReqId, ClientRecord> = BTreeMap::new();
+        let mut itl = Itl::new(workload.warmup_requests());
+        let mut tasks: JoinSet<Exchange> = JoinSet::new();
+        let mut task_ids: HashMap<tokio::task::Id, ReqId> = HashMap::new();
+        let mut ended = 0u64;
+        let mut last_end = Instant::now();
+        let stall_bound = self.timeout + STALL_SLACK;
+        let mut outcome = None;
+        if let Some(p) = progress.as_mut() {
+            p(0, total);
+        }
+        loop {
+            // Release every arrival that is due.
+            while let Some(t) = workload.next_arrival_ns() {
+                if self.due_ns(t) > now_ns() {
+                    break;
+                }
+                let Some(a) = workload.pop_due(t) else {
+                    break;
+                };
+                let body = request::request_body(
+                    &a.spec,
+                    self.endpoint,
+                    &self.model,
+                    self.tokens_per_block,
+                );
+                let id = a.spec.id;
+                if tasks.is_empty() {
+                    // The stall bound counts from the oldest request in flight.
+                    last_end = Instant::now();
+                }
+                records.insert(id, ClientRecord::new(&a.spec, now_ns()));
+                let (client, target, timeout) =
+                    (self.client.clone(), self.target.clone(), self.timeout);
+                let handle = tasks.spawn(async move {
+                    exchange::play(client, &target, id, body, start, timeout).await
+                });
+                task_ids.insert(handle.id(), id);
+            }
+            if tasks.is_empty() {
+                if workload.exhausted() {
+                    break;
+                }
+                if workload.next_arrival_ns().is_none() {
+                    // Nothing in flight, nothing pending, yet not every request issued:
+                    // a workload that waits on nothing cannot go on.
+                    outcome = Some((
+                        Outcome::Failed,
+                        "the workload released no further request while none was in flight"
+                            .to_string(),
+                    ));
+                    break;
+                }
+            }
+            let wait = match workload.next_arrival_ns() {
+                Some(t) => Duration::from_nanos(self.due_ns(t).saturating_sub(now_ns())),
+                None => Duration::from_secs(1),
+            }
+            .min(Duration::from_secs(1));
+            tokio::select! {
+                joined = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                    let ex = match joined {
+                        Some(Ok((task, ex))) => {
+                            task_ids.remove(&task);
+                            ex
+                        }
+                        Some(Err(e)) => {
+                            let id = task_ids.remove(&e.id()).unwrap_or(ReqId(0));
+                            Exchange {
+                                id,
+                                text_chunk_ns: Vec::new(),
+                                end_ns: now_ns(),
+                                output_tokens: 0,
+                                digest: 0,
+                                failure: Some(format!("the request's task ended abnormally: {e}")),
+                            }
+                        }
+                        None => continue,
+                    };
+                    last_end = Instant::now();
+                    if let Some(rec) = records.get_mut(&ex.id) {
+                        apply(rec, &ex, &mut itl);
+                        workload.on_finished(ex.id, self.workload_ns(ex.end_ns), rec.completed);
+                    }
+                    ended += 1;
+                    if let Some(p) = progress.as_mut() {
+                        p(ended, total);
+                    }
+                }
+                _ = tokio::time::sleep(wait) => {}
+            }
+            if !tasks.is_empty() && last_end.elapsed() > stall_bound {
+                tasks.abort_all();
+                let why = format!(
+                    "no request ended for {} s (longer than --request-timeout-s)",
+                    stall_bound.as_secs()
+                );
+                let now = now_ns();
+                for rec in records.values_mut().filter(|r| r.end_ns.is_none()) {
+                    rec.fail(now, FailureKind::Client, why.clone());
+                }
+                outcome = Some((Outcome::Failed, why));
+                break;
+            }
+        }
+        let end_ns = now_ns();
+        let mut report = assemble_report(
+            scenario,
+            seed,
+            ClientLog {
+                records: records.into_values().collect(),
+                itl,
+                end_ns,
+            },
+            [],
+            start.elapsed().as_secs_f64(),
+            Vec::new(),
+            outcome,
+        );
+        report.time_base = TimeBase::Client;
+        report
+    }
+}
+
+/// Fills a request's record from what its exchange saw; the inter-token gaps of a
+/// completed request go to `itl` (vLLM counts those of successful requests only).
+fn apply(rec: &mut ClientRecord, ex: &Exchange, itl: &mut Itl) {
+    let mut chunks = ex.text_chunk_ns.iter();
+    if let Some(&first) = chunks.next() {
+        rec.first_token_ns = Some(first);
+        let mut last = first;
+        for &t in chunks {
+            if ex.failure.is_none() {
+                itl.record(rec.id, t.saturating_sub(last));
+            }
+            last = t;
+        }
+        rec.last_token_ns = last;
+    }
+    rec.output_tokens = ex.output_tokens;
+    rec.token_digest = ex.digest;
+    match &ex.failure {
+        None => rec.complete(ex.end_ns),
+        Some(why) => rec.fail(ex.end_ns, FailureKind::Client, why.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls_are_checked_and_normalised() {
+        let ok = |s: &str| base_url(s).unwrap().to_string();
+        assert_eq!(ok("http://127.0.0.1:8000"), "http://127.0.0.1:8000/");
+        assert_eq!(ok("http://127.0.0.1:8000/v1/"), "http://127.0.0.1:8000/");
+        assert_eq!(ok("http://h:1/proxy/v1"), "http://h:1/proxy/");
+        for (bad, says) in [
+            ("127.0.0.1:8000", "not a URL"),
+            ("localhost:8000", "scheme must be http"),
+            ("https://h", "https is not supported"),
+            ("http://h/?x=1", "no query"),
+        ] {
+            let e = base_url(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("--url") && e.contains(bad) && e.contains(says),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_exchange_fills_the_record_vllm_style() {
+        let spec = lockstep_actors::request::RequestSpec::new(2, 10, 3);
+        let mut rec = ClientRecord::new(&spec, 1_000);
+        let mut itl = Itl::new(0);
+        let ex = Exchange {
+            id: ReqId(2),
+            text_chunk_ns: vec![5_000, 7_000, 10_000],
+            end_ns: 11_000,
+            output_tokens: 3,
+            digest: 9,
+            failure: None,
+        };
+        apply(&mut rec, &ex, &mut itl);
+        assert_eq!(rec.first_token_ns, Some(5_000));
+        assert_eq!(rec.end_ns, Some(11_000));
+        assert!(rec.completed);
+        assert_eq!(rec.output_tokens, 3);
+        // One inter-token sample per chunk after the first.
+        assert_eq!(itl.samples(), 2);
+        let mut failed = ClientRecord::new(&spec, 0);
+        apply(
+            &mut failed,
+            &Exchange {
+                failure: Some("HTTP 401: no".into()),
+                text_chunk_ns: vec![3_000, 4_000],
+                ..ex
+            },
+            &mut itl,
+        );
+        assert_eq!(itl.samples(), 2, "no gap of a failed request counts");
+        assert!(!failed.completed);
+        assert_eq!(
+            failed.failure,
+            Some((FailureKind::Client, "HTTP 401: no".to_string()))
+        );
+    }
+}

@@ -1,0 +1,368 @@
+//! `lockstep bench` end to end: the binary against `lockstep serve` (zero-cost backend,
+//! a free loopback port), against a port nothing listens on, and against a small fake
+//! server whose answers the test chooses. Every child process has a deadline.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use lockstep_plan::report::Report;
+
+use common::{example, output_within, simulate_with, temp};
+
+/// Longest a child may take (hang protection, not a speed check).
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn example_path(name: &str) -> String {
+    format!("{}/../../examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A running `lockstep serve`, killed on drop.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(scenario: &str, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+            .args(["serve", &example_path(scenario), "--port", "0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting lockstep serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(DEADLINE)
+            .expect("lockstep serve announced no address");
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        Server {
+            child,
+            url: format!("http://{addr}"),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `lockstep bench` with `args`, to its end (killed past the deadline).
+fn bench(args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lockstep"));
+    c.arg("bench").args(args);
+    output_within(c, DEADLINE)
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn read_report(path: &std::path::Path) -> Report {
+    let t = std::fs::read_to_string(path).expect("bench wrote its JSON");
+    serde_json::from_str(&t).expect("the JSON is a lockstep report")
+}
+
+/// The closed loop of this test: 50 requests of ranged lengths, 8 at a time.
+const CLOSED: [&str; 4] = [
+    "workload.num_requests=50",
+    "workload.concurrency=8",
+    "workload.output_len=[4, 24]",
+    "workload.input_len=[16, 200]",
+];
+
+#[test]
+fn closed_loop_completes_every_request_with_the_asked_lengths_and_renders() {
+    let server = Server::start("agg-balanced.toml", &[]);
+    let json = temp("bench-closed.json");
+    let mut args = vec![
+        "--url",
+        &server.url,
+        "--no-progress",
+        "--json",
+        json.to_str().unwrap(),
+        "--slo",
+        "e2e_ms=60000",
+    ];
+    for s in CLOSED {
+        args.extend(["--set", s]);
+    }
+    let scenario = example_path("agg-dp2-binding.toml");
+    args.push(&scenario);
+    let out = bench(&args);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("Serving Benchmark Result"), "{stdout}");
+    assert!(stdout.contains("Request goodput (req/s):"), "{stdout}");
+    let report = read_report(&json);
+    assert_eq!(report.requests.submitted, 50);
+    assert_eq!(report.requests.completed, 50, "{:?}", report.per_request);
+    assert_eq!(report.requests.failed, 0);
+    assert_eq!(report.goodput.map(|g| g.good_requests), Some(50));
+    // The lengths the workload asked for: the simulator plays the same closed loop
+    // (same seed, ids issued in the same order) and generates exactly what it asks.
+    let asked = simulate_with(&example("agg-dp2-binding.toml", &CLOSED), |o| {
+        o.seed = 0;
+        o.preload = false;
+    });
+    assert_eq!(asked.per_request.len(), 50);
+    let lengths = |r: &Report| -> Vec<(u64, u32, u32)> {
+        r.per_request
+            .iter()
+            .map(|d| (d.id, d.prompt_tokens, d.output_tokens))
+            .collect()
+    };
+    assert_eq!(lengths(&report), lengths(&asked));
+    assert!(report.latency_ms.ttft.samples == 50 && report.latency_ms.itl.samples > 0);
+    assert!(
+        report
+            .per_request
+            .iter()
+            .all(|d| d.first_token_ms.is_some())
+    );
+    // `lockstep report` renders the page from a report without server sections.
+    let page = temp("bench-closed.html");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lockstep"));
+    c.arg("report").arg(&json).arg("-o").arg(&page);
+    let out = output_within(c, DEADLINE);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let html = std::fs::read_to_string(&page).expect("the page");
+    assert!(html.contains("<svg"), "the page has plots");
+}
+
+#[test]
+fn conversation_rounds_all_complete_over_chat() {
+    let server = Server::start("agg-conversation.toml", &[]);
+    let json = temp("bench-conv.json");
+    let scenario = example_path("agg-conversation.toml");
+    let out = bench(&[
+        "--url",
+        &server.url,
+        "--endpoint",
+        "chat",
+        "--no-progress",
+        "--json",
+        json.to_str().unwrap(),
+        "--set",
+        "workload.num_requests=40",
+        "--set",
+        "workload.concurrency=6",
+        "--set",
+        "workload.think_time_ms=5",
+        "--set",
+        "workload.input_len=[16, 64]",
+        "--set",
+        "workload.output_len=[2, 8]",
+        "--set",
+        "workload.conversation.new_tokens_per_round=[4, 16]",
+        &scenario,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let report = read_report(&json);
+    assert_eq!(report.requests.submitted, 40);
+    assert_eq!(report.requests.completed, 40, "{:?}", report.per_request);
+    // Later rounds carry the earlier rounds' prompt and output: some prompts grew past
+    // the first round's longest.
+    assert!(report.per_request.iter().any(|d| d.prompt_tokens > 64));
+    assert!(
+        report
+            .per_request
+            .iter()
+            .all(|d| (2..=8).contains(&d.output_tokens))
+    );
+}
+
+#[test]
+fn an_unreachable_url_fails_clearly_naming_it() {
+    // A port nothing listens on: bound, then released.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let out = bench(&[
+        "--url",
+        &url,
+        "--no-progress",
+        &example_path("agg-dp2-binding.toml"),
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("--url {url}")) && stderr.contains("cannot reach the server"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let out = bench(&[
+        "--url",
+        "localhost:8000",
+        &example_path("agg-dp2-binding.toml"),
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--url `localhost:8000`"), "{stderr}");
+}
+
+#[test]
+fn a_server_answering_errors_fails_every_request_with_the_reason() {
+    let server = Server::start("agg-balanced.toml", &["--api-key", "right"]);
+    let json = temp("bench-401.json");
+    let scenario = example_path("agg-dp2-binding.toml");
+    let out = bench(&[
+        "--url",
+        &server.url,
+        "--api-key",
+        "wrong",
+        "--model",
+        "agg-balanced",
+        "--no-progress",
+        "--json",
+        json.to_str().unwrap(),
+        "--set",
+        "workload.num_requests=12",
+        "--set",
+        "workload.concurrency=4",
+        &scenario,
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(text(&out.stderr).contains("12 of 12 requests failed"));
+    assert!(
+        stdout.contains("12 × HTTP 401: missing or wrong API key"),
+        "{stdout}"
+    );
+    let report = read_report(&json);
+    assert_eq!(
+        (report.requests.submitted, report.requests.failed),
+        (12, 12)
+    );
+    for d in &report.per_request {
+        let why = d.failure.as_deref().unwrap_or("");
+        assert!(
+            why.starts_with("HTTP 401: missing or wrong API key"),
+            "{why}"
+        );
+    }
+}
+
+/// A fake OpenAI server on a free port: `/v1/models` names `fake`; the n-th completion
+/// (from 1) gets `answer(n)` as a complete HTTP response. One request per connection.
+fn fake_server(answer: fn(u32) -> String) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut n = 0;
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                if conn.read(&mut byte).unwrap_or(0) == 0 {
+                    break;
+                }
+                head.push(byte[0]);
+            }
+            let head = String::from_utf8_lossy(&head).to_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap_or(0));
+            let mut body = vec![0u8; len];
+            let _ = conn.read_exact(&mut body);
+            let reply = if head.starts_with("get /v1/models") {
+                let b = r#"{"object":"list","data":[{"id":"fake","object":"model"}]}"#;
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{b}",
+                    b.len()
+                )
+            } else {
+                n += 1;
+                answer(n)
+            };
+            let _ = conn.write_all(reply.as_bytes());
+        }
+    });
+    url
+}
+
+fn sse_response(events: &[&str]) -> String {
+    let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[test]
+fn the_usage_count_wins_and_a_stream_without_done_fails() {
+    // Requests 1 and 2: three chunks of text, then a usage of 5 tokens and [DONE].
+    // Requests 3 and 4: two chunks, and the stream ends without [DONE].
+    let url = fake_server(|n| {
+        let text = r#"{"choices":[{"index":0,"text":" w","finish_reason":null}]}"#;
+        if n <= 2 {
+            sse_response(&[
+                text,
+                text,
+                text,
+                r#"{"choices":[],"usage":{"prompt_tokens":16,"completion_tokens":5}}"#,
+                "[DONE]",
+            ])
+        } else {
+            sse_response(&[text, text])
+        }
+    });
+    let json = temp("bench-fake.json");
+    let out = bench(&[
+        "--url",
+        &url,
+        "--no-progress",
+        "--json",
+        json.to_str().unwrap(),
+        "--set",
+        "workload.num_requests=4",
+        "--set",
+        "workload.concurrency=1",
+        "--set",
+        "workload.input_len=16",
+        "--set",
+        "workload.output_len=5",
+        &example_path("agg-dp2-binding.toml"),
+    ]);
+    assert!(!out.status.success(), "two requests failed");
+    let report = read_report(&json);
+    let got: Vec<(u64, u32, Option<String>)> = report
+        .per_request
+        .iter()
+        .map(|d| (d.id, d.output_tokens, d.failure.clone()))
+        .collect();
+    let cut = Some("the stream ended without [DONE] after 2 chunks".to_string());
+    assert_eq!(
+        got,
+        [(1, 5, None), (2, 5, None), (3, 2, cut.clone()), (4, 2, cut)]
+    );
+    // Two inter-token samples per completed request (three chunks of text each).
+    assert_eq!(report.latency_ms.itl.samples, 4);
+}

@@ -1,0 +1,905 @@
+//! The OpenAI request bodies `lockstep serve` takes, checked field by field (an error
+//! names the field), the rules that turn prompt text into a token count and output
+//! token ids into text, and the JSON shapes of the answers.
+//!
+//! Rules (written down in README "Serving over HTTP"):
+//! - a text prompt counts one token per whitespace-separated word; a prompt given as
+//!   token ids counts one token per id; a chat prompt counts the words of every
+//!   message's content;
+//! - an output token with id `t` reads as the word `WORDS[t % WORDS.len()]`, words
+//!   separated by one space; the tokens of one step that carries several (a speculative
+//!   step names only its last token id) all read as the word of that last id;
+//! - `stop` (a string or up to four) ends the output before the first stop string in its
+//!   text (`finish_reason: "stop"`; see `stop.rs`);
+//! - `temperature` (0 or more), `top_p` (in (0, 1]), `top_k` (-1 or more) and `seed`
+//!   are checked; a model backend (`--model`) samples by them, the server's
+//!   `--temperature`, `--top-p`, `--top-k` and `--seed` standing in for any not given;
+//!   the zero-cost and analytic backends do not sample. `user` is type-checked and
+//!   otherwise ignored;
+//! - a field lockstep does not implement is refused (400 naming it) rather than
+//!   answered as if it were not there: `logprobs`, `top_logprobs`, `echo`, a non-empty
+//!   `logit_bias`, non-zero `presence_penalty`/`frequency_penalty`, `repetition_penalty`
+//!   other than 1, `response_format` other than text, `tools`/`functions`, `tool_choice`
+//!   that asks for a tool, `suffix`, `best_of` above 1, `n` above 1, `min_tokens` above
+//!   0 unless `ignore_eos` is set and no stop string is given (then it holds already;
+//!   otherwise it needs the end ids masked in the sampler); `ignore_eos` is implemented
+//!   (the end of sequence no longer ends the answer);
+//! - with `--model` the model's tokenizer replaces the word rules: the prompt is its
+//!   token ids (a chat in the model's chat format), the output its decoded text, and the
+//!   model's end of sequence ends an answer with `finish_reason: "stop"`
+//!   (`model_text.rs`).
+
+#![forbid(unsafe_code)]
+
+use serde_json::{Value, json};
+
+/// The words output token ids read as.
+pub const WORDS: [&str; 16] = [
+    "lorem",
+    "ipsum",
+    "dolor",
+    "sit",
+    "amet",
+    "consectetur",
+    "adipiscing",
+    "elit",
+    "sed",
+    "do",
+    "eiusmod",
+    "tempor",
+    "incididunt",
+    "ut",
+    "labore",
+    "et",
+];
+
+/// `max_tokens` when a request gives none (OpenAI's default for completions).
+pub const DEFAULT_MAX_TOKENS: u32 = 16;
+
+/// The largest `max_tokens` taken.
+pub const MAX_TOKENS_LIMIT: u32 = 1 << 20;
+
+/// Which endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/chat/completions`.
+    Chat,
+}
+
+/// A checked request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed {
+    /// Prompt tokens by the rules above.
+    pub prompt_tokens: u32,
+    /// One content hash per full block of the prompt (the fleet's `tokens_per_block`
+    /// tokens): prompts that share a prefix share these, so the KV-aware router and the
+    /// prefix cache see HTTP traffic as they see a workload's.
+    pub block_hashes: Vec<u64>,
+    /// Output tokens to generate.
+    pub max_tokens: u32,
+    /// The field that gave them (`max_tokens`, or a chat's `max_completion_tokens`), for
+    /// errors about them.
+    pub max_tokens_param: &'static str,
+    /// Server-sent events.
+    pub stream: bool,
+    /// A last chunk with the usage (`stream_options.include_usage`).
+    pub include_usage: bool,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// The sampling fields the body gave (a model backend uses them; `None`: not given).
+    pub sampling: SamplingFields,
+    /// Whether the body gave `max_tokens` (or `max_completion_tokens`): a model's chat
+    /// without one runs to the end of the context, as vLLM's does.
+    pub max_tokens_given: bool,
+    /// `ignore_eos`: the model's end of sequence does not end the answer.
+    pub ignore_eos: bool,
+}
+
+/// `temperature`, `top_p`, `top_k` and `seed` as the body gave them, each checked.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SamplingFields {
+    /// 0 or more.
+    pub temperature: Option<f32>,
+    /// In (0, 1].
+    pub top_p: Option<f32>,
+    /// 0 or more (-1, vLLM's "all", reads as 0).
+    pub top_k: Option<u32>,
+    /// Any integer (a negative one is taken modulo 2^64).
+    pub seed: Option<u64>,
+}
+
+// Every float is checked finite.
+impl Eq for SamplingFields {}
+
+impl SamplingFields {
+    /// Whether the body gave any of them.
+    pub fn any(&self) -> bool {
+        self.temperature.is_some()
+            || self.top_p.is_some()
+            || self.top_k.is_some()
+            || self.seed.is_some()
+    }
+}
+
+/// The sampling fields of `obj`, each checked in range (the error names the field).
+fn sampling_fields(obj: &serde_json::Map<String, Value>) -> Result<SamplingFields, ApiError> {
+    let given = |k: &str| obj.get(k).filter(|v| !v.is_null());
+    let mut f = SamplingFields::default();
+    if let Some(v) = given("temperature") {
+        match v.as_f64() {
+            // Checked as the f32 the sampler gets: 1e308 passes as an f64 and is inf
+            // as an f32, which the rank would refuse mid-collective.
+            Some(t) if (t as f32).is_finite() && t >= 0.0 => f.temperature = Some(t as f32),
+            _ => {
+                return Err(ApiError::field(
+                    "temperature",
+                    format!(
+                        "temperature must be a number of 0 or more, got {}",
+                        short(v)
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(v) = given("top_p") {
+        match v.as_f64() {
+            // As an f32: 1e-50 is 0 there.
+            Some(p) if (p as f32) > 0.0 && p <= 1.0 => f.top_p = Some(p as f32),
+            _ => {
+                return Err(ApiError::field(
+                    "top_p",
+                    format!("top_p must be a number in (0, 1], got {}", short(v)),
+                ));
+            }
+        }
+    }
+    if let Some(v) = given("top_k") {
+        match v.as_i64() {
+            Some(-1) => f.top_k = Some(0),
+            Some(k) if (0..=i64::from(u32::MAX)).contains(&k) => f.top_k = Some(k as u32),
+            _ => {
+                return Err(ApiError::field(
+                    "top_k",
+                    format!("top_k must be an integer of -1 or more, got {}", short(v)),
+                ));
+            }
+        }
+    }
+    if let Some(v) = given("seed") {
+        match (v.as_u64(), v.as_i64()) {
+            (Some(s), _) => f.seed = Some(s),
+            (None, Some(s)) => f.seed = Some(s as u64),
+            _ => {
+                return Err(ApiError::field(
+                    "seed",
+                    format!("seed must be an integer, got {}", short(v)),
+                ));
+            }
+        }
+    }
+    Ok(f)
+}
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: u16,
+    /// What went wrong, naming the field and the value.
+    pub message: String,
+    /// The field, if one is at fault.
+    pub param: Option<String>,
+    /// OpenAI's `type`.
+    pub kind: &'static str,
+    /// OpenAI's `code`.
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400 naming `param`.
+    pub fn field(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            param: Some(param.to_string()),
+            kind: "invalid_request_error",
+            code: None,
+        }
+    }
+
+    /// Another status, no field.
+    pub fn status(status: u16, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            param: None,
+            kind,
+            code: None,
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 60 {
+        format!("{}...", &s[..s.floor_char_boundary(60)])
+    } else {
+        s
+    }
+}
+
+/// Appends one content key per word of `text` (a word's key hashes its bytes).
+fn words(text: &str, keys: &mut Vec<u64>) {
+    for w in text.split_whitespace() {
+        let key = w
+            .bytes()
+            .fold(lockstep_actors::kv::mix(w.len() as u64), |h, b| {
+                lockstep_actors::kv::mix(h ^ u64::from(b))
+            });
+        keys.push(key);
+    }
+}
+
+/// The content hash of each full block of `tokens_per_block` token keys (none when
+/// `tokens_per_block` is 0). Token ids and words never collide: words' keys are mixed
+/// with a tag.
+pub fn block_hashes(keys: &[u64], tokens_per_block: u32) -> Vec<u64> {
+    if tokens_per_block == 0 {
+        return Vec::new();
+    }
+    keys.chunks_exact(tokens_per_block as usize)
+        .map(|block| {
+            block
+                .iter()
+                .fold(0x000B_10C4_u64, |h, &k| lockstep_actors::kv::mix(h ^ k))
+        })
+        .collect()
+}
+
+/// Checks a request body for `endpoint`; `model` is the served model's name,
+/// `max_prompt_tokens` the longest prompt taken, `tokens_per_block` the fleet's KV block
+/// size (the prompt's block hashes are computed with it).
+pub fn parse(
+    body: &[u8],
+    endpoint: Endpoint,
+    model: &str,
+    max_prompt_tokens: u32,
+    tokens_per_block: u32,
+) -> Result<Parsed, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::status(
+            400,
+            "invalid_request_error",
+            format!("the body is not valid JSON: {e}"),
+        )
+    })?;
+    let Some(obj) = value.as_object() else {
+        return Err(ApiError::status(
+            400,
+            "invalid_request_error",
+            format!("the body must be a JSON object, got {}", short(&value)),
+        ));
+    };
+    if let Some(m) = obj.get("model") {
+        match m.as_str() {
+            Some(name) if name == model => {}
+            Some(name) => {
+                return Err(ApiError {
+                    status: 404,
+                    message: format!("model: `{name}` is not served here; the model is `{model}`"),
+                    param: Some("model".into()),
+                    kind: "invalid_request_error",
+                    code: Some("model_not_found"),
+                });
+            }
+            None => {
+                return Err(ApiError::field(
+                    "model",
+                    format!("model must be a string, got {}", short(m)),
+                ));
+            }
+        }
+    }
+    let mut keys = Vec::new();
+    match endpoint {
+        Endpoint::Completions => completion_prompt(obj.get("prompt"), &mut keys)?,
+        Endpoint::Chat => chat_prompt(obj.get("messages"), &mut keys)?,
+    }
+    let prompt_tokens = keys.len();
+    check_prompt_tokens(endpoint, prompt_tokens, max_prompt_tokens)?;
+    let max_param = match endpoint {
+        Endpoint::Chat if obj.contains_key("max_completion_tokens") => "max_completion_tokens",
+        _ => "max_tokens",
+    };
+    let max_tokens = match obj.get(max_param) {
+        None | Some(Value::Null) => DEFAULT_MAX_TOKENS,
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=u64::from(MAX_TOKENS_LIMIT)).contains(&n) => n as u32,
+            _ => {
+                return Err(ApiError::field(
+                    max_param,
+                    format!(
+                        "{max_param} must be an integer from 1 to {MAX_TOKENS_LIMIT}, got {}",
+                        short(v)
+                    ),
+                ));
+            }
+        },
+    };
+    let stream = match obj.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(ApiError::field(
+                "stream",
+                format!("stream must be a boolean, got {}", short(v)),
+            ));
+        }
+    };
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => {
+            if !stream {
+                return Err(ApiError::field(
+                    "stream_options",
+                    "stream_options is only allowed when stream is true",
+                ));
+            }
+            match o.get("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => {
+                    return Err(ApiError::field(
+                        "stream_options.include_usage",
+                        format!(
+                            "stream_options.include_usage must be a boolean, got {}",
+                            short(v)
+                        ),
+                    ));
+                }
+            }
+        }
+        Some(v) => {
+            return Err(ApiError::field(
+                "stream_options",
+                format!("stream_options must be an object, got {}", short(v)),
+            ));
+        }
+    };
+    if let Some(n) = obj.get("n")
+        && !n.is_null()
+        && n.as_u64() != Some(1)
+    {
+        return Err(ApiError::field(
+            "n",
+            format!("n must be 1 (one choice per request), got {}", short(n)),
+        ));
+    }
+    // Used by a model backend only, but always checked.
+    let sampling = sampling_fields(obj)?;
+    refuse_unimplemented(obj)?;
+    let ignore_eos = match obj.get("ignore_eos") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(ApiError::field(
+                "ignore_eos",
+                format!("ignore_eos must be a boolean, got {}", short(v)),
+            ));
+        }
+    };
+    // Accepted and ignored, but of the right type.
+    for (field, ok) in [
+        ("user", Value::is_string as fn(&Value) -> bool),
+        ("logit_bias", Value::is_object),
+    ] {
+        if let Some(v) = obj.get(field)
+            && !v.is_null()
+            && !ok(v)
+        {
+            return Err(ApiError::field(
+                field,
+                format!("{field} has the wrong type: {}", short(v)),
+            ));
+        }
+    }
+    let stop = stop_strings(obj.get("stop"))?;
+    Ok(Parsed {
+        prompt_tokens: prompt_tokens as u32,
+        max_tokens_param: max_param,
+        block_hashes: block_hashes(&keys, tokens_per_block),
+        max_tokens,
+        stream,
+        include_usage,
+        stop,
+        sampling,
+        max_tokens_given: obj.get(max_param).is_some_and(|v| !v.is_null()),
+        ignore_eos,
+    })
+}
+
+/// Refuses the fields lockstep does not implement when they ask for something (their
+/// defaults pass): answering as if they were absent would be a silent wrong 200.
+fn refuse_unimplemented(obj: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    let given = |k: &str| obj.get(k).filter(|v| !v.is_null());
+    let refuse = |field: &str, v: &Value, why: &str| {
+        Err(ApiError::field(
+            field,
+            format!("{field} {} is not supported by lockstep: {why}", short(v)),
+        ))
+    };
+    if let Some(v) = given("logprobs")
+        && v != &Value::Bool(false)
+    {
+        return refuse("logprobs", v, "no log-probabilities are returned");
+    }
+    if let Some(v) = given("top_logprobs")
+        && v.as_u64() != Some(0)
+    {
+        return refuse("top_logprobs", v, "no log-probabilities are returned");
+    }
+    if let Some(v) = given("echo")
+        && v != &Value::Bool(false)
+    {
+        return refuse("echo", v, "the prompt is not echoed");
+    }
+    if let Some(v) = given("logit_bias")
+        && v.as_object().is_some_and(|m| !m.is_empty())
+    {
+        return refuse("logit_bias", v, "the sampler applies no logit bias");
+    }
+    for (field, neutral) in [
+        ("presence_penalty", 0.0),
+        ("frequency_penalty", 0.0),
+        ("repetition_penalty", 1.0),
+    ] {
+        if let Some(v) = given(field) {
+            match v.as_f64() {
+                Some(x) if x == neutral => {}
+                Some(_) => return refuse(field, v, "the sampler applies no penalties"),
+                None => {
+                    return Err(ApiError::field(
+                        field,
+                        format!("{field} must be a number, got {}", short(v)),
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(v) = given("response_format")
+        && v.get("type").and_then(Value::as_str) != Some("text")
+    {
+        return refuse(
+            "response_format",
+            v,
+            "only {\"type\": \"text\"} is produced",
+        );
+    }
+    for field in ["tools", "functions"] {
+        if let Some(v) = given(field)
+            && v.as_array().is_none_or(|a| !a.is_empty())
+        {
+            return refuse(field, v, "tool calls are not implemented");
+        }
+    }
+    // With no tools given, "auto" and "none" both mean plain text.
+    for field in ["tool_choice", "function_call"] {
+        if let Some(v) = given(field)
+            && !(v == "none" || v == "auto")
+        {
+            return refuse(field, v, "tool calls are not implemented");
+        }
+    }
+    if let Some(v) = given("suffix")
+        && v.as_str() != Some("")
+    {
+        return refuse("suffix", v, "insertion after a suffix is not implemented");
+    }
+    if let Some(v) = given("best_of")
+        && v.as_u64() != Some(1)
+    {
+        return refuse("best_of", v, "one sequence is generated per request");
+    }
+    // With `ignore_eos` and no stop strings nothing but `max_tokens` ends the answer, so
+    // any `min_tokens` up to it holds already (what `lockstep bench` and vLLM's benchmark
+    // send for an exact output length).
+    let only_length_ends = given("ignore_eos") == Some(&Value::Bool(true))
+        && given("stop").is_none_or(|s| s.as_array().is_some_and(Vec::is_empty));
+    if let Some(v) = given("min_tokens")
+        && v.as_u64() != Some(0)
+        && !only_length_ends
+    {
+        return refuse(
+            "min_tokens",
+            v,
+            "the sampler cannot mask the end of sequence before it",
+        );
+    }
+    Ok(())
+}
+
+/// The field a prompt comes in.
+pub fn prompt_param(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::Completions => "prompt",
+        Endpoint::Chat => "messages",
+    }
+}
+
+/// A prompt of `count` tokens must have one and at most `max_prompt_tokens` (the error
+/// names the field).
+pub fn check_prompt_tokens(
+    endpoint: Endpoint,
+    count: usize,
+    max_prompt_tokens: u32,
+) -> Result<(), ApiError> {
+    let param = prompt_param(endpoint);
+    if count == 0 {
+        return Err(ApiError::field(
+            param,
+            format!("{param} is empty: at least one token is needed"),
+        ));
+    }
+    if count as u64 > u64::from(max_prompt_tokens) {
+        return Err(ApiError::field(
+            param,
+            format!(
+                "{param} has {count} tokens, more than this server's limit of {max_prompt_tokens}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Stop strings at most, as OpenAI's API allows.
+pub const MAX_STOP_STRINGS: usize = 4;
+
+/// `stop`: absent, a string, or an array of up to [`MAX_STOP_STRINGS`] non-empty strings.
+fn stop_strings(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let bad = |v: &Value| {
+        ApiError::field(
+            "stop",
+            format!(
+                "stop must be a non-empty string or an array of up to {MAX_STOP_STRINGS} of them, got {}",
+                short(v)
+            ),
+        )
+    };
+    let stops: Vec<String> = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() <= MAX_STOP_STRINGS => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| bad(v.unwrap_or(&Value::Null)))?,
+        Some(other) => return Err(bad(other)),
+    };
+    if stops.iter().any(String::is_empty) {
+        return Err(bad(v.unwrap_or(&Value::Null)));
+    }
+    Ok(stops)
+}
+
+/// Token ids are their own keys; words get a tag so that a word never reads as an id.
+const WORD_TAG: u64 = 1 << 40;
+
+fn completion_prompt(prompt: Option<&Value>, keys: &mut Vec<u64>) -> Result<(), ApiError> {
+    let bad = |v: &Value| {
+        ApiError::field(
+            "prompt",
+            format!(
+                "prompt must be a string or an array of token ids (one prompt per request), got {}",
+                short(v)
+            ),
+        )
+    };
+    match prompt {
+        None | Some(Value::Null) => Err(ApiError::field("prompt", "prompt is required")),
+        Some(Value::String(s)) => {
+            words(s, keys);
+            tag_words(keys);
+            Ok(())
+        }
+        Some(Value::Array(items)) => {
+            if let [Value::String(s)] = items.as_slice() {
+                words(s, keys);
+                tag_words(keys);
+                return Ok(());
+            }
+            for t in items {
+                match t.as_u64() {
+                    Some(id) if id <= u64::from(u32::MAX) => keys.push(id),
+                    _ => return Err(bad(t)),
+                }
+            }
+            Ok(())
+        }
+        Some(v) => Err(bad(v)),
+    }
+}
+
+fn tag_words(keys: &mut [u64]) {
+    for k in keys {
+        *k |= WORD_TAG;
+    }
+}
+
+fn chat_prompt(messages: Option<&Value>, keys: &mut Vec<u64>) -> Result<(), ApiError> {
+    let Some(messages) = messages else {
+        return Err(ApiError::field("messages", "messages is required"));
+    };
+    let Some(list) = messages.as_array().filter(|l| !l.is_empty()) else {
+        return Err(ApiError::field(
+            "messages",
+            format!(
+                "messages must be a non-empty array, got {}",
+                short(messages)
+            ),
+        ));
+    };
+    for (i, m) in list.iter().enumerate() {
+        let role = m.get("role").and_then(Value::as_str);
+        if !matches!(
+            role,
+            Some("system" | "developer" | "user" | "assistant" | "tool")
+        ) {
+            return Err(ApiError::field(
+                &format!("messages[{i}].role"),
+                format!(
+                    "messages[{i}].role must be one of system, developer, user, assistant, tool; got {}",
+                    m.get("role").map_or("nothing".into(), short)
+                ),
+            ));
+        }
+        match m.get("content") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => words(s, keys),
+            Some(Value::Array(parts)) => {
+                for (j, p) in parts.iter().enumerate() {
+                    match p.get("text").and_then(Value::as_str) {
+                        Some(t) => words(t, keys),
+                        None => {
+                            return Err(ApiError::field(
+                                &format!("messages[{i}].content[{j}]"),
+                                format!(
+                                    "messages[{i}].content[{j}] must be a text part {{\"type\": \"text\", \"text\": ...}}, got {}",
+                                    short(p)
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+            Some(v) => {
+                return Err(ApiError::field(
+                    &format!("messages[{i}].content"),
+                    format!(
+                        "messages[{i}].content must be a string or an array of text parts, got {}",
+                        short(v)
+                    ),
+                ));
+            }
+        }
+    }
+    tag_words(keys);
+    Ok(())
+}
+
+/// The text of `count` output tokens whose last id is `last`, the output so far holding
+/// `before` tokens (the first token of an output has no leading space).
+pub fn render(last: u32, count: u32, before: u32) -> String {
+    let word = WORDS[last as usize % WORDS.len()];
+    let mut text = String::new();
+    for i in 0..count {
+        if before + i > 0 {
+            text.push(' ');
+        }
+        text.push_str(word);
+    }
+    text
+}
+
+/// The `usage` object.
+pub fn usage(prompt: u32, completion: u32) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(body: &str, e: Endpoint) -> Result<Parsed, ApiError> {
+        parse(body.as_bytes(), e, "m", 100, 2)
+    }
+
+    #[test]
+    fn fields_lockstep_does_not_implement_are_refused_naming_them() {
+        let refused = [
+            (r#""logprobs": 2"#, "logprobs"),
+            (r#""logprobs": true"#, "logprobs"),
+            (r#""top_logprobs": 3"#, "top_logprobs"),
+            (r#""echo": true"#, "echo"),
+            (r#""logit_bias": {"5": 10}"#, "logit_bias"),
+            (r#""frequency_penalty": 0.5"#, "frequency_penalty"),
+            (r#""presence_penalty": -1"#, "presence_penalty"),
+            (r#""repetition_penalty": 1.2"#, "repetition_penalty"),
+            (
+                r#""response_format": {"type": "json_object"}"#,
+                "response_format",
+            ),
+            (
+                r#""tools": [{"type": "function", "function": {"name": "f"}}]"#,
+                "tools",
+            ),
+            (r#""tool_choice": "required""#, "tool_choice"),
+            (r#""suffix": "end""#, "suffix"),
+            (r#""best_of": 3"#, "best_of"),
+            (r#""n": 2"#, "n"),
+            (r#""min_tokens": 4"#, "min_tokens"),
+            (
+                r#""min_tokens": 4, "ignore_eos": true, "stop": ["x"]"#,
+                "min_tokens",
+            ),
+        ];
+        for (field, name) in refused {
+            let body = format!(r#"{{"prompt": "a b", {field}}}"#);
+            let e = p(&body, Endpoint::Completions).expect_err(field);
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(name)), "{field}");
+            assert!(e.message.starts_with(name), "{field}: {}", e.message);
+        }
+        // Their defaults pass: a client that sends them spelled out is served.
+        let neutral = r#"{"prompt": "a b", "logprobs": null, "top_logprobs": 0, "echo": false,
+            "logit_bias": {}, "frequency_penalty": 0, "presence_penalty": 0.0,
+            "repetition_penalty": 1, "response_format": {"type": "text"}, "tools": [],
+            "tool_choice": "auto", "suffix": "", "best_of": 1, "n": 1, "min_tokens": 0}"#;
+        let parsed = p(neutral, Endpoint::Completions).expect("the defaults pass");
+        assert!(!parsed.ignore_eos && !parsed.max_tokens_given);
+        // With ignore_eos and no stop strings only max_tokens ends an answer: min_tokens
+        // holds already (a benchmark's exact output length).
+        let exact = r#"{"prompt": "a b", "max_tokens": 8, "min_tokens": 8, "ignore_eos": true}"#;
+        assert!(p(exact, Endpoint::Completions).is_ok());
+        let e = p(
+            r#"{"prompt": "a", "frequency_penalty": "x"}"#,
+            Endpoint::Completions,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("frequency_penalty"));
+    }
+
+    #[test]
+    fn ignore_eos_and_whether_max_tokens_was_given_are_read() {
+        let c = p(
+            r#"{"messages": [{"role": "user", "content": "x"}], "ignore_eos": true}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert!(c.ignore_eos && !c.max_tokens_given);
+        let c = p(
+            r#"{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 3}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert!(!c.ignore_eos && c.max_tokens_given);
+        let e = p(r#"{"prompt": "a", "ignore_eos": 1}"#, Endpoint::Completions).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("ignore_eos"));
+    }
+
+    #[test]
+    fn text_prompts_count_words_and_ids_count_ids() {
+        let c = p(
+            r#"{"prompt": "a b  c\nd", "max_tokens": 3}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        assert_eq!((c.prompt_tokens, c.max_tokens, c.stream), (4, 3, false));
+        let c = p(r#"{"prompt": [5, 6, 7]}"#, Endpoint::Completions).unwrap();
+        assert_eq!((c.prompt_tokens, c.max_tokens), (3, DEFAULT_MAX_TOKENS));
+        let c = p(
+            r#"{"model": "m", "messages": [{"role": "system", "content": "x y"}, {"role": "user", "content": [{"type": "text", "text": "z"}]}], "stream": true, "stream_options": {"include_usage": true}, "max_completion_tokens": 2}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!(
+            (c.prompt_tokens, c.max_tokens, c.stream, c.include_usage),
+            (3, 2, true, true)
+        );
+        // Three tokens in blocks of two: one full block.
+        assert_eq!(c.block_hashes.len(), 1);
+    }
+
+    #[test]
+    fn prompts_that_share_a_prefix_share_its_block_hashes() {
+        let hashes = |body: &str| p(body, Endpoint::Completions).unwrap().block_hashes;
+        let a = hashes(r#"{"prompt": [1, 2, 3, 4, 5]}"#);
+        let b = hashes(r#"{"prompt": [1, 2, 3, 9, 5]}"#);
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0], b[0], "the shared first block");
+        assert_ne!(a[1], b[1], "the second block differs");
+        let words = hashes(r#"{"prompt": "a b c d"}"#);
+        let same = hashes(r#"{"prompt": "a b c e"}"#);
+        assert_eq!(words[0], same[0]);
+        assert_ne!(words[1], same[1]);
+        assert!(!a.contains(&words[0]), "words never read as token ids");
+        // No block size: no hashes.
+        let none = parse(
+            br#"{"prompt": [1, 2, 3, 4]}"#,
+            Endpoint::Completions,
+            "m",
+            100,
+            0,
+        )
+        .unwrap();
+        assert!(none.block_hashes.is_empty());
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let cases = [
+            (r#"{"prompt": "a", "max_tokens": 0}"#, "max_tokens"),
+            (r#"{"prompt": "a", "max_tokens": "5"}"#, "max_tokens"),
+            (r#"{"prompt": {"x": 1}}"#, "prompt"),
+            (r#"{"prompt": [1, -2]}"#, "prompt"),
+            (r#"{"prompt": "   "}"#, "prompt"),
+            (r#"{}"#, "prompt"),
+            (r#"{"prompt": "a", "stream": "yes"}"#, "stream"),
+            (r#"{"prompt": "a", "stream_options": {}}"#, "stream_options"),
+            (r#"{"prompt": "a", "temperature": "hot"}"#, "temperature"),
+            (r#"{"prompt": "a", "temperature": 1e308}"#, "temperature"),
+            (r#"{"prompt": "a", "top_p": 1e-50}"#, "top_p"),
+            (r#"{"prompt": "a", "n": 2}"#, "n"),
+            (r#"{"prompt": "a", "model": 3}"#, "model"),
+        ];
+        for (body, field) in cases {
+            let e = p(body, Endpoint::Completions).unwrap_err();
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {e}");
+            assert!(e.message.contains(field), "{body}: {e}");
+        }
+        let e = p(
+            r#"{"messages": [{"role": "robot", "content": "a"}]}"#,
+            Endpoint::Chat,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].role"));
+        let long = format!(r#"{{"prompt": "{}"}}"#, "w ".repeat(101));
+        let e = p(&long, Endpoint::Completions).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        assert!(e.message.contains("101 tokens"), "{e}");
+        let e = p(
+            r#"{"prompt": "a", "model": "other"}"#,
+            Endpoint::Completions,
+        )
+        .unwrap_err();
+        assert_eq!((e.status, e.code), (404, Some("model_not_found")));
+        let e = p("not json", Endpoint::Completions).unwrap_err();
+        assert_eq!(e.status, 400);
+    }
+
+    #[test]
+    fn tokens_read_as_words_separated_by_spaces() {
+        assert_eq!(render(0, 1, 0), "lorem");
+        assert_eq!(render(17, 1, 1), " ipsum");
+        assert_eq!(render(2, 2, 0), "dolor dolor");
+        let body = ApiError::field("max_tokens", "bad").body();
+        assert_eq!(body["error"]["param"], "max_tokens");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+    }
+}

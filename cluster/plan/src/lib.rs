@@ -1,0 +1,22 @@
+//! lockstep's plans: everything a driver reads and derives before it runs, and the report
+//! it writes after. No driver, no network.
+//!
+//! - [`scenario`]: the scenario file (servers, front, workload, model, policy).
+//! - [`model`]: the cost model (coefficients, a roofline from `config.json`, the link).
+//! - [`fleet`]: what every driver checks and derives from a scenario before it runs.
+//! - [`workload`]: arrivals, lengths, prefixes, conversations, traces.
+//! - [`report`]: records, statistics, tables, plots, the HTML report.
+//! - [`model_backend`]: a real model's weights behind the ranks (`--model`).
+//! - [`validate`], [`explain`], [`trtllm`].
+
+#![forbid(unsafe_code)]
+
+pub mod explain;
+pub mod fleet;
+pub mod model;
+pub mod model_backend;
+pub mod report;
+pub mod scenario;
+pub mod trtllm;
+pub mod validate;
+pub mod workload;

@@ -1,0 +1,420 @@
+//! One rank's host in the real drivers (a thread, or an MPI process's main thread): it
+//! runs the executor's iteration protocol over a real [`Collective`], reads the server's
+//! ingress on rank 0, drives the device, hands transfer commands to the rank's
+//! transceiver and its events back, and delivers rank 0's gathered responses to the
+//! front. It never spells out the phase order: it answers whatever the executor asks
+//! ([`RankExecutor::poll`]).
+//!
+//! Waiting follows the executor's [`FetchMode`] (one rule for every driver): `Block`
+//! waits as long as it takes (§3.2); `Stalled` waits for the next input, and when the
+//! wait is bounded (work remains, nothing in flight) and nothing comes within the stall
+//! bound, rank 0 answers with a stall-out, which every rank turns into the deadlock's
+//! failures. While rank 0 waits it keeps the group alive ([`Collective::keep_alive`]), so
+//! its peers, waiting in the fetch broadcast, measure a stuck rank and not an idle one.
+
+use std::time::{Duration, Instant};
+
+use lockstep_actors::executor::{
+    FetchBatch, FetchMode, Input, Io, RankExecutor, RankResponses, StopReason,
+};
+use lockstep_actors::invariants::Violation;
+use lockstep_actors::request::IngressItem;
+use lockstep_gpu::{AnalyticBackend, Backend};
+use lockstep_transport::{Collective, Exchanged, exchange};
+
+use super::RuntimeError;
+use super::clock::{Clock, WallClock};
+use super::device::DeviceHandle;
+use super::net::{Endpoint, Envelope, Inbox, Net, Received};
+use super::status::StatusPublisher;
+use super::transceiver_host::{TransceiverEnd, TransceiverLink};
+use super::watchdog::Progress;
+use lockstep_plan::report::{RankEnding, RankSummary};
+
+/// Modeled time in the real drivers: the host's step and the device's forward take the
+/// cost model's times, scaled, as in the simulator.
+#[derive(Debug, Clone, Copy)]
+pub struct Pacing {
+    /// The cost model.
+    pub backend: AnalyticBackend,
+    /// Wall seconds per modeled second.
+    pub time_scale: f64,
+}
+
+impl Pacing {
+    fn scaled(&self, ns: u64) -> u64 {
+        (ns as f64 * self.time_scale).round() as u64
+    }
+}
+
+/// How a rank host runs.
+#[derive(Debug, Clone)]
+pub struct RankOptions {
+    /// A bounded stall (work remains, nothing in flight) longer than this is a deadlock.
+    pub stall_bound: Duration,
+    /// How often a waiting rank 0 tells its peers it is alive.
+    pub keep_alive_every: Duration,
+    /// Stop after this many iterations (every rank at the same one; the benchmark).
+    pub max_iterations: Option<u64>,
+    /// Record each iteration's wall time (the benchmark).
+    pub time_iterations: bool,
+    /// Modeled time (`None`: as fast as the machine goes).
+    pub pacing: Option<Pacing>,
+    /// Publish the rank's status to the front this often, and on going idle
+    /// (`lockstep serve`'s `/metrics`); `None`: never.
+    pub status_every: Option<Duration>,
+}
+
+impl Default for RankOptions {
+    fn default() -> Self {
+        RankOptions {
+            stall_bound: Duration::from_secs(10),
+            keep_alive_every: Duration::from_millis(250),
+            max_iterations: None,
+            time_iterations: false,
+            pacing: None,
+            status_every: None,
+        }
+    }
+}
+
+/// What a rank host works with besides its executor and collective.
+pub struct RankPorts<'a> {
+    /// The server's index in the scenario.
+    pub server: usize,
+    /// Rank 0: the server's ingress.
+    pub ingress: Option<&'a mut dyn Inbox<IngressItem>>,
+    /// To the front.
+    pub net: &'a dyn Net,
+    /// ctx and gen ranks: the transceiver.
+    pub transfers: Option<&'a TransceiverLink>,
+    /// The device.
+    pub device: &'a mut DeviceHandle,
+    /// The clock.
+    pub clock: &'a WallClock,
+    /// Published for the watchdog.
+    pub progress: &'a Progress,
+}
+
+/// What a rank host reports when its loop ends.
+#[derive(Debug)]
+pub struct RankRun {
+    /// How it ended.
+    pub ending: RankEnding,
+    /// Violations seen (the first 100).
+    pub violations: Vec<Violation>,
+    /// Violations in all.
+    pub violation_count: u64,
+    /// Wall time of each iteration, when [`RankOptions::time_iterations`] asked.
+    pub iteration_times: Vec<Duration>,
+    /// Samples for the server's time series.
+    pub series: lockstep_plan::report::series::Sampler,
+}
+
+/// Runs `exec` until the server drains (or stops, or `max_iterations`).
+/// A rank's summary after its loop (every real driver's): the executor's counts, how
+/// the loop ended (a host error ends it `Failed`), its time series, and what its
+/// transceiver moved.
+pub fn rank_summary(
+    server: usize,
+    exec: &RankExecutor,
+    outcome: Result<RankRun, RuntimeError>,
+    transfers: TransceiverEnd,
+) -> RankSummary {
+    let (ending, violations, count, series) = match outcome {
+        Ok(run) => (
+            run.ending,
+            run.violations,
+            run.violation_count,
+            run.series.into_points(),
+        ),
+        Err(e) => (RankEnding::Failed(e.to_string()), Vec::new(), 0, Vec::new()),
+    };
+    let mut summary = RankSummary::of(server, exec, violations, count, ending);
+    summary.transfers = transfers.stats;
+    summary.lost = transfers.lost;
+    summary.series = series;
+    summary
+}
+
+/// Hands the executor the transfer events its transceiver reported since the last call.
+fn apply_arrived_transfer_events(exec: &mut RankExecutor, ports: &RankPorts<'_>) {
+    if let Some(link) = ports.transfers {
+        while let Ok(event) = link.events.try_recv() {
+            // A request this rank no longer holds in transfer (it failed meanwhile) has
+            // nothing left to apply.
+            let _ = exec.handle_transfer_event(event);
+        }
+    }
+}
+
+pub fn run_rank<C: Collective + ?Sized>(
+    exec: &mut RankExecutor,
+    coll: &mut C,
+    mut ports: RankPorts<'_>,
+    opts: &RankOptions,
+) -> Result<RankRun, RuntimeError> {
+    let rank = exec.rank().index();
+    let server = ports.server;
+    let _rank_span = tracing::info_span!("rank", server, rank).entered();
+    let mut run = RankRun {
+        ending: RankEnding::Drained,
+        violations: Vec::new(),
+        violation_count: 0,
+        iteration_times: Vec::new(),
+        series: Default::default(),
+    };
+    let mut iterations = 0u64;
+    let mut iteration_started = Instant::now();
+    let mut publisher = opts.status_every.map(StatusPublisher::new);
+    // Modeled time: the iteration's start (its fetch), from which the host step counts.
+    let mut fetched_at = 0u64;
+    let mut stalled_since: Option<u64> = None;
+    // Every rank's batch shape, from the last vote: what the forward costs.
+    let mut shapes = Vec::new();
+    let coll_err = |source| RuntimeError::Collective {
+        server,
+        rank,
+        source,
+    };
+    let mut iteration_span = tracing::debug_span!("iteration", n = 0u64).entered();
+    loop {
+        apply_arrived_transfer_events(exec, &ports);
+        let exe_err = |source| RuntimeError::Executor {
+            server,
+            rank,
+            source,
+        };
+        // Read before `poll` borrows the executor (an iteration's pauses happen while it
+        // schedules, before it ends).
+        let preemptions = exec.totals().preemptions;
+        match exec.poll() {
+            Io::Exchange(x) => {
+                let phase = x.tag().phase;
+                ports.progress.enter(phase, ports.clock.now_ns());
+                let result = exchange(coll, x).map_err(coll_err)?;
+                ports.progress.alive(ports.clock.now_ns());
+                // Rank 0's gathered responses move to the front as they are (the
+                // executor only needs to know the gather happened).
+                let to_front = |all: Vec<RankResponses>| {
+                    if all.iter().any(|r| !r.responses.is_empty()) {
+                        ports
+                            .net
+                            .send(
+                                Endpoint::Front,
+                                Envelope::Responses {
+                                    server: server as u32,
+                                    responses: all,
+                                },
+                            )
+                            .map_err(|source| RuntimeError::Net {
+                                server,
+                                rank,
+                                source,
+                            })?;
+                    }
+                    Ok::<(), RuntimeError>(())
+                };
+                let result = match result {
+                    Exchanged::Responses(Some(all)) => {
+                        to_front(all)?;
+                        Exchanged::Responses(None)
+                    }
+                    Exchanged::TransferStatus {
+                        status,
+                        responses: Some(all),
+                    } => {
+                        to_front(all)?;
+                        Exchanged::TransferStatus {
+                            status,
+                            responses: None,
+                        }
+                    }
+                    other => other,
+                };
+                if let Exchanged::States(all) = &result {
+                    ports.progress.gathered(&all[rank], exec.waiting().len());
+                }
+                let is_fetch = matches!(result, Exchanged::Fetch(_));
+                exec.handle(result.input()).map_err(exe_err)?;
+                if is_fetch {
+                    fetched_at = ports.clock.now_ns();
+                }
+                if let Exchanged::Votes(votes) = &result {
+                    shapes.clear();
+                    shapes.extend(votes.iter().map(|v| v.shape));
+                }
+            }
+            Io::ReadIngress(mode) => {
+                match mode {
+                    FetchMode::Stalled { .. } => {
+                        stalled_since.get_or_insert(ports.clock.now_ns());
+                    }
+                    FetchMode::Poll | FetchMode::Block => stalled_since = None,
+                }
+                let read = read_ingress(&mut ports, coll, mode, stalled_since, opts);
+                exec.handle(Input::Ingress(read)).map_err(exe_err)?;
+            }
+            Io::Forward {
+                launch,
+                await_output,
+            } => {
+                // The server's iteration time, from every rank's shape: the same on
+                // every rank and in the simulator (the forward ends with the slowest
+                // rank's, whose collectives every rank waits for).
+                let time = opts.pacing.map(|p| {
+                    let t = p.backend.iteration_ns(&shapes, launch.is_some(), true);
+                    (p.scaled(t.host_ns), p.scaled(t.device_ns))
+                });
+                if let Some((host, _)) = time {
+                    ports.clock.sleep_until(fetched_at.saturating_add(host));
+                }
+                let device_err = |source| RuntimeError::Device {
+                    server,
+                    rank,
+                    source,
+                };
+                // The batch is the executor's launched one; read it back through a shared
+                // borrow, since a model backend also reads the executor's block tables.
+                if launch.is_some()
+                    && let Some(batch) = exec.launched()
+                {
+                    let forward_ns = time.map_or(0, |(_, device)| device);
+                    ports
+                        .device
+                        .launch(exec, batch, forward_ns)
+                        .map_err(device_err)?;
+                }
+                let output = match await_output {
+                    Some(n) => Some(ports.device.await_output(n).map_err(device_err)?),
+                    None => None,
+                };
+                // The transfer status goes out right after the output: what arrived
+                // during the forward belongs to this iteration, as in the simulator.
+                apply_arrived_transfer_events(exec, &ports);
+                exec.handle(Input::Output(output.as_ref()))
+                    .map_err(exe_err)?;
+                if let Some(o) = output {
+                    ports.device.recycle(o);
+                }
+            }
+            Io::IterationEnded(report) => {
+                if let Some(link) = ports.transfers
+                    && !report.transfer_commands.is_empty()
+                {
+                    link.send_commands(&report.transfer_commands);
+                }
+                for v in &report.violations {
+                    run.violation_count += 1;
+                    if run.violations.len() < 100 {
+                        run.violations.push(v.clone());
+                    }
+                }
+                iterations += 1;
+                drop(iteration_span);
+                iteration_span = tracing::debug_span!("iteration", n = iterations).entered();
+                let now = ports.clock.now_ns();
+                run.series.record(&report.stats, now, preemptions);
+                ports.progress.iteration_done(iterations, now);
+                if let Some(status) = publisher
+                    .as_mut()
+                    .and_then(|p| p.after_iteration(server, exec))
+                {
+                    // Only metrics depend on it: a front that cannot take it loses
+                    // nothing that matters.
+                    let _ = ports
+                        .net
+                        .send(Endpoint::Front, Envelope::Status(Box::new(status)));
+                }
+                if opts.time_iterations {
+                    run.iteration_times.push(iteration_started.elapsed());
+                }
+                iteration_started = Instant::now();
+                if opts.max_iterations.is_some_and(|m| iterations >= m) {
+                    break;
+                }
+            }
+            Io::Finished => {
+                if let Some((reason, state)) = exec.stalled_out() {
+                    run.ending = RankEnding::StalledOut {
+                        reason: reason.to_string(),
+                        state: state.to_string(),
+                    };
+                }
+                break;
+            }
+            Io::Stopped(why) => {
+                run.ending = match why {
+                    StopReason::Crashed(v) => {
+                        run.violation_count += 1;
+                        if run.violations.len() < 100 {
+                            run.violations.push(v.clone());
+                        }
+                        RankEnding::Crashed(v.clone())
+                    }
+                    StopReason::PeerCrashed { peer } => RankEnding::PeerCrashed { peer: peer.0 },
+                };
+                break;
+            }
+        }
+    }
+    Ok(run)
+}
+
+/// Rank 0 reads its ingress as the executor's mode says.
+fn read_ingress<C: Collective + ?Sized>(
+    ports: &mut RankPorts<'_>,
+    coll: &mut C,
+    mode: FetchMode,
+    stalled_since: Option<u64>,
+    opts: &RankOptions,
+) -> FetchBatch {
+    let clock = ports.clock;
+    let mut batch = FetchBatch::default();
+    let Some(ingress) = ports.ingress.as_deref_mut() else {
+        batch.now_ns = clock.now_ns();
+        return batch;
+    };
+    let bound = match mode {
+        FetchMode::Stalled { bounded: true } => {
+            let since = stalled_since.unwrap_or_else(|| clock.now_ns());
+            Some(since.saturating_add(opts.stall_bound.as_nanos() as u64))
+        }
+        _ => None,
+    };
+    if mode != FetchMode::Poll {
+        loop {
+            let slice = clock
+                .now_ns()
+                .saturating_add(opts.keep_alive_every.as_nanos() as u64);
+            let until = bound.map_or(slice, |b| b.min(slice));
+            match ingress.recv_until(Some(clock.instant(until))) {
+                Received::Message(item) => {
+                    batch.add(item);
+                    break;
+                }
+                Received::Closed => {
+                    // Nothing will ever come: behave as a shutdown.
+                    batch.shutdown = true;
+                    break;
+                }
+                Received::TimedOut => {
+                    if bound.is_some_and(|b| clock.now_ns() >= b) {
+                        batch.stalled_out = Some(format!(
+                            "no iteration changed anything for {} ms while requests remained and no transfer was in flight",
+                            opts.stall_bound.as_millis()
+                        ));
+                        break;
+                    }
+                    coll.keep_alive();
+                    ports.progress.alive(clock.now_ns());
+                }
+            }
+        }
+    }
+    while let Some(item) = ingress.try_recv() {
+        batch.add(item);
+    }
+    batch.now_ns = clock.now_ns();
+    batch
+}

@@ -1,0 +1,736 @@
+//! The actix-web application: the OpenAI routes, `/v1/models`, `/health`, `/ping`,
+//! `/version`, `/metrics`;
+//! the API key, the body limit, and server-sent events.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{AUTHORIZATION, CONTENT_LENGTH, RETRY_AFTER};
+use actix_web::web::{self, Bytes};
+use actix_web::{HttpRequest, HttpResponse};
+use crossbeam_channel::Sender;
+use futures_util::StreamExt;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use super::api::{self, ApiError, Endpoint, Parsed};
+use super::bridge::{BridgeMsg, Event, Pending};
+use super::stop::{Released, StopWatch};
+use lockstep_actors::config::RequestShape;
+use lockstep_actors::ids::ReqId;
+use lockstep_plan::fleet::ShapeCheck;
+
+/// What every handler shares.
+pub struct AppState {
+    /// To the bridge.
+    pub bridge: Sender<BridgeMsg>,
+    /// The served model's name.
+    pub model: String,
+    /// The key `/v1/*` requires, if any.
+    pub api_key: Option<String>,
+    /// The largest body taken, in bytes.
+    pub max_body_bytes: usize,
+    /// The longest prompt taken, in tokens.
+    pub max_prompt_tokens: u32,
+    /// The metrics.
+    pub registry: Arc<Registry>,
+    /// When the server started (`/v1/models`' `created`).
+    pub created: u64,
+    /// The next request's id.
+    pub next_id: AtomicU64,
+    /// Requests accepted and not ended.
+    pub pending: Pending,
+    /// More pending than this answers 429.
+    pub max_pending: usize,
+    /// The fleet's KV block size (for the prompt's block hashes).
+    pub tokens_per_block: u32,
+    /// Whether some server could run a request of a given size.
+    pub shapes: ShapeCheck,
+    /// Counts the 429s.
+    pub rejected: prometheus_client::metrics::counter::Counter,
+    /// `--model`: the model's tokenizer makes the prompt ids and the output text.
+    pub text: Option<Arc<super::model_text::ModelText>>,
+}
+
+/// The routes.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/health", web::get().to(health))
+        // vLLM's liveness route (SageMaker's `/ping`, GET or POST) and its version.
+        .route("/ping", web::get().to(health))
+        .route("/ping", web::post().to(health))
+        .route("/version", web::get().to(version))
+        .route("/metrics", web::get().to(metrics))
+        .route("/v1/models", web::get().to(models))
+        .route("/v1/completions", web::post().to(completions))
+        .route("/v1/chat/completions", web::post().to(chat));
+}
+
+fn error(e: &ApiError) -> HttpResponse {
+    let mut answer =
+        HttpResponse::build(StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST));
+    // Overloaded or stopping: the client may try again (another replica, or later).
+    if matches!(e.status, 429 | 503) {
+        answer.insert_header((RETRY_AFTER, RETRY_AFTER_S.to_string()));
+    }
+    answer.json(e.body())
+}
+
+/// Seconds a 429 or 503 asks the client to wait.
+const RETRY_AFTER_S: u32 = 1;
+
+/// Cancels its request when dropped armed: a handler (or a stream) dropped before its
+/// request ended means the client went away.
+struct CancelOnDrop {
+    id: ReqId,
+    bridge: Sender<BridgeMsg>,
+    armed: bool,
+}
+
+impl CancelOnDrop {
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// A stop string ended the output: the rest of the request is not wanted.
+    fn stop(&mut self) {
+        if self.armed {
+            self.armed = false;
+            let _ = self.bridge.send(BridgeMsg::Stop(self.id));
+        }
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.bridge.send(BridgeMsg::Cancel(self.id));
+        }
+    }
+}
+
+/// A duplicate of a connection's socket (set when the connection opens), through
+/// which a handler waiting for a whole answer notices that its client left: actix-web
+/// does not drop a running handler when the peer closes, and vLLM users expect an
+/// abandoned request to stop taking GPU time.
+#[derive(Clone)]
+pub struct Peer(Arc<socket2::Socket>);
+
+impl Peer {
+    /// The peer of a new connection (`HttpServer::on_connect`), if it is TCP.
+    pub fn of(connection: &dyn std::any::Any) -> Option<Peer> {
+        let tcp = connection.downcast_ref::<actix_web::rt::net::TcpStream>()?;
+        socket2::SockRef::from(tcp)
+            .try_clone()
+            .ok()
+            .map(|s| Peer(Arc::new(s)))
+    }
+
+    /// The client closed its end (or the connection broke). The socket is
+    /// non-blocking (tokio's): a peek finds data, nothing yet, or the end.
+    fn gone(&self) -> bool {
+        let mut byte = [std::mem::MaybeUninit::uninit(); 1];
+        match self.0.peek(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ),
+        }
+    }
+
+    /// Returns once the client has gone.
+    async fn departure(&self) {
+        loop {
+            tokio::time::sleep(PEER_CHECK_EVERY).await;
+            if self.gone() {
+                return;
+            }
+        }
+    }
+}
+
+/// How often a handler waiting for a whole answer checks its client is still there.
+const PEER_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Refuses a request no server could ever run (400, as vLLM refuses a prompt past
+/// `max_model_len`): the prompt alone, or with its `max_tokens`.
+fn check_size(state: &AppState, parsed: &Parsed, endpoint: Endpoint) -> Result<(), ApiError> {
+    let shape = |max_new_tokens| RequestShape {
+        prompt_len: parsed.prompt_tokens,
+        max_new_tokens,
+        draft_len: 0,
+    };
+    let (param, why) = if let Some(why) = state.shapes.refusal(shape(1)) {
+        (api::prompt_param(endpoint), why)
+    } else if let Some(why) = state.shapes.refusal(shape(parsed.max_tokens)) {
+        (parsed.max_tokens_param, why)
+    } else {
+        return Ok(());
+    };
+    let mut e = ApiError::field(
+        param,
+        format!(
+            "{param}: a request of {} prompt tokens and max_tokens {} cannot run on this fleet: {why}",
+            parsed.prompt_tokens, parsed.max_tokens
+        ),
+    );
+    e.code = Some("context_length_exceeded");
+    Err(e)
+}
+
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Constant-time comparison of the presented key.
+fn authorized(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
+    let Some(key) = &state.api_key else {
+        return Ok(());
+    };
+    let given = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let same = given.len() == key.len()
+        && given
+            .bytes()
+            .zip(key.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if same {
+        Ok(())
+    } else {
+        Err(ApiError {
+            status: 401,
+            message: "missing or wrong API key: send `Authorization: Bearer KEY`".into(),
+            param: None,
+            kind: "invalid_request_error",
+            code: Some("invalid_api_key"),
+        })
+    }
+}
+
+async fn health() -> HttpResponse {
+    HttpResponse::Ok().finish()
+}
+
+async fn version() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
+async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .body(super::metrics::render(&state.registry))
+}
+
+async fn models(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    if let Err(e) = authorized(&req, &state) {
+        return error(&e);
+    }
+    // As vLLM: `root` is what is served (the model directory), `max_model_len` its
+    // context (null without a model: the fleet's limits are per server, not one number).
+    let (root, max_model_len) = match &state.text {
+        Some(text) => (
+            text.root().display().to_string(),
+            Some(text.max_positions()),
+        ),
+        None => (state.model.clone(), None),
+    };
+    HttpResponse::Ok().json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.model,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "lockstep",
+            "root": root,
+            "parent": null,
+            "max_model_len": max_model_len,
+        }],
+    }))
+}
+
+/// The body, refused past the limit (by its declared length, or as it arrives).
+async fn read_body(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<Vec<u8>, ApiError> {
+    let too_large = || {
+        ApiError::status(
+            413,
+            "invalid_request_error",
+            format!("the request body is larger than this server's limit of {limit} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::status(
+                400,
+                "invalid_request_error",
+                format!("reading the body: {e}"),
+            )
+        })?;
+        if body.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+async fn completions(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    generate(req, payload, state, Endpoint::Completions).await
+}
+
+async fn chat(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
+    generate(req, payload, state, Endpoint::Chat).await
+}
+
+async fn generate(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    endpoint: Endpoint,
+) -> HttpResponse {
+    if let Err(e) = authorized(&req, &state) {
+        return error(&e);
+    }
+    let received = Instant::now();
+    let body = match read_body(&req, payload, state.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => return error(&e),
+    };
+    let mut parsed = match api::parse(
+        &body,
+        endpoint,
+        &state.model,
+        state.max_prompt_tokens,
+        state.tokens_per_block,
+    ) {
+        Ok(p) => p,
+        Err(e) => return error(&e),
+    };
+    let mut prompt_ids = Vec::new();
+    let mut decoder = None;
+    if let Some(text) = &state.text {
+        match model_prompt(text, &body, endpoint, &mut parsed, &state) {
+            Ok(ids) => prompt_ids = ids,
+            Err(e) => return error(&e),
+        }
+        decoder = Some(text.decoder());
+    }
+    if let Err(e) = check_size(&state, &parsed, endpoint) {
+        return error(&e);
+    }
+    // Never waits: past the bound the answer is 429 at once.
+    if !state.pending.reserve(state.max_pending) {
+        state.rejected.inc();
+        let mut e = ApiError::status(
+            429,
+            "rate_limit_error",
+            format!(
+                "{} requests are pending, this server's limit (--max-pending); retry after {RETRY_AFTER_S} s",
+                state.max_pending
+            ),
+        );
+        e.code = Some("rate_limit_exceeded");
+        return error(&e);
+    }
+    let id = ReqId(state.next_id.fetch_add(1, Ordering::Relaxed));
+    let sampling = state
+        .text
+        .as_ref()
+        .and_then(|t| t.sampling_of(&parsed.sampling, id.0));
+    let (events, rx) = unbounded_channel();
+    let submit = BridgeMsg::Submit {
+        id,
+        prompt_tokens: parsed.prompt_tokens,
+        max_tokens: parsed.max_tokens,
+        block_hashes: std::mem::take(&mut parsed.block_hashes),
+        prompt_ids,
+        sampling,
+        received,
+        events,
+    };
+    if state.bridge.send(submit).is_err() {
+        state.pending.release();
+        return error(&ApiError::status(
+            503,
+            "server_error",
+            "the servers have stopped",
+        ));
+    }
+    let guard = CancelOnDrop {
+        id,
+        bridge: state.bridge.clone(),
+        armed: true,
+    };
+    let streamed = parsed.stream;
+    let shape = Shape {
+        endpoint,
+        id: format!(
+            "{}-{}",
+            match endpoint {
+                Endpoint::Completions => "cmpl",
+                Endpoint::Chat => "chatcmpl",
+            },
+            id.0
+        ),
+        created: now_s(),
+        model: state.model.clone(),
+        parsed,
+        decoder,
+    };
+    if streamed {
+        stream(shape, rx, guard)
+    } else {
+        whole(shape, rx, guard, req.conn_data::<Peer>().cloned()).await
+    }
+}
+
+/// The error a failed request answers with.
+fn failure(why: String, unavailable: bool) -> ApiError {
+    if unavailable {
+        ApiError::status(503, "server_error", why)
+    } else {
+        ApiError::status(500, "server_error", why)
+    }
+}
+
+/// `--model`: the prompt as the model's token ids; the count, the block hashes (over the
+/// ids, so equal prefixes share blocks) and the length check follow them.
+fn model_prompt(
+    text: &super::model_text::ModelText,
+    body: &[u8],
+    endpoint: Endpoint,
+    parsed: &mut Parsed,
+    state: &AppState,
+) -> Result<Vec<u32>, ApiError> {
+    let ids = text.prompt_ids(body, endpoint)?;
+    api::check_prompt_tokens(endpoint, ids.len(), state.max_prompt_tokens)?;
+    parsed.prompt_tokens = ids.len() as u32;
+    if endpoint == Endpoint::Chat && !parsed.max_tokens_given {
+        // vLLM's default: what the context leaves after the prompt (here also what the
+        // fleet's KV can hold), rather than OpenAI's 16 for completions.
+        parsed.max_tokens = context_left(state, parsed, text.max_positions());
+    }
+    text.check_length(ids.len() as u32, parsed.max_tokens, parsed.max_tokens_param)?;
+    let keys: Vec<u64> = ids.iter().map(|&t| u64::from(t)).collect();
+    parsed.block_hashes = api::block_hashes(&keys, state.tokens_per_block);
+    Ok(ids)
+}
+
+/// The most output tokens a request of `parsed.prompt_tokens` can ask for: the model's
+/// positions left after the prompt, and no more than some server of the fleet takes
+/// (the refusal grows with `max_new_tokens`, so a bisection finds the edge). At least 1,
+/// so that a prompt that fills the context is refused by the length check naming it.
+fn context_left(state: &AppState, parsed: &Parsed, max_positions: u32) -> u32 {
+    let positions_left = max_positions
+        .saturating_sub(parsed.prompt_tokens)
+        .clamp(1, api::MAX_TOKENS_LIMIT);
+    let fits = |max_new_tokens| {
+        state
+            .shapes
+            .refusal(RequestShape {
+                prompt_len: parsed.prompt_tokens,
+                max_new_tokens,
+                draft_len: 0,
+            })
+            .is_none()
+    };
+    if fits(positions_left) || !fits(1) {
+        return positions_left;
+    }
+    let (mut ok, mut too_many) = (1, positions_left);
+    while too_many - ok > 1 {
+        let mid = ok + (too_many - ok) / 2;
+        if fits(mid) {
+            ok = mid;
+        } else {
+            too_many = mid;
+        }
+    }
+    ok
+}
+
+/// What every answer of one request repeats.
+struct Shape {
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    model: String,
+    parsed: Parsed,
+    /// `--model`: output ids to text.
+    decoder: Option<super::model_text::Decoder>,
+}
+
+impl Shape {
+    /// What a step's `count` tokens, the last of id `last`, `before` tokens in, let the
+    /// answer send: their text through the stop-string watch, or, at the model's end of
+    /// sequence (`--model`), the end of the answer as at a stop string (the token is
+    /// counted, not shown).
+    fn release(&mut self, watch: &mut StopWatch, last: u32, count: u32, before: u32) -> Released {
+        match &mut self.decoder {
+            Some(d) if d.is_eos(last) && !self.parsed.ignore_eos => watch.end_of_sequence(),
+            Some(d) => watch.push(&d.push(last)),
+            None => watch.push(&api::render(last, count, before)),
+        }
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Completions, _) => "text_completion",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn wrap(&self, chunk: bool, choices: Value, usage: Value) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if !usage.is_null() || !chunk {
+            v["usage"] = usage;
+        }
+        v
+    }
+
+    /// A streamed choice carrying `text` (and `finish`, if it ends).
+    fn delta(&self, text: Option<&str>, finish: Option<&str>, first: bool) -> Value {
+        match self.endpoint {
+            Endpoint::Completions => json!([{
+                "index": 0,
+                "text": text.unwrap_or(""),
+                "logprobs": null,
+                "finish_reason": finish,
+            }]),
+            Endpoint::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), t.into());
+                }
+                json!([{
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": null,
+                    "finish_reason": finish,
+                }])
+            }
+        }
+    }
+}
+
+/// The whole answer, once the request ended. If `peer` leaves first, `guard` cancels
+/// the request.
+async fn whole(
+    mut shape: Shape,
+    mut rx: UnboundedReceiver<Event>,
+    mut guard: CancelOnDrop,
+    peer: Option<Peer>,
+) -> HttpResponse {
+    let mut text = String::new();
+    let mut generated = 0;
+    let mut watch = StopWatch::new(shape.parsed.stop.clone());
+    // One watch for the whole wait (a watch per event would restart its clock at every
+    // token and never look).
+    let departure = async {
+        match &peer {
+            Some(p) => p.departure().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(departure);
+    loop {
+        let event = tokio::select! {
+            e = rx.recv() => e,
+            () = &mut departure => {
+                // Nobody reads this answer; the armed guard cancels the request.
+                return HttpResponse::new(
+                    StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+                );
+            }
+        };
+        match event {
+            Some(Event::Tokens { last, count, .. }) => {
+                let released = shape.release(&mut watch, last, count, generated);
+                text.push_str(&released.text);
+                generated += count;
+                if released.stopped {
+                    guard.stop();
+                    break;
+                }
+            }
+            Some(Event::Completed) => {
+                text.push_str(&watch.finish());
+                break;
+            }
+            Some(Event::Failed { why, unavailable }) => {
+                guard.disarm();
+                return error(&failure(why, unavailable));
+            }
+            None => {
+                guard.disarm();
+                return error(&failure(
+                    "the servers stopped before the request finished".into(),
+                    true,
+                ));
+            }
+        }
+    }
+    guard.disarm();
+    let finish = if watch.stopped() { "stop" } else { "length" };
+    let choices = match shape.endpoint {
+        Endpoint::Completions => json!([{
+            "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+        }]),
+        Endpoint::Chat => json!([{
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": null,
+            "finish_reason": finish,
+        }]),
+    };
+    HttpResponse::Ok().json(shape.wrap(
+        false,
+        choices,
+        api::usage(shape.parsed.prompt_tokens, generated),
+    ))
+}
+
+fn sse(v: &Value) -> Result<Bytes, actix_web::Error> {
+    Ok(Bytes::from(format!("data: {v}\n\n")))
+}
+
+/// Server-sent events: `data: {chunk}` per step, the usage chunk if asked, `data: [DONE]`.
+/// The stream dropped before the request ended (the client disconnected) cancels it.
+fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> HttpResponse {
+    struct St {
+        shape: Shape,
+        rx: UnboundedReceiver<Event>,
+        generated: u32,
+        first: bool,
+        done: bool,
+        tail: Vec<Bytes>,
+        guard: CancelOnDrop,
+        watch: StopWatch,
+    }
+    let watch = StopWatch::new(shape.parsed.stop.clone());
+    let st = St {
+        shape,
+        rx,
+        generated: 0,
+        first: true,
+        done: false,
+        tail: Vec::new(),
+        guard,
+        watch,
+    };
+    let body = futures_util::stream::unfold(st, |mut st| async move {
+        if let Some(b) = st.tail.pop() {
+            return Some((Ok(b), st));
+        }
+        if st.done {
+            return None;
+        }
+        let usage = |st: &St| {
+            let v = st.shape.wrap(
+                true,
+                json!([]),
+                api::usage(st.shape.parsed.prompt_tokens, st.generated),
+            );
+            Bytes::from(format!("data: {v}\n\n"))
+        };
+        let done = Bytes::from_static(b"data: [DONE]\n\n");
+        match st.rx.recv().await {
+            Some(Event::Tokens { last, count, .. }) => {
+                let released = st.shape.release(&mut st.watch, last, count, st.generated);
+                st.generated += count;
+                let finish = if released.stopped {
+                    // The answer ends here; the rest of the request is cancelled.
+                    st.done = true;
+                    st.guard.stop();
+                    st.tail.push(done);
+                    if st.shape.parsed.include_usage {
+                        st.tail.push(usage(&st));
+                    }
+                    Some("stop")
+                } else {
+                    None
+                };
+                let chunk = st.shape.wrap(
+                    true,
+                    st.shape.delta(Some(&released.text), finish, st.first),
+                    Value::Null,
+                );
+                st.first = false;
+                Some((sse(&chunk), st))
+            }
+            Some(Event::Completed) => {
+                st.done = true;
+                st.guard.disarm();
+                st.tail.push(done);
+                if st.shape.parsed.include_usage {
+                    st.tail.push(usage(&st));
+                }
+                let rest = st.watch.finish();
+                let chunk = st.shape.wrap(
+                    true,
+                    st.shape.delta(
+                        (!rest.is_empty()).then_some(rest.as_str()),
+                        Some("length"),
+                        st.first,
+                    ),
+                    Value::Null,
+                );
+                Some((sse(&chunk), st))
+            }
+            other => {
+                let e = match other {
+                    Some(Event::Failed { why, unavailable }) => failure(why, unavailable),
+                    _ => failure(
+                        "the servers stopped before the request finished".into(),
+                        true,
+                    ),
+                };
+                st.done = true;
+                st.guard.disarm();
+                st.tail.push(done);
+                Some((sse(&e.body()), st))
+            }
+        }
+    });
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("Cache-Control", "no-cache"))
+        .streaming(body)
+}

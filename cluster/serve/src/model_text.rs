@@ -1,0 +1,361 @@
+//! `serve --model`: text through the model's tokenizer. A prompt becomes the model's
+//! token ids (a chat in the model's chat format), which travel with the request to the
+//! rank; output ids become text incrementally, a byte-level token that ends inside a
+//! UTF-8 character held back until the character is whole.
+
+use std::sync::Arc;
+
+use lockstep_gpu::model::TextTokenizer;
+use serde_json::Value;
+
+use super::api::{ApiError, Endpoint};
+use lockstep_plan::model_backend::{ModelBackend, ModelBackendError};
+
+/// The served model's text rules.
+pub struct ModelText {
+    /// The model directory (`/v1/models`' `root`).
+    dir: std::path::PathBuf,
+    tokenizer: Arc<TextTokenizer>,
+    vocab: u32,
+    max_positions: u32,
+    /// Ids that end an answer: `eos_token_id`, and the chat format's end of turn.
+    eos: Arc<Vec<u32>>,
+    /// The server's sampling (`--temperature`, `--top-p`, `--top-k`, `--seed`).
+    defaults: lockstep_gpu::model_tokens::ModelSampling,
+}
+
+impl ModelText {
+    /// The text rules of `backend`, which needs a `tokenizer.json`.
+    pub fn new(backend: &ModelBackend) -> Result<ModelText, ModelBackendError> {
+        let tokenizer =
+            backend
+                .tokenizer
+                .clone()
+                .ok_or_else(|| ModelBackendError::Unsupported {
+                    server: "(serve)".into(),
+                    why: format!(
+                        "{} has no tokenizer.json: serving text needs one",
+                        backend.dir.display()
+                    ),
+                })?;
+        let config = &backend.model.config;
+        let eos = tokenizer.end_of_answer_ids(&config.eos_token_ids);
+        Ok(ModelText {
+            dir: backend.dir.clone(),
+            defaults: backend.sampling,
+            eos: Arc::new(eos),
+            tokenizer,
+            vocab: u32::try_from(config.vocab_size).unwrap_or(u32::MAX),
+            max_positions: u32::try_from(config.max_position_embeddings).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// The prompt's token ids, from a body `api::parse` already checked.
+    pub fn prompt_ids(&self, body: &[u8], endpoint: Endpoint) -> Result<Vec<u32>, ApiError> {
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::status(400, "invalid_request_error", e.to_string()))?;
+        // A plain prompt gets the special tokens the tokenizer adds (a BOS); a chat's
+        // rendered template already holds its own, so it is encoded as written.
+        let encode = |param: &str, text: &str| {
+            let ids = if param == "prompt" {
+                self.tokenizer.encode_prompt(text)
+            } else {
+                self.tokenizer.encode(text)
+            };
+            ids.map_err(|e| ApiError::field(param, format!("{param}: {e}")))
+        };
+        match endpoint {
+            Endpoint::Completions => match value.get("prompt") {
+                Some(Value::String(s)) => encode("prompt", s),
+                Some(Value::Array(items)) => match items.as_slice() {
+                    [Value::String(s)] => encode("prompt", s),
+                    _ => {
+                        let ids: Vec<u32> = items
+                            .iter()
+                            .filter_map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+                            .collect();
+                        if let Some(bad) = ids.iter().find(|&&t| t >= self.vocab) {
+                            return Err(ApiError::field(
+                                "prompt",
+                                format!(
+                                    "prompt: token id {bad} is outside the model's vocabulary of {}",
+                                    self.vocab
+                                ),
+                            ));
+                        }
+                        Ok(ids)
+                    }
+                },
+                _ => Err(ApiError::field("prompt", "prompt is required")),
+            },
+            Endpoint::Chat => {
+                let messages: Vec<(String, String)> = value
+                    .get("messages")
+                    .and_then(Value::as_array)
+                    .map(|list| {
+                        list.iter()
+                            .map(|m| {
+                                let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+                                (role.to_string(), content_text(m.get("content")))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let prompt = self
+                    .tokenizer
+                    .chat_prompt_messages(&messages)
+                    .map_err(|e| ApiError::field("messages", format!("messages: {e}")))?;
+                encode("messages", &prompt)
+            }
+        }
+    }
+
+    /// The model directory served.
+    pub fn root(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// The model's positions (`max_position_embeddings`).
+    pub fn max_positions(&self) -> u32 {
+        self.max_positions
+    }
+
+    /// A request the model's positions cannot hold is refused, naming both numbers.
+    pub fn check_length(&self, prompt: u32, max_tokens: u32, param: &str) -> Result<(), ApiError> {
+        if u64::from(prompt) + u64::from(max_tokens) > u64::from(self.max_positions) {
+            return Err(ApiError::field(
+                param,
+                format!(
+                    "{prompt} prompt tokens + {param} {max_tokens} exceed the model's {} positions (max_position_embeddings)",
+                    self.max_positions
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Request `id`'s own sampling, when its body gave any of the fields: the server's
+    /// setting fills the others; without a `seed`, the server's seed mixed with the id.
+    pub fn sampling_of(
+        &self,
+        fields: &super::api::SamplingFields,
+        id: u64,
+    ) -> Option<lockstep_actors::request::RequestSampling> {
+        fields.any().then(|| {
+            let d = self.defaults;
+            lockstep_actors::request::RequestSampling {
+                temperature: fields.temperature.unwrap_or(d.params.temperature),
+                top_p: fields.top_p.unwrap_or(d.params.top_p),
+                top_k: fields
+                    .top_k
+                    .unwrap_or(u32::try_from(d.params.top_k).unwrap_or(u32::MAX)),
+                seed: fields.seed.unwrap_or(d.seed ^ lockstep_actors::kv::mix(id)),
+            }
+        })
+    }
+
+    /// A decoder for one answer.
+    pub fn decoder(&self) -> Decoder {
+        Decoder {
+            eos: self.eos.clone(),
+            tokenizer: self.tokenizer.clone(),
+            ids: Vec::new(),
+            emitted: 0,
+        }
+    }
+}
+
+/// A message's text: a string, or the text parts of an array, one after another.
+fn content_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// Output ids to text, incrementally.
+pub struct Decoder {
+    eos: Arc<Vec<u32>>,
+    tokenizer: Arc<TextTokenizer>,
+    ids: Vec<u32>,
+    /// Bytes of the decoded text handed out so far.
+    emitted: usize,
+}
+
+impl Decoder {
+    /// Whether `id` ends the answer (the model's end of sequence or of its turn).
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos.contains(&id)
+    }
+
+    /// The text `id` adds to the answer (empty while it ends inside a character).
+    pub fn push(&mut self, id: u32) -> String {
+        self.ids.push(id);
+        let Ok(text) = self.tokenizer.decode(&self.ids) else {
+            return String::new();
+        };
+        if text.ends_with('\u{FFFD}') {
+            return String::new();
+        }
+        let new = text.get(self.emitted..).unwrap_or_default().to_string();
+        self.emitted = text.len();
+        new
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_gpu::model::{InitOptions, SamplingParams, write_random_model};
+
+    fn text_rules(name: &str) -> (ModelText, std::path::PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("lockstep-model-text-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_random_model(&dir, &InitOptions::default()).expect("init");
+        let backend = ModelBackend::load(&dir, SamplingParams::default(), 0).expect("load");
+        (ModelText::new(&backend).expect("a tokenizer"), dir)
+    }
+
+    #[test]
+    fn a_conversation_the_models_template_rejects_is_a_400_naming_messages() {
+        let dir =
+            std::env::temp_dir().join(format!("lockstep-model-text-raise-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_random_model(&dir, &InitOptions::default()).expect("init");
+        std::fs::write(
+            dir.join("chat_template.jinja"),
+            "{% if messages[0]['role'] != 'user' %}{{ raise_exception('the first message must be the user\\'s') }}{% endif %}{{ messages[0]['content'] }}",
+        )
+        .expect("a template");
+        let backend = ModelBackend::load(&dir, SamplingParams::default(), 0).expect("load");
+        let text = ModelText::new(&backend).expect("a tokenizer");
+        let err = text
+            .prompt_ids(
+                br#"{"messages": [{"role": "assistant", "content": "hi"}]}"#,
+                Endpoint::Chat,
+            )
+            .expect_err("the template raises");
+        assert_eq!(err.param.as_deref(), Some("messages"));
+        assert!(
+            err.message.contains("the first message must be the user's"),
+            "{err}"
+        );
+        let ids = text
+            .prompt_ids(
+                br#"{"messages": [{"role": "user", "content": "hi"}]}"#,
+                Endpoint::Chat,
+            )
+            .expect("the template renders");
+        assert_eq!(ids, text.tokenizer.encode("hi").expect("encode"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A text prompt gets the BOS the tokenizer's post-processor adds; a chat, rendered
+    /// by a template that writes its own BOS, gets no second one; token ids stay as given.
+    #[test]
+    fn a_text_prompt_gets_the_tokenizers_bos_and_a_chat_only_its_templates() {
+        let dir =
+            std::env::temp_dir().join(format!("lockstep-model-text-bos-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_random_model(&dir, &InitOptions::default()).expect("init");
+        let bos = "<|endoftext|>";
+        let path = dir.join("tokenizer.json");
+        let mut tokenizer: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+        tokenizer["post_processor"] = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos: {"id": bos, "ids": [256], "tokens": [bos]}},
+        });
+        std::fs::write(&path, tokenizer.to_string()).expect("write");
+        std::fs::write(
+            dir.join("chat_template.jinja"),
+            "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        )
+        .expect("a template");
+        let mut config: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("tokenizer_config.json")).expect("read"),
+        )
+        .expect("json");
+        config["bos_token"] = bos.into();
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write");
+        let backend = ModelBackend::load(&dir, SamplingParams::default(), 0).expect("load");
+        let text = ModelText::new(&backend).expect("a tokenizer");
+        let plain = text.tokenizer.encode("hi").expect("encode");
+        let ids = text
+            .prompt_ids(br#"{"prompt": "hi"}"#, Endpoint::Completions)
+            .expect("a prompt");
+        assert_eq!(ids[0], 256, "{ids:?}");
+        assert_eq!(&ids[1..], &plain[..]);
+        let chat = text
+            .prompt_ids(
+                br#"{"messages": [{"role": "user", "content": "hi"}]}"#,
+                Endpoint::Chat,
+            )
+            .expect("a chat");
+        assert_eq!(chat, ids, "one BOS, the template's");
+        let given = text
+            .prompt_ids(br#"{"prompt": [5, 6]}"#, Endpoint::Completions)
+            .expect("ids");
+        assert_eq!(given, vec![5, 6]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn decoding_token_by_token_holds_back_split_characters_and_adds_up_to_the_whole() {
+        let (text, dir) = text_rules("decode");
+        let words = "héllo wörld — ünïcödé 漢字 ok";
+        let ids = text.tokenizer.encode(words).expect("encode");
+        // Byte-level BPE splits some of these characters over several tokens.
+        assert!(ids.len() > words.chars().count() / 2, "{ids:?}");
+        let mut d = text.decoder();
+        let mut out = String::new();
+        for &id in &ids {
+            let piece = d.push(id);
+            assert!(
+                !piece.contains('\u{FFFD}'),
+                "a split character leaked: {piece:?}"
+            );
+            out.push_str(&piece);
+        }
+        assert_eq!(out, text.tokenizer.decode(&ids).expect("decode"));
+        assert_eq!(out, words);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_chat_prompt_is_the_models_chat_format_and_token_ids_are_checked() {
+        let (text, dir) = text_rules("prompt");
+        let body = br#"{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}"#;
+        let ids = text.prompt_ids(body, Endpoint::Chat).expect("ids");
+        let expected = text
+            .tokenizer
+            .encode("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+            .expect("encode");
+        assert_eq!(ids, expected);
+        let ids = text
+            .prompt_ids(br#"{"prompt": [1, 2, 3]}"#, Endpoint::Completions)
+            .expect("ids");
+        assert_eq!(ids, vec![1, 2, 3]);
+        let err = text
+            .prompt_ids(br#"{"prompt": [1, 99999]}"#, Endpoint::Completions)
+            .expect_err("outside the vocabulary");
+        assert_eq!(err.param.as_deref(), Some("prompt"));
+        assert!(err.message.contains("99999"), "{err}");
+        let err = text
+            .check_length(4000, 100, "max_tokens")
+            .expect_err("too long");
+        assert!(
+            err.message.contains("4000") && err.message.contains("4096"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

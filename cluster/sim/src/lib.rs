@@ -1,0 +1,745 @@
+//! The deterministic simulator: every actor of a scenario — the front, every rank of
+//! every server (stepped through the iteration protocol in lockstep, collectives
+//! computed in place), every rank's transceiver, the device time model — on one virtual
+//! clock, in one thread, over a simulated network ([`net`]: per-link latency and
+//! bandwidth, loss by request). Same seed and input → identical report (but for
+//! `wall_time_s`).
+//!
+//! Events are ordered by `(time, insertion sequence)`. A server runs its protocol until
+//! it needs time to pass (its iteration's process point) or an input (its rank 0 waits:
+//! idle, or stalled because its last iteration changed nothing); an input wakes it. A
+//! bounded stall that lasts past the stall bound ends the server's work as deadlocked,
+//! by the same rule the real drivers apply; if no event at all is left while work
+//! remains, every waiting server is stalled out at once. A violation that would crash
+//! the real executor ends the run as `crashed`.
+
+#![forbid(unsafe_code)]
+
+mod iterlog;
+mod net;
+mod records;
+mod server;
+
+use std::collections::{BTreeMap, BinaryHeap};
+use std::io::Write;
+use std::time::Instant;
+
+use lockstep_actors::front::{Front, FrontIn};
+use lockstep_actors::group::{DeterministicTokens, TokenSource};
+use lockstep_actors::ids::RankId;
+use lockstep_actors::request::IngressItem;
+use lockstep_actors::transceiver::{Outgoing, PeerMessage, TransceiverIn, lost_on_the_wire};
+use lockstep_actors::vocab::KvAddress;
+use lockstep_actors::vocab::Response;
+use lockstep_gpu::AnalyticBackend;
+
+use lockstep_plan::fleet::{Fleet, PlanError};
+use lockstep_plan::report::{
+    ClientLog, ClientRecord, Itl, Outcome, Report, assemble_report, run_outcome,
+};
+use lockstep_plan::scenario::Scenario;
+use lockstep_plan::workload::Workload;
+
+pub use iterlog::IterLogLine;
+use net::SimNet;
+use records::ById;
+use server::{ServerState, SimServer, Step};
+
+/// A simulation that could not start or could not go on (bad input, a broken log file,
+/// a protocol bug). Results, including crashes and deadlocks, are reports.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The scenario cannot run.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// A server's configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] lockstep_actors::config::ConfigError),
+    /// `--preload` with a workload that cannot be delivered up front.
+    #[error("--preload delivers every request before the first iteration, but {0}")]
+    NotPreloadable(String),
+    /// Writing the iteration log failed.
+    #[error("iteration log: {0}")]
+    IterLog(#[from] std::io::Error),
+    /// The ranks of a server disagreed about the protocol (a bug, reported).
+    #[error("server `{server}`: {source}")]
+    Protocol {
+        /// The server.
+        server: String,
+        /// What went wrong.
+        source: lockstep_actors::group::GroupError,
+    },
+    /// `--model` cannot run this scenario.
+    #[error(transparent)]
+    Model(#[from] lockstep_plan::model_backend::ModelBackendError),
+}
+
+/// Options of one run.
+pub struct SimOptions<'a> {
+    /// Seed (a seed in the scenario wins).
+    pub seed: u64,
+    /// Where to write one JSON line per server iteration and rank.
+    pub iter_log: Option<&'a mut dyn Write>,
+    /// Called with (completed + failed, total if known) as the run goes.
+    pub progress: Option<&'a mut dyn FnMut(u64, Option<u64>)>,
+    /// Deliver every request, and the client's shutdown, before the first iteration.
+    pub preload: bool,
+    /// A server whose iterations change nothing while work remains and nothing is in
+    /// flight for this long (virtual) is deadlocked.
+    pub stall_bound_ns: u64,
+    /// A real model samples the tokens (time still comes from the cost model).
+    pub model: Option<lockstep_plan::model_backend::ModelBackend>,
+}
+
+impl Default for SimOptions<'_> {
+    fn default() -> Self {
+        SimOptions {
+            seed: 0,
+            iter_log: None,
+            progress: None,
+            preload: false,
+            stall_bound_ns: 10_000_000_000,
+            model: None,
+        }
+    }
+}
+
+/// Something that happens at a virtual time.
+#[derive(Debug)]
+enum Event {
+    /// A server's iteration reaches its process point.
+    Process(usize),
+    /// A server's stall bound passes (if its stall is still the same one).
+    StallBound { server: usize, generation: u64 },
+    /// A transceiver's deadline.
+    TransceiverTimer { server: usize, rank: usize },
+    /// Items reach a server's ingress.
+    Ingress {
+        server: usize,
+        items: Vec<IngressItem>,
+    },
+    /// A message reaches a transceiver.
+    Peer { to: KvAddress, message: PeerMessage },
+    /// Responses reach the front (with a control latency; without one they go at once).
+    Responses {
+        server: usize,
+        rank: RankId,
+        responses: Vec<Response>,
+    },
+    /// A server's stop reaches the front.
+    ServerStopped(usize),
+}
+
+/// Iterations of the whole fleet with no response at all before the run is declared
+/// deadlocked (a livelock guard; real progress emits responses far more often).
+const LIVELOCK_ITERATIONS: u64 = 2_000_000;
+
+struct Sim<'s, 'o> {
+    fleet: Fleet<'s>,
+    now: u64,
+    seq: u64,
+    queue: BinaryHeap<std::cmp::Reverse<(u64, u64)>>,
+    events: BTreeMap<u64, Event>,
+    servers: Vec<SimServer>,
+    front: Front,
+    net: SimNet,
+    workload: Workload,
+    records: ById<ClientRecord>,
+    itl: Itl,
+    backend: AnalyticBackend,
+    finished: u64,
+    shutdown_sent: bool,
+    outcome: Option<(Outcome, String)>,
+    iterations_without_response: u64,
+    opts: SimOptions<'o>,
+}
+
+/// Runs a scenario to the end and reports.
+pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError> {
+    let started = Instant::now();
+    let fleet = Fleet::plan(scenario, opts.seed)?;
+    if let Some(m) = &opts.model {
+        m.check(&fleet)?;
+    }
+    let workload = fleet.workload()?;
+    let workload_warmup = workload.warmup_requests();
+    let mut servers = Vec::with_capacity(fleet.servers.len());
+    for (s, p) in fleet.servers.iter().enumerate() {
+        if let Some(w) = &p.warning {
+            tracing::warn!(server = %p.config.name, "{w}");
+        }
+        let (tokens, mut model_codecs): (Box<dyn TokenSource>, _) = match &opts.model {
+            Some(m) => m.sim_server(p),
+            None => (Box::new(DeterministicTokens), Vec::new()),
+        };
+        let mut server = SimServer::new(p, scenario.policy, tokens)?;
+        server.log_enabled = opts.iter_log.is_some();
+        if p.config.role != lockstep_actors::config::Role::Agg {
+            // With a model the ranks move its K/V; otherwise only sizes.
+            let mut model_codecs = model_codecs.drain(..);
+            for r in 0..p.sizes.dp {
+                let me = KvAddress {
+                    server: s as u32,
+                    rank: RankId(r),
+                };
+                let codec = model_codecs.next().unwrap_or_else(|| fleet.modeled_codec());
+                server.transceivers[r as usize] = Some((p.transceiver(me, codec), None));
+            }
+        }
+        servers.push(server);
+    }
+    let mut sim = Sim {
+        front: Front::new(&fleet.front_config()),
+        net: SimNet::new(&scenario.model, scenario.faults),
+        backend: AnalyticBackend::new(fleet.profile.coefficients),
+        fleet,
+        now: 0,
+        seq: 0,
+        queue: BinaryHeap::new(),
+        events: BTreeMap::new(),
+        servers,
+        workload,
+        records: ById::new(),
+        itl: Itl::new(workload_warmup),
+        finished: 0,
+        shutdown_sent: false,
+        outcome: None,
+        iterations_without_response: 0,
+        opts,
+    };
+    if sim.opts.preload {
+        if let Some(why) = sim.workload.preload_blocker() {
+            return Err(SimError::NotPreloadable(why));
+        }
+        while let Some(t) = sim.workload.next_arrival_ns() {
+            let Some(a) = sim.workload.pop_due(t) else {
+                break;
+            };
+            sim.records.insert(a.spec.id, ClientRecord::new(&a.spec, 0));
+            sim.front.handle(0, FrontIn::Request(a.spec));
+        }
+        sim.front.handle(0, FrontIn::Shutdown);
+        sim.shutdown_sent = true;
+        sim.dispatch_front()?;
+    }
+    sim.run_loop()?;
+    Ok(sim.report(started.elapsed().as_secs_f64()))
+}
+
+impl Sim<'_, '_> {
+    fn push(&mut self, at: u64, e: Event) -> u64 {
+        self.seq += 1;
+        self.queue.push(std::cmp::Reverse((at, self.seq)));
+        self.events.insert(self.seq, e);
+        self.seq
+    }
+
+    /// Cancels a scheduled event (its queue entry is skipped, and moves no clock).
+    fn cancel(&mut self, seq: u64) {
+        self.events.remove(&seq);
+    }
+
+    /// The time of the next live event, dropping cancelled entries on the way.
+    fn next_event_time(&mut self) -> Option<u64> {
+        while let Some(&std::cmp::Reverse((at, seq))) = self.queue.peek() {
+            if self.events.contains_key(&seq) {
+                return Some(at);
+            }
+            self.queue.pop();
+        }
+        None
+    }
+
+    fn protocol(&self, s: usize, source: lockstep_actors::group::GroupError) -> SimError {
+        SimError::Protocol {
+            server: self.servers[s].name.clone(),
+            source,
+        }
+    }
+
+    fn run_loop(&mut self) -> Result<(), SimError> {
+        for s in 0..self.servers.len() {
+            let step = self.servers[s].step(0, &self.backend);
+            self.after_step(s, step)?;
+        }
+        let mut backstop_at = None;
+        loop {
+            if self
+                .outcome
+                .as_ref()
+                .is_some_and(|o| o.0 == Outcome::Crashed)
+            {
+                return Ok(());
+            }
+            let next_event = self.next_event_time();
+            let next_arrival = if self.opts.preload {
+                None
+            } else {
+                self.workload.next_arrival_ns()
+            };
+            let now = match (next_event, next_arrival) {
+                (None, None) => {
+                    if self.servers.iter().all(|s| s.state == ServerState::Done)
+                        || backstop_at == Some(self.now)
+                    {
+                        return Ok(());
+                    }
+                    // Nothing can make progress any more: every waiting server's wait
+                    // would never end.
+                    backstop_at = Some(self.now);
+                    self.stall_out_everything()?;
+                    continue;
+                }
+                (Some(e), None) => e,
+                (None, Some(a)) => a,
+                (Some(e), Some(a)) => e.min(a),
+            };
+            debug_assert!(now >= self.now, "time went back: {now} < {}", self.now);
+            self.now = now;
+            if next_arrival == Some(now) {
+                // Arrivals of one instant reach the front together, and its outputs go
+                // out as one batch per server.
+                while let Some(arrival) = self.workload.pop_due(now) {
+                    self.records
+                        .insert(arrival.spec.id, ClientRecord::new(&arrival.spec, now));
+                    self.front.handle(now, FrontIn::Request(arrival.spec));
+                }
+                self.dispatch_front()?;
+                continue;
+            }
+            let Some(std::cmp::Reverse((_, seq))) = self.queue.pop() else {
+                continue;
+            };
+            let Some(event) = self.events.remove(&seq) else {
+                continue;
+            };
+            self.on_event(event)?;
+            if self.iterations_without_response > LIVELOCK_ITERATIONS {
+                self.outcome = Some((
+                    Outcome::Deadlocked,
+                    format!(
+                        "{LIVELOCK_ITERATIONS} iterations without a response; {}",
+                        self.describe_all()
+                    ),
+                ));
+                return Ok(());
+            }
+        }
+    }
+
+    fn on_event(&mut self, event: Event) -> Result<(), SimError> {
+        let now = self.now;
+        match event {
+            Event::Process(s) => {
+                let step = self.servers[s].process(now);
+                self.after_step(s, step)?;
+            }
+            Event::StallBound { server, generation } => {
+                let srv = &self.servers[server];
+                if srv.state == (ServerState::Waiting { bounded: true })
+                    && srv.stall_generation == generation
+                {
+                    let bound_ms = self.opts.stall_bound_ns / 1_000_000;
+                    let why = format!(
+                        "no iteration changed anything for {bound_ms} ms while requests remained and no transfer was in flight"
+                    );
+                    self.resume(server, Some(why))?;
+                }
+            }
+            Event::TransceiverTimer { server, rank } => {
+                if let Some((t, timer)) = &mut self.servers[server].transceivers[rank] {
+                    *timer = None;
+                    t.handle_timeout(now);
+                }
+                self.pump(server, rank)?;
+            }
+            Event::Ingress { server, items } => {
+                if self.servers[server].state == ServerState::Done {
+                    self.refuse(server, items)?;
+                } else {
+                    self.servers[server].ingress.extend(items);
+                    self.wake(server)?;
+                }
+            }
+            Event::Peer { to, message } => {
+                let (s, r) = (to.server as usize, to.rank.index());
+                if let Some(Some((t, _))) = self
+                    .servers
+                    .get_mut(s)
+                    .and_then(|x| x.transceivers.get_mut(r))
+                {
+                    t.handle(now, TransceiverIn::Message(message));
+                    self.pump(s, r)?;
+                }
+            }
+            Event::Responses {
+                server,
+                rank,
+                mut responses,
+            } => {
+                self.front
+                    .handle_responses(now, server, rank, &mut responses);
+                for r in &responses {
+                    self.answer_client(r);
+                }
+                self.dispatch_front()?;
+            }
+            Event::ServerStopped(s) => {
+                self.front.handle(now, FrontIn::ServerStopped(s));
+                self.dispatch_front()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A server that stopped refuses what reaches it: its requests fail at the front.
+    fn refuse(&mut self, server: usize, items: Vec<IngressItem>) -> Result<(), SimError> {
+        for item in items {
+            if let IngressItem::Request(spec) = item {
+                self.front.handle(
+                    self.now,
+                    FrontIn::SubmitFailed {
+                        server,
+                        id: spec.id,
+                        reason: format!("server `{}` stopped", self.servers[server].name),
+                    },
+                );
+            }
+        }
+        self.dispatch_front()
+    }
+
+    /// An input reached server `s`: a waiting rank 0 reads it now.
+    fn wake(&mut self, s: usize) -> Result<(), SimError> {
+        if matches!(self.servers[s].state, ServerState::Waiting { .. }) {
+            self.resume(s, None)?;
+        }
+        Ok(())
+    }
+
+    /// A waiting server reads its ingress (with a stall-out, if given) and runs on.
+    fn resume(&mut self, s: usize, stalled_out: Option<String>) -> Result<(), SimError> {
+        let now = self.now;
+        self.servers[s].stall_generation += 1;
+        if let Some(seq) = self.servers[s].stall_timer.take() {
+            self.cancel(seq);
+        }
+        self.servers[s]
+            .fetch(now, stalled_out)
+            .map_err(|e| self.protocol(s, e))?;
+        let step = self.servers[s].step(now, &self.backend);
+        self.after_step(s, step)
+    }
+
+    /// What a server's step asks for: time to pass, an input, or the iteration's end.
+    fn after_step(
+        &mut self,
+        s: usize,
+        mut step: Result<Step, lockstep_actors::group::GroupError>,
+    ) -> Result<(), SimError> {
+        loop {
+            match step.map_err(|e| self.protocol(s, e))? {
+                Step::Waiting { bounded } => {
+                    if bounded {
+                        let srv = &mut self.servers[s];
+                        srv.stall_generation += 1;
+                        let at = srv.stalled_since.unwrap_or(self.now) + self.opts.stall_bound_ns;
+                        let generation = srv.stall_generation;
+                        if let Some(old) = self.servers[s].stall_timer.take() {
+                            self.cancel(old);
+                        }
+                        let seq = self.push(
+                            at.max(self.now),
+                            Event::StallBound {
+                                server: s,
+                                generation,
+                            },
+                        );
+                        self.servers[s].stall_timer = Some(seq);
+                    }
+                    return Ok(());
+                }
+                Step::ProcessAt(at) => {
+                    self.push(at, Event::Process(s));
+                    return Ok(());
+                }
+                Step::Ended => {
+                    self.iteration_ended(s)?;
+                    step = self.servers[s].step(self.now, &self.backend);
+                }
+                Step::Finished => {
+                    return self.deliver_control(Event::ServerStopped(s));
+                }
+                Step::Crashed(why) => {
+                    use lockstep_actors::executor::StopReason;
+                    let name = &self.servers[s].name;
+                    let detail = match why {
+                        StopReason::Crashed(v) => format!("server `{name}`: {v}"),
+                        StopReason::PeerCrashed { peer } => {
+                            format!("server `{name}`: rank {peer} crashed")
+                        }
+                    };
+                    self.outcome = Some((Outcome::Crashed, detail));
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// The iteration's outputs: the log, the responses (to the front), the transfer
+    /// commands (to the transceivers).
+    fn iteration_ended(&mut self, s: usize) -> Result<(), SimError> {
+        let now = self.now;
+        if self.servers[s].log_enabled
+            && let Some(log) = self.opts.iter_log.as_mut()
+        {
+            for line in self.servers[s].log_lines() {
+                serde_json::to_writer(&mut **log, &line).map_err(std::io::Error::other)?;
+                log.write_all(b"\n")?;
+            }
+        }
+        let control_ns = self.net.control_ns();
+        let (responses, ranges) = self.servers[s].group.responses_by_rank();
+        if responses.is_empty() {
+            self.iterations_without_response += 1;
+        } else {
+            self.iterations_without_response = 0;
+        }
+        if control_ns == 0 {
+            for (rank, range) in ranges {
+                let slice = &mut responses[range.clone()];
+                self.front.handle_responses(now, s, *rank, slice);
+                for r in slice.iter() {
+                    if let Some(rec) = self.records.get_mut(&r.id) {
+                        let was_open = rec.end_ns.is_none();
+                        rec.on_response(r, now, &mut self.itl);
+                        if was_open && rec.end_ns.is_some() {
+                            let completed = rec.completed;
+                            self.finished += 1;
+                            self.workload.on_finished(r.id, now, completed);
+                        }
+                    }
+                }
+            }
+        } else {
+            let batches: Vec<(RankId, Vec<Response>)> = ranges
+                .iter()
+                .map(|(rank, range)| (*rank, responses[range.clone()].to_vec()))
+                .collect();
+            for (rank, responses) in batches {
+                self.push(
+                    now + control_ns,
+                    Event::Responses {
+                        server: s,
+                        rank,
+                        responses,
+                    },
+                );
+            }
+        }
+        if let Some(p) = self.opts.progress.as_mut() {
+            p(self.finished, self.workload.total());
+        }
+        self.client_shutdown_if_done();
+        self.dispatch_front()?;
+        let commands: Vec<(usize, Vec<_>)> = self.servers[s]
+            .group
+            .reports()
+            .enumerate()
+            .filter(|(_, r)| !r.transfer_commands.is_empty())
+            .map(|(i, r)| (i, r.transfer_commands.clone()))
+            .collect();
+        for (rank, cmds) in commands {
+            if let Some((t, _)) = &mut self.servers[s].transceivers[rank] {
+                for c in cmds {
+                    t.handle(now, TransceiverIn::Command(c));
+                }
+            }
+            self.pump(s, rank)?;
+        }
+        Ok(())
+    }
+
+    /// The client saw a response.
+    fn answer_client(&mut self, r: &Response) {
+        let now = self.now;
+        if let Some(rec) = self.records.get_mut(&r.id) {
+            let was_open = rec.end_ns.is_none();
+            rec.on_response(r, now, &mut self.itl);
+            if was_open && rec.end_ns.is_some() {
+                let completed = rec.completed;
+                self.finished += 1;
+                self.workload.on_finished(r.id, now, completed);
+            }
+        }
+        self.client_shutdown_if_done();
+    }
+
+    /// The client says it is done once every request was issued and has ended.
+    fn client_shutdown_if_done(&mut self) {
+        if !self.shutdown_sent
+            && self.workload.exhausted()
+            && self.finished >= self.workload.total().unwrap_or(0)
+        {
+            self.shutdown_sent = true;
+            self.front.handle(self.now, FrontIn::Shutdown);
+        }
+    }
+
+    /// Sends what the front produced over the simulated network, ingress items as one
+    /// batch per server.
+    fn dispatch_front(&mut self) -> Result<(), SimError> {
+        let now = self.now;
+        let turn = self.front.take_turn();
+        for (to, message) in turn.to_peers {
+            let at = now + self.net.wire_ns(message.wire_bytes());
+            self.push(at, Event::Peer { to, message });
+        }
+        for (server, items) in turn.ingress {
+            self.deliver_control(Event::Ingress {
+                server,
+                items: items.into_items(),
+            })?;
+        }
+        for (server, notice) in turn.notices {
+            // The gen peer's notice crosses the link between the servers.
+            let at = now + self.net.wire_ns(0);
+            self.push(
+                at,
+                Event::Ingress {
+                    server,
+                    items: vec![notice],
+                },
+            );
+        }
+        let for_client = turn.to_client;
+        for r in &for_client {
+            self.answer_client(r);
+        }
+        if !for_client.is_empty() {
+            // The client's shutdown may have followed.
+            self.dispatch_front()?;
+        }
+        Ok(())
+    }
+
+    /// A message between the front and a server, after the control latency. Even
+    /// without one it is an event: a request the client sends the instant a server's
+    /// iteration ends reaches that server after its next iteration began, as it
+    /// (almost always) does in the real drivers, where the client, the front and rank
+    /// 0 race and rank 0's next fetch is a collective away.
+    fn deliver_control(&mut self, e: Event) -> Result<(), SimError> {
+        self.push(self.now + self.net.control_ns(), e);
+        Ok(())
+    }
+
+    /// Moves a transceiver's outputs: messages onto the wire, events to its rank (which
+    /// wakes its server), and its next deadline onto the clock.
+    fn pump(&mut self, s: usize, r: usize) -> Result<(), SimError> {
+        let now = self.now;
+        let lose = self.net.lose_kv_every();
+        let mut sends = Vec::new();
+        let mut events = Vec::new();
+        let mut timer_at = None;
+        let mut cancelled = None;
+        let srv = &mut self.servers[s];
+        let Some((t, timer)) = &mut srv.transceivers[r] else {
+            return Ok(());
+        };
+        while let Some(Outgoing { to, message }) = t.poll_transmit() {
+            if let PeerMessage::KvBlocks { id, .. } = &message
+                && lost_on_the_wire(*id, lose)
+            {
+                srv.lost[r] += 1;
+                continue;
+            }
+            sends.push((to, message));
+        }
+        while let Some(e) = t.poll_event() {
+            events.push(e);
+        }
+        // One timer per transceiver, at its next deadline: a timer set for a deadline
+        // that moved (its transfer ended) is cancelled, so it moves no clock.
+        let due = t.poll_timeout().filter(|_| self.net.timeouts_fire());
+        if timer.map(|(at, _)| at) != due {
+            cancelled = timer.take().map(|(_, seq)| seq);
+            timer_at = due.map(|at| at.max(now));
+        }
+        for (to, message) in sends {
+            let at = now + self.net.wire_ns(message.wire_bytes());
+            self.push(at, Event::Peer { to, message });
+        }
+        if let Some(seq) = cancelled {
+            self.cancel(seq);
+        }
+        if let Some(at) = timer_at {
+            let seq = self.push(at, Event::TransceiverTimer { server: s, rank: r });
+            if let Some((_, timer)) = &mut self.servers[s].transceivers[r] {
+                *timer = Some((at, seq));
+            }
+        }
+        if !events.is_empty() {
+            for e in events {
+                // A request the rank no longer holds in transfer has nothing to apply.
+                let _ = self.servers[s].group.ranks_mut()[r].handle_transfer_event(e);
+            }
+            self.servers[s].ingress.push_back(IngressItem::Wake);
+            self.wake(s)?;
+        }
+        Ok(())
+    }
+
+    /// No event is left while work remains: every waiting server's wait would never
+    /// end, so each is stalled out (its requests fail as deadlocked).
+    fn stall_out_everything(&mut self) -> Result<(), SimError> {
+        let detail = format!(
+            "no event can make progress at t = {:.6} s while requests remain; {}",
+            self.now as f64 / 1e9,
+            self.describe_all()
+        );
+        if self.outcome.is_none() {
+            self.outcome = Some((Outcome::Deadlocked, detail.clone()));
+        }
+        for s in 0..self.servers.len() {
+            if matches!(self.servers[s].state, ServerState::Waiting { .. }) {
+                self.resume(s, Some("no event can make progress".into()))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn describe_all(&self) -> String {
+        let states: Vec<String> = self.servers.iter().map(|s| s.describe()).collect();
+        states.join("; ")
+    }
+
+    fn report(&self, wall_time_s: f64) -> Report {
+        let outcome = self.outcome.clone().or_else(|| {
+            let endings: Vec<Vec<lockstep_plan::report::RankSummary>> = self
+                .servers
+                .iter()
+                .enumerate()
+                .map(|(i, s)| s.endings(i))
+                .collect();
+            run_outcome(
+                self.servers
+                    .iter()
+                    .zip(&endings)
+                    .map(|(s, e)| (s.name.as_str(), &e[..])),
+            )
+        });
+        assemble_report(
+            self.fleet.scenario,
+            self.fleet.seed,
+            ClientLog {
+                records: self.records.values().cloned().collect(),
+                itl: self.itl.clone(),
+                end_ns: self.now,
+            },
+            self.servers.iter().flat_map(|s| s.first_scheduled()),
+            wall_time_s,
+            self.servers.iter().map(|s| s.report()).collect(),
+            outcome,
+        )
+    }
+}

@@ -1,0 +1,327 @@
+//! One simulated server: its ranks stepped through the iteration protocol in one thread
+//! ([`ServerGroup`]), its ingress queue, its ranks' transceivers, the device time model,
+//! and the accumulators its report needs.
+//!
+//! Time, as the real drivers spend it: an iteration starts with its fetch at `t0`; the
+//! host step takes the cost model's host time, so the batch launches at `t0 + host`; the
+//! device runs forwards one at a time in launch order ([`Device`]); the update happens
+//! when the awaited output is ready (this batch's without overlap, the previous one's
+//! with it) and the host step is done — that instant is when responses and KV sends
+//! leave the ranks, in every driver alike.
+
+use std::collections::VecDeque;
+
+use lockstep_actors::config::Role;
+use lockstep_actors::device::{Device, DeviceIn};
+use lockstep_actors::executor::FetchBatch;
+use lockstep_actors::group::{GroupError, GroupNeed, ServerGroup, TokenSource};
+use lockstep_actors::ids::BatchNumber;
+use lockstep_actors::invariants::Violation;
+use lockstep_actors::request::IngressItem;
+use lockstep_actors::transceiver::Transceiver;
+use lockstep_gpu::{AnalyticBackend, Backend};
+
+use lockstep_plan::fleet::PlannedServer;
+use lockstep_plan::report::series::Sampler;
+use lockstep_plan::report::{RankEnding, RankSummary, ServerReport, server_report};
+
+use super::iterlog::IterLogLine;
+
+/// What a server is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerState {
+    /// Rank 0 waits for an input (idle, or stalled: its last iteration changed nothing).
+    Waiting {
+        /// The stall bound applies (work remains, nothing in flight).
+        bounded: bool,
+    },
+    /// An iteration runs until its process point.
+    Busy,
+    /// Drained (or stopped): it will not iterate again.
+    Done,
+}
+
+/// What an iteration step asks of the event loop.
+#[derive(Debug)]
+pub enum Step {
+    /// Rank 0 waits for an input.
+    Waiting {
+        /// Whether the stall bound applies.
+        bounded: bool,
+    },
+    /// The iteration's process point is at this time.
+    ProcessAt(u64),
+    /// The iteration ended (reports and responses are ready); the next one opens now.
+    Ended,
+    /// The server drained.
+    Finished,
+    /// A fatal violation stopped it: a rank's own, or a peer's that this group could not
+    /// read (named as such, never dressed up as a violation).
+    Crashed(lockstep_actors::executor::StopReason),
+}
+
+/// A pending timer: when it fires, and its event's sequence number.
+pub type TimerAt = (u64, u64);
+
+/// One simulated server.
+pub struct SimServer {
+    pub name: String,
+    pub role: Role,
+    pub max_batch_size: u32,
+    pub overlap: bool,
+    pub group: ServerGroup,
+    pub ingress: VecDeque<IngressItem>,
+    /// Per rank (ctx and gen servers): the transceiver and its timer.
+    pub transceivers: Vec<Option<(Transceiver, Option<TimerAt>)>>,
+    pub state: ServerState,
+    /// Per rank: KV messages the wire lost (fault injection).
+    pub lost: Vec<u64>,
+    /// When the current stall began, the stall timer's generation and its event.
+    pub stalled_since: Option<u64>,
+    pub stall_generation: u64,
+    pub stall_timer: Option<u64>,
+    device: Device,
+    next_forward: u64,
+    /// The running iteration's start, host and device time.
+    current: Option<(u64, u64, u64)>,
+    tokens: Box<dyn TokenSource>,
+    iterations: u64,
+    busy_ns: u64,
+    violations: Vec<Violation>,
+    violation_count: u64,
+    /// Per rank: samples for the time series.
+    samplers: Vec<Sampler>,
+    pub log_enabled: bool,
+}
+
+impl SimServer {
+    pub fn new(
+        planned: &PlannedServer<'_>,
+        policy: lockstep_actors::policy::Policy,
+        tokens: Box<dyn TokenSource>,
+    ) -> Result<SimServer, lockstep_actors::config::ConfigError> {
+        let group = ServerGroup::new(planned.config, policy)?;
+        let dp = planned.sizes.dp as usize;
+        Ok(SimServer {
+            name: planned.config.name.clone(),
+            role: planned.config.role,
+            max_batch_size: planned.sizes.max_batch_size,
+            overlap: planned.sizes.overlap,
+            group,
+            ingress: VecDeque::new(),
+            transceivers: (0..dp).map(|_| None).collect(),
+            state: ServerState::Busy,
+            lost: vec![0; dp],
+            stalled_since: None,
+            stall_generation: 0,
+            stall_timer: None,
+            device: Device::new(),
+            next_forward: 0,
+            current: None,
+            tokens,
+            iterations: 0,
+            busy_ns: 0,
+            violations: Vec::new(),
+            violation_count: 0,
+            samplers: vec![Sampler::default(); dp],
+            log_enabled: false,
+        })
+    }
+
+    /// Runs the protocol until the server needs time to pass or an input: at the
+    /// ingress read, a waiting rank 0 with nothing queued stops there.
+    pub fn step(&mut self, now: u64, backend: &AnalyticBackend) -> Result<Step, GroupError> {
+        // Cheap when debug is off: the level is checked once per call site.
+        let _span = tracing::debug_span!("server", name = %self.name).entered();
+        loop {
+            match self.group.advance()? {
+                GroupNeed::ReadIngress(mode) => {
+                    use lockstep_actors::executor::FetchMode;
+                    let waits = mode != FetchMode::Poll;
+                    if let FetchMode::Stalled { .. } = mode {
+                        self.stalled_since.get_or_insert(now);
+                    } else {
+                        self.stalled_since = None;
+                    }
+                    if waits && self.ingress.is_empty() {
+                        let bounded = matches!(mode, FetchMode::Stalled { bounded: true });
+                        self.state = ServerState::Waiting { bounded };
+                        return Ok(Step::Waiting { bounded });
+                    }
+                    self.fetch(now, None)?;
+                }
+                GroupNeed::Forward { forward_ran } => {
+                    let at = self.time_forward(now, forward_ran, backend);
+                    self.group.sample_launched(self.tokens.as_mut())?;
+                    self.state = ServerState::Busy;
+                    return Ok(Step::ProcessAt(at));
+                }
+                GroupNeed::IterationEnded => return Ok(Step::Ended),
+                GroupNeed::Finished => {
+                    self.state = ServerState::Done;
+                    return Ok(Step::Finished);
+                }
+                GroupNeed::Stopped(why) => {
+                    self.state = ServerState::Done;
+                    return Ok(Step::Crashed(why));
+                }
+            }
+        }
+    }
+
+    /// Rank 0 reads everything queued (and a stall-out, if the bound passed).
+    pub fn fetch(&mut self, now: u64, stalled_out: Option<String>) -> Result<(), GroupError> {
+        let mut batch = FetchBatch {
+            now_ns: now,
+            stalled_out,
+            ..FetchBatch::default()
+        };
+        for item in self.ingress.drain(..) {
+            batch.add(item);
+        }
+        self.state = ServerState::Busy;
+        self.current = Some((now, 0, 0));
+        self.group.provide_ingress(batch)
+    }
+
+    /// The forward step's times: returns the process point.
+    fn time_forward(&mut self, now: u64, forward_ran: bool, backend: &AnalyticBackend) -> u64 {
+        let t0 = self.current.map_or(now, |c| c.0);
+        // Every rank's shape came with its vote: the time every driver computes.
+        let time = backend.iteration_ns(self.group.shapes(), forward_ran, self.overlap);
+        let launch_at = t0 + time.host_ns;
+        if forward_ran {
+            self.device.handle(
+                launch_at,
+                DeviceIn::Launch {
+                    batch: BatchNumber(self.next_forward),
+                    forward_ns: time.device_ns,
+                },
+            );
+            self.next_forward += 1;
+        }
+        // Every rank awaits the same batch (they launch in lockstep): its forward's end.
+        let ready = self.group.awaited()[0]
+            .and_then(|n| self.device.ready_at(n))
+            .unwrap_or(0);
+        // Every iteration takes some time, so virtual time always advances.
+        let at = launch_at.max(ready).max(t0 + 1_000);
+        self.current = Some((t0, time.host_ns, time.device_ns));
+        at
+    }
+
+    /// The process point: hand the outputs back and finish the iteration.
+    pub fn process(&mut self, now: u64) -> Result<Step, GroupError> {
+        self.device.handle_timeout(now);
+        while self.device.poll_out().is_some() {}
+        self.group.provide_outputs()?;
+        match self.group.advance()? {
+            GroupNeed::IterationEnded => {}
+            other => unreachable!("an iteration ends after its outputs, got {other:?}"),
+        }
+        let (t0, _, _) = self.current.unwrap_or((now, 0, 0));
+        self.iterations += 1;
+        self.busy_ns += now.saturating_sub(t0);
+        for ((report, rank), sampler) in self
+            .group
+            .reports()
+            .zip(self.group.ranks())
+            .zip(&mut self.samplers)
+        {
+            sampler.record(&report.stats, now, rank.totals().preemptions);
+            for v in &report.violations {
+                self.violation_count += 1;
+                if self.violations.len() < 100 {
+                    self.violations.push(v.clone());
+                }
+            }
+        }
+        Ok(Step::Ended)
+    }
+
+    /// The iteration log's lines for the iteration that ended.
+    pub fn log_lines(&self) -> Vec<IterLogLine> {
+        let (t0, host_ns, device_ns) = self.current.unwrap_or_default();
+        self.group
+            .reports()
+            .map(|r| IterLogLine::new(&self.name, t0, host_ns, device_ns, &r.stats))
+            .collect()
+    }
+
+    /// One line per rank for a deadlock report.
+    pub fn describe(&self) -> String {
+        let ranks: Vec<String> = self.group.ranks().iter().map(|r| r.describe()).collect();
+        format!(
+            "server `{}` ({:?}): {}",
+            self.name,
+            self.state,
+            ranks.join(", ")
+        )
+    }
+
+    /// The server's section of the report.
+    pub fn report(&self) -> ServerReport {
+        let summaries: Vec<RankSummary> = self
+            .group
+            .ranks()
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let ending = match r.stalled_out() {
+                    Some((reason, state)) => RankEnding::StalledOut {
+                        reason: reason.to_string(),
+                        state: state.to_string(),
+                    },
+                    None => RankEnding::Drained,
+                };
+                // Server-wide violations are collected once, below.
+                let mut s = RankSummary::of(0, r, Vec::new(), 0, ending);
+                if let Some((t, _)) = &self.transceivers[i] {
+                    s.transfers = t.stats().clone();
+                }
+                s.lost = self.lost[i];
+                s.series = self.samplers[i].clone().into_points();
+                s
+            })
+            .collect();
+        let mut report = server_report(
+            &self.name,
+            self.role,
+            self.max_batch_size,
+            &summaries,
+            self.busy_ns as f64 / 1e9,
+        );
+        report.violations = self.violations.clone();
+        report.violation_count = self.violation_count;
+        report
+    }
+
+    /// Each first scheduling on any rank: (request id, virtual ns).
+    pub fn first_scheduled(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.group
+            .ranks()
+            .iter()
+            .flat_map(|r| r.first_scheduled().iter().map(|&(id, ns)| (id.0, ns)))
+    }
+
+    /// Every rank's ending (for the run's outcome).
+    pub fn endings(&self, server: usize) -> Vec<RankSummary> {
+        self.group
+            .ranks()
+            .iter()
+            .filter_map(|r| {
+                let (reason, state) = r.stalled_out()?;
+                Some(RankSummary::of(
+                    server,
+                    r,
+                    Vec::new(),
+                    0,
+                    RankEnding::StalledOut {
+                        reason: reason.to_string(),
+                        state: state.to_string(),
+                    },
+                ))
+            })
+            .collect()
+    }
+}
