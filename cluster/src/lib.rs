@@ -16,6 +16,7 @@ pub mod fleet;
 pub mod model;
 pub mod model_backend;
 pub mod overhead;
+pub mod policy_keys;
 pub mod report;
 pub mod runtime;
 pub mod scenario;
