@@ -1,13 +1,14 @@
 //! Server configuration (TensorRT-LLM key names where one exists) and every derived size,
 //! computed in one place: [`ServerConfig::derive`].
 //!
-//! Parsing takes a `&str`; reading files is the binary's job. Unknown keys are rejected
-//! with the key's name; sizes are read as signed integers so that a negative value gets
-//! our own error naming the field and the value.
+//! The types are serde-derived; parsing them (TOML, files) is the loading layer's job
+//! (`cluster::scenario`). Unknown keys are rejected with the key's name; sizes are read as
+//! signed integers so that a negative value gets our own error naming the field and the
+//! value.
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{IdlePredicate, PadPredicate, Policy, PolicyPreset};
+use crate::policy::Policy;
 use crate::seats::{self, SeatInputs, SeatSkew, SlotPools};
 
 /// A configuration error. Each names the field and the offending value.
@@ -67,17 +68,6 @@ pub enum ConfigError {
         server: String,
         /// The skew, naming both numbers.
         skew: SeatSkew,
-    },
-    /// TOML syntax or an unknown key / wrong type (the parser's message names the key).
-    #[error("{0}")]
-    Parse(String),
-    /// A `--set`/policy key that does not exist or a value of the wrong kind.
-    #[error("policy key `{key}`: {message}")]
-    PolicyKey {
-        /// The key.
-        key: String,
-        /// What is wrong.
-        message: String,
     },
 }
 
@@ -375,11 +365,6 @@ fn positive(server: &str, field: &'static str, value: i64) -> Result<u32, Config
 }
 
 impl ServerConfig {
-    /// Parses one server from TOML (used by tests; scenarios embed servers).
-    pub fn from_toml(text: &str) -> Result<ServerConfig, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))
-    }
-
     /// Whether the overlap scheduler runs.
     pub fn overlap(&self) -> bool {
         !self.disable_overlap_scheduler
@@ -566,101 +551,6 @@ impl ServerConfig {
             warning,
         })
     }
-}
-
-/// Applies `preset` and then dotted overrides (`pad.rollback = false`) to a policy.
-/// Used by the `[policy]` table and by `--set policy.KEY=VALUE`.
-pub fn policy_from_table(table: &toml::Table) -> Result<Policy, ConfigError> {
-    let mut policy = match table.get("preset") {
-        None => Policy::FIXED,
-        Some(v) => {
-            let preset: PolicyPreset =
-                v.clone().try_into().map_err(|_| ConfigError::PolicyKey {
-                    key: "preset".into(),
-                    message: format!("expected \"fixed\" or \"legacy\", got {v}"),
-                })?;
-            Policy::preset(preset)
-        }
-    };
-    let mut flat = Vec::new();
-    flatten("", table, &mut flat);
-    for (key, value) in flat {
-        if key == "preset" {
-            continue;
-        }
-        set_policy_key(&mut policy, &key, &value)?;
-    }
-    Ok(policy)
-}
-
-fn flatten(prefix: &str, table: &toml::Table, out: &mut Vec<(String, toml::Value)>) {
-    for (k, v) in table {
-        let key = if prefix.is_empty() {
-            k.clone()
-        } else {
-            format!("{prefix}.{k}")
-        };
-        match v {
-            toml::Value::Table(t) => flatten(&key, t, out),
-            other => out.push((key, other.clone())),
-        }
-    }
-}
-
-/// Sets one switch by its dotted name. Unknown keys and wrong kinds name the key.
-pub fn set_policy_key(
-    policy: &mut Policy,
-    key: &str,
-    value: &toml::Value,
-) -> Result<(), ConfigError> {
-    let want_bool = |v: &toml::Value| {
-        v.as_bool().ok_or_else(|| ConfigError::PolicyKey {
-            key: key.to_string(),
-            message: format!("expected true or false, got {v}"),
-        })
-    };
-    match key {
-        "admission.charge_retiring" => policy.admission.charge_retiring = want_bool(value)?,
-        "seats.rederive" => policy.seats.rederive = want_bool(value)?,
-        "pad.rollback" => policy.pad.rollback = want_bool(value)?,
-        "gne.count_transfers_as_requests" => {
-            policy.gne.count_transfers_as_requests = want_bool(value)?
-        }
-        "pad.predicate" => {
-            policy.pad.predicate = match value.as_str() {
-                Some("fixed") => PadPredicate::Fixed,
-                Some("legacy") => PadPredicate::Legacy,
-                _ => {
-                    return Err(ConfigError::PolicyKey {
-                        key: key.to_string(),
-                        message: format!("expected \"fixed\" or \"legacy\", got {value}"),
-                    });
-                }
-            }
-        }
-        "idle.predicate" => {
-            policy.idle.predicate = match value.as_str() {
-                Some("live") => IdlePredicate::Live,
-                Some("routable") => IdlePredicate::Routable,
-                _ => {
-                    return Err(ConfigError::PolicyKey {
-                        key: key.to_string(),
-                        message: format!("expected \"live\" or \"routable\", got {value}"),
-                    });
-                }
-            }
-        }
-        _ => {
-            return Err(ConfigError::PolicyKey {
-                key: key.to_string(),
-                message: "unknown policy switch (known: preset, admission.charge_retiring, \
-                          seats.rederive, pad.predicate, pad.rollback, \
-                          gne.count_transfers_as_requests, idle.predicate)"
-                    .into(),
-            });
-        }
-    }
-    Ok(())
 }
 
 /// The sizes of a request that decide whether a server can ever serve it.

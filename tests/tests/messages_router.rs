@@ -23,7 +23,7 @@ struct Fleet {
 impl Fleet {
     fn new(kind: RouterKind, dp: u32, m: u32) -> Fleet {
         Fleet {
-            router: Router::new(kind, dp),
+            router: Router::new(kind),
             m,
             resident: vec![Vec::new(); dp as usize],
         }
@@ -266,7 +266,7 @@ fn conversation_bindings_carry_over_rounds_stick_under_m_and_move_when_full() {
     assert_eq!(fleet.router.bound_rank(ConvId(7)), Some(RankId(1)));
     // The same message to a router without that history lands elsewhere: the pointer
     // is state carried between messages.
-    let fresh = Router::new(RouterKind::Conversation, 2).route(RouteInput {
+    let fresh = Router::new(RouterKind::Conversation).route(RouteInput {
         loads: &loads,
         new: &[conv(3, 7)],
         max_per_rank: 2,
@@ -315,7 +315,7 @@ fn conversation_state_evolves_identically_on_every_rank() {
     for c in 1..=5 {
         assert!(replicas[0].router.bound_rank(ConvId(c)).is_some(), "{c}");
     }
-    assert_ne!(replicas[0].router, Router::new(RouterKind::Conversation, 3));
+    assert_ne!(replicas[0].router, Router::new(RouterKind::Conversation));
 }
 
 fn fleet_finish_all(fleets: &mut [Fleet], ids: &[u64]) {
@@ -326,7 +326,7 @@ fn fleet_finish_all(fleets: &mut [Fleet], ids: &[u64]) {
 
 #[test]
 fn the_conversation_lru_forgets_the_least_recently_used_binding_past_its_capacity() {
-    let mut router = Router::new(RouterKind::Conversation, 2);
+    let mut router = Router::new(RouterKind::Conversation);
     let loads = [RankLoad::default(); 2];
     let route = |router: &mut Router, new: &[RequestSpec]| {
         router.route(RouteInput {
@@ -361,9 +361,9 @@ fn other_kinds_bind_no_conversation_and_need_no_prefix_matches_except_kv_aware()
         assert_eq!(fleet.router.bound_rank(ConvId(5)), None, "{kind:?}");
         assert_eq!(fleet.router.kind(), kind);
     }
-    assert!(Router::new(RouterKind::KvAware, 2).needs_prefix_matches());
-    assert!(!Router::new(RouterKind::Balanced, 2).needs_prefix_matches());
-    assert!(!Router::new(RouterKind::Conversation, 2).needs_prefix_matches());
+    assert!(Router::new(RouterKind::KvAware).needs_prefix_matches());
+    assert!(!Router::new(RouterKind::Balanced).needs_prefix_matches());
+    assert!(!Router::new(RouterKind::Conversation).needs_prefix_matches());
 }
 
 // ---- kv_aware over real KV managers ----

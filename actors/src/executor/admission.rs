@@ -6,7 +6,6 @@
 use crate::config::{RequestShape, Role};
 use crate::counts::RankCounts;
 use crate::invariants::InvariantKind;
-use crate::kv::KvCommand;
 use crate::padding::PadPath;
 use crate::policy::IdlePredicate;
 use crate::request::{Request, RequestSpec, RequestState};
@@ -370,7 +369,7 @@ impl RankExecutor {
         for r in std::mem::take(&mut self.resident.sending) {
             // Its first token went out already (ContextDone); the front fails the
             // request when the ctx side reports the send failed.
-            let _ = self.kv.handle(KvCommand::FreeSequence { id: r.id() });
+            self.free_kv(r.id(), r.holds_kv);
             let cause = AbortCause::Failed(Box::new(reason.clone()));
             self.iter.commands.push(TransferCommand::Abort {
                 id: r.id(),
@@ -404,7 +403,7 @@ impl RankExecutor {
     /// Frees everything a request holds on this rank.
     pub(super) fn release(&mut self, r: &Request) {
         if r.holds_kv {
-            let _ = self.kv.handle(KvCommand::FreeSequence { id: r.id() });
+            self.free_kv(r.id(), true);
         }
         if let Some(seat) = r.seat {
             self.seats.release(seat);

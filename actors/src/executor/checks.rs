@@ -1,10 +1,44 @@
 //! The end of an iteration: the §10 checks and the iteration's report.
 
+use crate::ids::ReqId;
 use crate::invariants::{InvariantKind, Violation};
+use crate::kv::Freed;
 
 use super::RankExecutor;
 
 impl RankExecutor {
+    /// Frees `id`'s KV and checks the pool's answer against `held`: this rank's own record
+    /// of whether `id` holds any (`holds_kv`, the dummy).
+    pub(super) fn free_kv(&mut self, id: ReqId, held: bool) {
+        let freed = self.kv.free_sequence(id);
+        self.check_freed(freed, id, held);
+    }
+
+    /// The pool must free a sequence exactly when this rank's record says `id` holds one.
+    pub(super) fn check_freed(&mut self, freed: Freed, id: ReqId, held: bool) {
+        match (freed, held) {
+            (Freed::Sequence { .. }, true) | (Freed::NothingHeld, false) => {}
+            (Freed::NothingHeld, true) => self.kv_bookkeeping_slip(format!(
+                "request {id} is recorded as holding KV, but the pool had no sequence to free"
+            )),
+            (Freed::Sequence { blocks }, false) => self.kv_bookkeeping_slip(format!(
+                "request {id} is recorded as holding no KV, but the pool freed its sequence of {blocks} blocks"
+            )),
+        }
+    }
+
+    /// A KV call that this rank's own bookkeeping says cannot fail did. Nothing a message
+    /// carries can cause it (ids are checked at admission; `holds_kv` is set only when the
+    /// pool took the sequence), so it is an executor bug: debug builds (every test) stop
+    /// on it; release builds keep serving, warn, and report a `Blocks` violation.
+    pub(super) fn kv_bookkeeping_slip(&mut self, detail: String) {
+        if cfg!(debug_assertions) {
+            panic!("rank {}: kv bookkeeping disagrees: {detail}", self.rank);
+        }
+        tracing::warn!(rank = %self.rank, iteration = self.iteration, detail, "kv bookkeeping disagrees");
+        self.violation(InvariantKind::Blocks, detail);
+    }
+
     pub(super) fn violation(&mut self, kind: InvariantKind, detail: String) {
         self.iter.violations.push(Violation {
             iteration: self.iteration,

@@ -333,7 +333,7 @@ impl RankExecutor {
         } else {
             PadPath::Expected
         };
-        let router = Router::new(server.attention_dp_config.router, sizes.dp);
+        let router = Router::new(server.attention_dp_config.router);
         let schedule = CollectiveSchedule {
             prefix_matches: router.needs_prefix_matches(),
             pad_intent: pad_path == PadPath::Intent,

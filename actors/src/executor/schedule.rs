@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use crate::config::Role;
 use crate::ids::{BatchNumber, ReqId};
 use crate::invariants::InvariantKind;
-use crate::kv::{KvCommand, KvError};
+use crate::kv::KvError;
 use crate::padding::{DummyKind, PadPath, TentativeDummy, pad_need};
 use crate::policy::PadPredicate;
 use crate::request::{Request, RequestSpec, RequestState};
@@ -81,14 +81,8 @@ impl RankExecutor {
             self.skip_pad("no free seat");
             return;
         }
-        let kv = match self.kv.handle(KvCommand::AllocateDummy { tokens }) {
-            Ok(reply) => match reply.into_dummy() {
-                Some(kv) => kv,
-                None => {
-                    self.skip_pad("the KV manager answered without a dummy");
-                    return;
-                }
-            },
+        let kv = match self.kv.allocate_dummy(tokens) {
+            Ok(kv) => kv,
             Err(e) => {
                 self.skip_pad(&e.to_string());
                 return;
@@ -96,7 +90,8 @@ impl RankExecutor {
         };
         let Some(seat) = self.seats.try_take() else {
             // Checked above; keep the KV consistent regardless.
-            let _ = self.kv.handle(KvCommand::RollbackDummy(kv));
+            let freed = self.kv.rollback_dummy(kv);
+            self.check_freed(freed, ReqId::DUMMY, true);
             self.skip_pad("no free seat");
             return;
         };
@@ -202,13 +197,11 @@ impl RankExecutor {
         let id = self.resident.active[index].id();
         if !self.resident.active[index].holds_kv {
             let r = &self.resident.active[index];
-            match self.kv.handle(KvCommand::AddSequence {
-                id,
-                block_hashes: &r.spec.block_hashes,
-                prompt_len: r.spec.prompt_len,
-            }) {
-                Ok(reply) => {
-                    let reused = reply.reused_tokens();
+            match self
+                .kv
+                .add_sequence(id, &r.spec.block_hashes, r.spec.prompt_len)
+            {
+                Ok(reused) => {
                     let r = &mut self.resident.active[index];
                     r.holds_kv = true;
                     // The reused prefix is whole blocks.
@@ -268,11 +261,7 @@ impl RankExecutor {
         let kv_tokens = r.kv_tokens;
         let need = kv_tokens + step_tokens;
         if need > r.kv_room {
-            if self
-                .kv
-                .handle(KvCommand::EnsureTokens { id, tokens: need })
-                .is_err()
-            {
+            if self.kv.ensure_tokens(id, need).is_err() {
                 self.iter.stats.deferrals_out_of_blocks += 1;
                 self.totals.deferrals_out_of_blocks += 1;
                 return None;
@@ -307,7 +296,7 @@ impl RankExecutor {
     fn pause(&mut self, index: usize) {
         self.totals.preemptions += 1;
         let id = self.resident.active[index].id();
-        let _ = self.kv.handle(KvCommand::FreeSequence { id });
+        self.free_kv(id, self.resident.active[index].holds_kv);
         let r = &mut self.resident.active[index];
         r.holds_kv = false;
         r.kv_room = 0;
@@ -330,11 +319,7 @@ impl RankExecutor {
     fn start_receive(&mut self, i: usize) {
         let id = self.resident.active[i].id();
         let prompt = self.resident.active[i].spec.prompt_len;
-        match self.kv.handle(KvCommand::AddSequence {
-            id,
-            block_hashes: &[],
-            prompt_len: prompt,
-        }) {
+        match self.kv.add_sequence(id, &[], prompt) {
             Ok(_) => {}
             Err(KvError::NoFreeIndexSlot { .. }) => {
                 self.iter.stats.deferrals_no_free_index_slot += 1;
@@ -343,12 +328,9 @@ impl RankExecutor {
             }
             Err(_) => return,
         }
-        if self
-            .kv
-            .handle(KvCommand::EnsureTokens { id, tokens: prompt })
-            .is_err()
-        {
-            let _ = self.kv.handle(KvCommand::FreeSequence { id });
+        if self.kv.ensure_tokens(id, prompt).is_err() {
+            // Added just above: the sequence is there to free.
+            self.free_kv(id, true);
             self.iter.stats.deferrals_out_of_blocks += 1;
             self.totals.deferrals_out_of_blocks += 1;
             return;
@@ -417,19 +399,21 @@ impl RankExecutor {
 
     fn resolve_dummy(&mut self, tentative: TentativeDummy, can_queue: bool) {
         if can_queue {
-            let _ = self.kv.handle(KvCommand::CommitDummy(tentative.kv));
+            self.kv.commit_dummy(tentative.kv);
             self.iter.stats.dummy_committed = true;
             self.totals.dummies_committed += 1;
         } else if self.setup.policy.pad.rollback {
-            // Roll back exactly this dummy: its KV, its seat, itself.
-            let _ = self.kv.handle(KvCommand::RollbackDummy(tentative.kv));
+            // Roll back exactly this dummy: its KV, its seat, itself. Nothing frees the
+            // dummy between its allocation in this iteration and the vote.
+            let freed = self.kv.rollback_dummy(tentative.kv);
+            self.check_freed(freed, ReqId::DUMMY, true);
             self.seats.release(tentative.seat);
             self.resident.dummy = None;
             self.iter.stats.dummy_rolled_back = true;
             self.totals.dummies_rolled_back += 1;
         } else {
             // Legacy: nothing undoes the dummy; it survives into the next iteration.
-            let _ = self.kv.handle(KvCommand::CommitDummy(tentative.kv));
+            self.kv.commit_dummy(tentative.kv);
         }
     }
 
@@ -437,7 +421,8 @@ impl RankExecutor {
     /// back with the rest of the iteration's work.
     pub(super) fn abandon_tentative(&mut self) {
         if let Some(tentative) = self.iter.tentative.take() {
-            let _ = self.kv.handle(KvCommand::RollbackDummy(tentative.kv));
+            let freed = self.kv.rollback_dummy(tentative.kv);
+            self.check_freed(freed, ReqId::DUMMY, true);
             self.seats.release(tentative.seat);
             self.resident.dummy = None;
         }
@@ -445,7 +430,8 @@ impl RankExecutor {
 
     pub(super) fn free_dummy(&mut self) {
         if let Some(d) = self.resident.dummy.take() {
-            let _ = self.kv.handle(KvCommand::FreeSequence { id: ReqId::DUMMY });
+            // A resident dummy holds the KV its allocation took (a rollback clears both).
+            self.free_kv(ReqId::DUMMY, true);
             if let Some(seat) = d.seat {
                 self.seats.release(seat);
             }

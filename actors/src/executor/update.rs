@@ -3,7 +3,6 @@
 //! completions.
 
 use crate::config::Role;
-use crate::kv::KvCommand;
 use crate::request::RequestState;
 
 use super::RankExecutor;
@@ -125,13 +124,12 @@ impl RankExecutor {
                     r.context_pos += chunk;
                     r.kv_tokens += chunk;
                     let computed = r.context_pos.min(r.spec.prompt_len);
-                    if !r.spec.block_hashes.is_empty() {
-                        let _ = self.kv.handle(KvCommand::RegisterPrefix {
-                            id: e.id,
-                            block_hashes: &r.spec.block_hashes,
-                            computed_tokens: computed,
-                        });
-                    }
+                    let registered = if r.spec.block_hashes.is_empty() {
+                        Ok(())
+                    } else {
+                        self.kv
+                            .register_prefix(e.id, &r.spec.block_hashes, computed)
+                    };
                     if samples {
                         r.next_position += 1;
                         r.state = if overlap && r.generated + 1 >= max_new {
@@ -139,6 +137,11 @@ impl RankExecutor {
                         } else {
                             RequestState::GenerationInProgress
                         };
+                    }
+                    // Scheduled this iteration, so `prepare_entry` gave it a sequence; the
+                    // only refusal (an unknown sequence) is an executor bug.
+                    if let Err(err) = registered {
+                        self.kv_bookkeeping_slip(format!("request {}: {err}", e.id));
                     }
                 }
                 ForwardKind::Generation { tokens } => {
@@ -217,9 +220,10 @@ impl RankExecutor {
             }
             Role::Agg | Role::Gen => {
                 r.state = RequestState::GenerationComplete;
-                r.holds_kv = false;
+                // Whatever the request's record says it holds is freed (`check_freed`).
+                let held = std::mem::replace(&mut r.holds_kv, false);
                 r.kv_room = 0;
-                let _ = self.kv.handle(KvCommand::FreeSequence { id: r.id() });
+                self.free_kv(r.id(), held);
                 self.totals.completed += 1;
             }
         }
@@ -240,7 +244,7 @@ impl RankExecutor {
             .position(|r| r.id() == event.id)
         {
             let r = self.resident.sending.remove(pos);
-            let _ = self.kv.handle(KvCommand::FreeSequence { id: r.id() });
+            self.free_kv(r.id(), r.holds_kv);
             match failure {
                 None => self.totals.completed += 1,
                 Some(reason) => self.fail_after_transfer(&r, Failure::KvSend(reason)),

@@ -1,12 +1,12 @@
-//! The KV manager's message interface: every change to a rank's KV state arrives as one
-//! [`KvCommand`] through [`KvManager::handle`], and is answered by one [`KvReply`] or a
-//! [`KvError`] that changed nothing. Reads (free blocks, a sequence's blocks, prefix
-//! matches) stay plain queries: they change nothing and the schedulers call them in hot
-//! loops. Calls are synchronous inside the rank (no hop on the hot path).
+//! The KV manager's interface shaped as messages: one [`KvCommand`] through
+//! [`KvManager::handle`], answered by one [`KvReply`] or a [`KvError`] that changed
+//! nothing. It only dispatches to the typed methods (the executor calls those directly),
+//! so tests and models that drive the manager as a stream of commands exercise the same
+//! code. Reads (free blocks, a sequence's blocks, prefix matches) stay plain queries.
 
 use crate::ids::ReqId;
 
-use super::{KvError, KvManager, TentativeDummyKv};
+use super::{Freed, KvError, KvManager, TentativeDummyKv};
 
 /// A change asked of the KV manager.
 #[derive(Debug)]
@@ -109,16 +109,22 @@ impl KvManager {
             } => self
                 .register_prefix(id, block_hashes, computed_tokens)
                 .map(|()| KvReply::Done),
-            KvCommand::FreeSequence { id } => self.free_sequence(id).map(|()| KvReply::Done),
+            // As a message, freeing an unknown id is refused: a command stream that frees
+            // what it never added is wrong, and the reply says so.
+            KvCommand::FreeSequence { id } => match self.free_sequence(id) {
+                Freed::Sequence { .. } => Ok(KvReply::Done),
+                Freed::NothingHeld => Err(KvError::UnknownSequence(id)),
+            },
             KvCommand::AllocateDummy { tokens } => self.allocate_dummy(tokens).map(KvReply::Dummy),
             KvCommand::CommitDummy(dummy) => {
                 self.commit_dummy(dummy);
                 Ok(KvReply::Done)
             }
-            KvCommand::RollbackDummy(dummy) => {
-                self.rollback_dummy(dummy);
-                Ok(KvReply::Done)
-            }
+            // Rolling back a dummy the stream already freed is still a rollback (the
+            // counter moves); there is nothing left to undo, which is not a refusal.
+            KvCommand::RollbackDummy(dummy) => match self.rollback_dummy(dummy) {
+                Freed::Sequence { .. } | Freed::NothingHeld => Ok(KvReply::Done),
+            },
         }
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! Inputs: `add_sequence`, `ensure_tokens`, `register_prefix`, `free_sequence`, the dummy
 //! transaction (`allocate_dummy` then exactly one of `commit_dummy` / `rollback_dummy`).
-//! Outputs: typed results and [`KvCounters`].
+//! Outputs: typed results ([`KvError`] for a refusal, [`Freed`] for what a free gave
+//! back) and [`KvCounters`]. [`KvCommand`] is the same interface shaped as messages.
 //!
 //! Guardrails: used + free = total at all times; a failed call changes nothing; block
 //! choice is deterministic (lowest free id first, LRU by a logical tick, never a hash-map
@@ -83,8 +84,22 @@ pub enum KvError {
     DuplicateSequence(ReqId),
 }
 
+/// What freeing a sequence gave back. Not an error either way: only the caller knows
+/// whether the id should have held anything (a request that never got KV holds nothing).
+#[must_use = "a caller that expects the id to hold KV must check it did"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freed {
+    /// The sequence's index slot and its references to `blocks` blocks were released.
+    Sequence {
+        /// Block references dropped (a block shared with another sequence stays used).
+        blocks: u32,
+    },
+    /// No sequence under that id: nothing changed.
+    NothingHeld,
+}
+
 /// A dummy's tentative KV allocation (§6). Must be consumed by
-/// [`KvCommand::CommitDummy`] or [`KvCommand::RollbackDummy`].
+/// [`KvManager::commit_dummy`] or [`KvManager::rollback_dummy`].
 #[must_use = "a tentative dummy must be committed or rolled back"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct TentativeDummyKv {
@@ -476,7 +491,7 @@ impl KvManager {
     /// `block_hashes` (at most `(prompt_len - 1) / tokens_per_block` of them, so at least
     /// one prompt token is computed). Returns the reused prompt tokens. On
     /// `NoFreeIndexSlot` counts a deferral and changes nothing else.
-    fn add_sequence(
+    pub fn add_sequence(
         &mut self,
         id: ReqId,
         block_hashes: &[u64],
@@ -514,7 +529,7 @@ impl KvManager {
 
     /// Grows `id` to hold `tokens` tokens, allocating blocks (free list first, lowest id
     /// first; then evicting the least recently used cached block). Never shrinks.
-    fn ensure_tokens(&mut self, id: ReqId, tokens: u32) -> Result<(), KvError> {
+    pub fn ensure_tokens(&mut self, id: ReqId, tokens: u32) -> Result<(), KvError> {
         let want = self.blocks_for_tokens(tokens);
         let free = self.free_blocks();
         let Some(seq) = self.pool.seqs.get_mut(&id) else {
@@ -539,7 +554,7 @@ impl KvManager {
 
     /// Makes the full prompt blocks of `id` covered by `computed_tokens` reusable under
     /// their chained keys (idempotent; a key already cached keeps its block).
-    fn register_prefix(
+    pub fn register_prefix(
         &mut self,
         id: ReqId,
         block_hashes: &[u64],
@@ -585,9 +600,9 @@ impl KvManager {
 
     /// Frees everything `id` holds: its index slot and block references. Blocks with a key
     /// and no other reference go to the LRU (most recent end); others to the free list.
-    fn free_sequence(&mut self, id: ReqId) -> Result<(), KvError> {
+    pub fn free_sequence(&mut self, id: ReqId) -> Freed {
         let Some(seq) = self.pool.seqs.remove(&id) else {
-            return Err(KvError::UnknownSequence(id));
+            return Freed::NothingHeld;
         };
         self.pool.slots.release(seq.slot);
         // Tail first: deeper prefix blocks get older ticks and are evicted before the
@@ -595,12 +610,14 @@ impl KvManager {
         for &b in seq.blocks.iter().rev() {
             self.pool.release(b);
         }
-        Ok(())
+        Freed::Sequence {
+            blocks: seq.blocks.len() as u32,
+        }
     }
 
     /// Dummy transaction, step 1: capacity pre-check (an index slot and the blocks for
     /// `tokens`), then a tentative allocation under [`ReqId::DUMMY`].
-    fn allocate_dummy(&mut self, tokens: u32) -> Result<TentativeDummyKv, KvError> {
+    pub fn allocate_dummy(&mut self, tokens: u32) -> Result<TentativeDummyKv, KvError> {
         if self.has_sequence(ReqId::DUMMY) {
             return Err(KvError::DuplicateSequence(ReqId::DUMMY));
         }
@@ -628,17 +645,18 @@ impl KvManager {
     }
 
     /// Dummy transaction, commit: the dummy stays until `free_sequence(ReqId::DUMMY)`.
-    fn commit_dummy(&mut self, dummy: TentativeDummyKv) {
+    pub fn commit_dummy(&mut self, dummy: TentativeDummyKv) {
         dummy.consume();
         self.counters.dummy_commits += 1;
     }
 
-    /// Dummy transaction, rollback: frees exactly the dummy's slot and blocks.
-    fn rollback_dummy(&mut self, dummy: TentativeDummyKv) {
+    /// Dummy transaction, rollback: frees exactly the dummy's slot and blocks. A cached
+    /// block its allocation evicted stays evicted. `NothingHeld` only if the caller freed
+    /// `ReqId::DUMMY` in between; then there was nothing to undo.
+    pub fn rollback_dummy(&mut self, dummy: TentativeDummyKv) -> Freed {
         dummy.consume();
-        // Absent only if the caller already freed it; then there is nothing to undo.
-        let _ = self.free_sequence(ReqId::DUMMY);
         self.counters.dummy_rollbacks += 1;
+        self.free_sequence(ReqId::DUMMY)
     }
 
     /// Counters.

@@ -19,6 +19,14 @@ fn ids(kv: &KvManager, id: u64) -> Vec<u32> {
     kv.block_ids_of(ReqId(id)).iter().map(|b| b.0).collect()
 }
 
+/// Frees `id`, which must hold a sequence; the block references it dropped.
+fn free_held(kv: &mut KvManager, id: ReqId) -> u32 {
+    match kv.free_sequence(id) {
+        Freed::Sequence { blocks } => blocks,
+        Freed::NothingHeld => panic!("request {id} held nothing to free"),
+    }
+}
+
 /// Used, free and index slots: what a refused call must leave as it was.
 fn gauges(kv: &KvManager) -> (u32, u32, u32) {
     (kv.used_blocks(), kv.free_blocks(), kv.index_slots_used())
@@ -33,7 +41,7 @@ fn allocation_takes_the_lowest_free_block_ids_first() {
     kv.add_sequence(ReqId(2), &[], 1).unwrap();
     kv.ensure_tokens(ReqId(2), 4).unwrap();
     assert_eq!(ids(&kv, 2), vec![3]);
-    kv.free_sequence(ReqId(1)).unwrap();
+    free_held(&mut kv, ReqId(1));
     kv.add_sequence(ReqId(3), &[], 1).unwrap();
     kv.ensure_tokens(ReqId(3), 8).unwrap();
     assert_eq!(
@@ -90,17 +98,14 @@ fn free_sequence_returns_its_blocks_and_slot() {
         (kv.used_blocks(), kv.free_blocks(), kv.index_slots_used()),
         (3, 3, 1)
     );
-    kv.free_sequence(ReqId(1)).unwrap();
+    assert_eq!(free_held(&mut kv, ReqId(1)), 3);
     assert_eq!(
         (kv.used_blocks(), kv.free_blocks(), kv.index_slots_used()),
         (0, 6, 0)
     );
     assert!(!kv.has_sequence(ReqId(1)));
     assert_eq!(kv.blocks_of(ReqId(1)), 0);
-    assert_eq!(
-        kv.free_sequence(ReqId(1)),
-        Err(KvError::UnknownSequence(ReqId(1)))
-    );
+    assert_eq!(kv.free_sequence(ReqId(1)), Freed::NothingHeld);
     kv.check_invariants().unwrap();
 }
 
@@ -113,7 +118,7 @@ fn prefix_is_reused_after_register_and_free_and_capped_to_compute_one_token() {
     kv.register_prefix(ReqId(1), &hashes, 12).unwrap();
     kv.register_prefix(ReqId(1), &hashes, 12).unwrap(); // idempotent
     let held = ids(&kv, 1);
-    kv.free_sequence(ReqId(1)).unwrap();
+    free_held(&mut kv, ReqId(1));
     assert_eq!(kv.cached_blocks(), 3, "keyed blocks stay cached");
     assert_eq!(kv.free_blocks(), 8, "cached blocks still count as free");
     assert_eq!(kv.longest_prefix_match(&hashes), 12);
@@ -137,7 +142,7 @@ fn prefix_is_reused_after_register_and_free_and_capped_to_compute_one_token() {
     assert_eq!(kv.add_sequence(ReqId(4), &hashes, 0), Ok(0));
     kv.check_invariants().unwrap();
 
-    kv.free_sequence(ReqId(2)).unwrap();
+    free_held(&mut kv, ReqId(2));
     assert_eq!(kv.used_blocks(), 3, "blocks shared with 3 stay referenced");
     kv.check_invariants().unwrap();
 }
@@ -153,7 +158,7 @@ fn prefix_reuse_is_off_when_disabled() {
     kv.add_sequence(ReqId(1), &[1, 2], 9).unwrap();
     kv.ensure_tokens(ReqId(1), 9).unwrap();
     kv.register_prefix(ReqId(1), &[1, 2], 8).unwrap();
-    kv.free_sequence(ReqId(1)).unwrap();
+    free_held(&mut kv, ReqId(1));
     assert_eq!(kv.cached_blocks(), 0);
     assert_eq!(kv.longest_prefix_match(&[1, 2]), 0);
     assert_eq!(kv.add_sequence(ReqId(2), &[1, 2], 9), Ok(0));
@@ -172,7 +177,7 @@ fn lru_eviction_takes_the_least_recently_freed_cached_block_first() {
     let block = |kv: &KvManager, id| ids(kv, id)[0];
     let (b1, b2, b3) = (block(&kv, 1), block(&kv, 2), block(&kv, 3));
     for id in [2, 1, 3] {
-        kv.free_sequence(ReqId(id)).unwrap();
+        free_held(&mut kv, ReqId(id));
     }
     assert_eq!(kv.cached_blocks(), 3);
 
@@ -200,7 +205,7 @@ fn free_list_is_used_before_any_cached_block_is_evicted() {
     kv.add_sequence(ReqId(1), &[7], 5).unwrap();
     kv.ensure_tokens(ReqId(1), 4).unwrap();
     kv.register_prefix(ReqId(1), &[7], 4).unwrap();
-    kv.free_sequence(ReqId(1)).unwrap();
+    free_held(&mut kv, ReqId(1));
     kv.add_sequence(ReqId(2), &[], 1).unwrap();
     kv.ensure_tokens(ReqId(2), 8).unwrap();
     assert_eq!(ids(&kv, 2), vec![1, 2]);
@@ -225,7 +230,7 @@ fn full_index_pool_returns_no_free_index_slot_and_counts_a_deferral() {
         Err(KvError::DuplicateSequence(ReqId(1)))
     );
     assert_eq!(kv.counters().deferrals_no_free_index_slot, 1);
-    kv.free_sequence(ReqId(1)).unwrap();
+    free_held(&mut kv, ReqId(1));
     kv.add_sequence(ReqId(3), &[], 1).unwrap();
     assert_eq!(kv.slot_of(ReqId(3)), Some(Seat(0)));
     kv.check_invariants().unwrap();
@@ -246,7 +251,7 @@ fn dummy_allocate_commit_free_restores_the_free_counts() {
         "a committed dummy stays until freed"
     );
     kv.check_invariants().unwrap();
-    kv.free_sequence(ReqId::DUMMY).unwrap();
+    free_held(&mut kv, ReqId::DUMMY);
     assert_eq!(gauges(&kv), before);
     let c = kv.counters();
     assert_eq!(
@@ -264,7 +269,7 @@ fn dummy_allocate_rollback_restores_exactly_the_previous_state() {
     let before = kv.pool.clone();
     let d = kv.allocate_dummy(2).unwrap();
     assert_eq!(kv.blocks_of(ReqId::DUMMY), 1);
-    kv.rollback_dummy(d);
+    assert_eq!(kv.rollback_dummy(d), Freed::Sequence { blocks: 1 });
     assert!(!kv.has_sequence(ReqId::DUMMY));
     assert_eq!(kv.pool, before);
     let c = kv.counters();
@@ -272,6 +277,21 @@ fn dummy_allocate_rollback_restores_exactly_the_previous_state() {
         (c.dummy_allocations, c.dummy_commits, c.dummy_rollbacks),
         (1, 0, 1)
     );
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn rolling_back_a_dummy_already_freed_has_nothing_to_undo() {
+    let mut kv = kv(4, 3);
+    kv.add_sequence(ReqId(1), &[], 1).unwrap();
+    let before = kv.pool.clone();
+    let d = kv.allocate_dummy(5).unwrap();
+    assert_eq!(free_held(&mut kv, ReqId::DUMMY), 2);
+    let freed_once = kv.pool.clone();
+    assert_eq!(kv.rollback_dummy(d), Freed::NothingHeld);
+    assert_eq!(kv.pool, freed_once, "nothing left to undo, nothing changed");
+    assert_eq!(kv.pool, before);
+    assert_eq!(kv.counters().dummy_rollbacks, 1, "still a rollback");
     kv.check_invariants().unwrap();
 }
 
@@ -317,7 +337,7 @@ fn a_second_dummy_is_refused_while_one_is_alive() {
     let second = kv.allocate_dummy(1);
     assert_eq!(second, Err(KvError::DuplicateSequence(ReqId::DUMMY)));
     assert_eq!(kv.pool, before);
-    kv.rollback_dummy(d);
+    assert_eq!(kv.rollback_dummy(d), Freed::Sequence { blocks: 1 });
     assert_eq!(kv.free_blocks(), 4);
 }
 
@@ -406,7 +426,7 @@ fn evicted_prefixes_stop_matching_and_stale_keys_are_purged() {
         assert_eq!(kv.add_sequence(ReqId(i), &h, 8 * TPB), Ok(0));
         kv.ensure_tokens(ReqId(i), 8 * TPB).unwrap();
         kv.register_prefix(ReqId(i), &h, 8 * TPB).unwrap();
-        kv.free_sequence(ReqId(i)).unwrap();
+        free_held(&mut kv, ReqId(i));
         if i % 50 == 0 {
             assert_eq!(kv.check_invariants(), Ok(()), "after sequence {i}");
         }
@@ -428,7 +448,7 @@ fn evicted_prefixes_stop_matching_and_stale_keys_are_purged() {
     kv.add_sequence(ReqId(10_000), &h, 8 * TPB).unwrap();
     kv.ensure_tokens(ReqId(10_000), 8 * TPB).unwrap();
     kv.register_prefix(ReqId(10_000), &h, 8 * TPB).unwrap();
-    kv.free_sequence(ReqId(10_000)).unwrap();
+    free_held(&mut kv, ReqId(10_000));
     assert_eq!(kv.longest_prefix_match(&h), 8 * TPB);
     assert_eq!(kv.check_invariants(), Ok(()));
 }
@@ -512,17 +532,30 @@ fn apply(kv: &mut KvManager, op: &Op) -> Result<(), KvError> {
             hashes,
             computed,
         } => kv.register_prefix(ReqId(*id), hashes, *computed),
-        Op::Free { id } => kv.free_sequence(ReqId(*id)),
+        Op::Free { id } => freed_or_refused(kv, ReqId(*id)),
         Op::Dummy { tokens, commit } => {
             let d = kv.allocate_dummy(*tokens)?;
             if *commit {
                 kv.commit_dummy(d);
             } else {
-                kv.rollback_dummy(d);
+                let blocks = kv.blocks_of(ReqId::DUMMY);
+                assert_eq!(kv.rollback_dummy(d), Freed::Sequence { blocks });
             }
             Ok(())
         }
-        Op::FreeDummy => kv.free_sequence(ReqId::DUMMY),
+        Op::FreeDummy => freed_or_refused(kv, ReqId::DUMMY),
+    }
+}
+
+/// Frees `id`; nothing held counts as a refusal, so the caller checks it changed nothing.
+fn freed_or_refused(kv: &mut KvManager, id: ReqId) -> Result<(), KvError> {
+    let blocks = kv.blocks_of(id);
+    match kv.free_sequence(id) {
+        Freed::Sequence { blocks: freed } => {
+            assert_eq!(freed, blocks, "request {id} freed a different block count");
+            Ok(())
+        }
+        Freed::NothingHeld => Err(KvError::UnknownSequence(id)),
     }
 }
 
@@ -576,7 +609,8 @@ proptest! {
         }
         let before = kv.pool.clone();
         if let Ok(d) = kv.allocate_dummy(tokens) {
-            kv.rollback_dummy(d);
+            let blocks = kv.blocks_for_tokens(tokens);
+            prop_assert_eq!(kv.rollback_dummy(d), Freed::Sequence { blocks });
             // Evicted cached blocks come back as plain free blocks: counts match exactly.
             prop_assert_eq!(kv.free_blocks(), before.free.len() as u32 + before.lru.len() as u32);
             prop_assert_eq!(kv.pool.used, before.used);

@@ -131,11 +131,9 @@ pub struct Router {
 pub const CONVERSATION_LRU_CAPACITY: usize = 65_536;
 
 impl Router {
-    /// A router of `kind` for `dp` ranks.
-    pub fn new(kind: RouterKind, dp: u32) -> Router {
-        // The rank count of each round comes from `RouteInput::loads`, so a router needs
-        // no copy of `dp` that could disagree with the gather.
-        let _ = dp;
+    /// A router of `kind`. It takes no rank count: each round's comes from
+    /// `RouteInput::loads`, so no copy of `dp` can disagree with the gather.
+    pub fn new(kind: RouterKind) -> Router {
         Router {
             kind,
             conversations: conversation::Conversations::new(CONVERSATION_LRU_CAPACITY),

@@ -130,7 +130,7 @@ fn the_routing_invariant_counts_only_room_below_expected() {
 fn balanced_sends_the_longest_prompt_to_the_rank_with_fewest_tokens() {
     let loads = loads(&[0, 0, 0], &[50, 10, 30]);
     let new = specs(&[5, 100, 20]);
-    let a = Router::new(RouterKind::Balanced, 3).route(input(&loads, &new, 4));
+    let a = Router::new(RouterKind::Balanced).route(input(&loads, &new, 4));
     // expected = 1: 100 → rank 1 (10 tokens), 20 → rank 2 (30), 5 → rank 0 (50).
     assert_eq!(a.expected, 1);
     assert_eq!(ranks(&a), vec![0, 1, 2]);
@@ -142,12 +142,12 @@ fn balanced_breaks_ties_by_count_then_rank_id() {
     // Equal tokens: the rank with fewer requests first, then the lower id (expected = 2).
     let loads = loads(&[1, 0, 0], &[0, 0, 0]);
     let new = specs(&[9, 9, 9, 9]);
-    let a = Router::new(RouterKind::Balanced, 3).route(input(&loads, &new, 4));
+    let a = Router::new(RouterKind::Balanced).route(input(&loads, &new, 4));
     assert_eq!(a.expected, 2);
     assert_eq!(ranks(&a), vec![1, 2, 0, 1]);
     // Equal prompts keep FIFO order in the sort.
     let new = specs(&[3, 7, 7]);
-    let a = Router::new(RouterKind::Balanced, 3).route(input(&idle(3), &new, 4));
+    let a = Router::new(RouterKind::Balanced).route(input(&idle(3), &new, 4));
     assert_eq!(ranks(&a), vec![2, 0, 1]);
 }
 
@@ -156,7 +156,7 @@ fn balanced_never_fills_a_rank_past_expected() {
     // Rank 0 has no tokens but already holds `expected` requests.
     let loads = loads(&[2, 0, 0], &[0, 900, 800]);
     let new = specs(&[10, 10, 10, 10]);
-    let a = Router::new(RouterKind::Balanced, 3).route(input(&loads, &new, 4));
+    let a = Router::new(RouterKind::Balanced).route(input(&loads, &new, 4));
     assert_eq!(a.expected, 2);
     assert_eq!(final_counts(&loads, &a), vec![2, 2, 2]);
     assert_eq!(a.violation, None);
@@ -171,7 +171,7 @@ fn strict_pins_are_placed_before_relaxed_pins() {
         pin(RequestSpec::new(1, 10, 8), 1, false),
         pin(RequestSpec::new(2, 10, 8), 1, true),
     ];
-    let a = Router::new(RouterKind::Balanced, 2).route(input(&loads, &new, 4));
+    let a = Router::new(RouterKind::Balanced).route(input(&loads, &new, 4));
     assert_eq!(ranks(&a), vec![0, 1]);
 }
 
@@ -184,7 +184,7 @@ fn a_pin_to_a_full_or_missing_rank_falls_back_to_routing() {
         pin(RequestSpec::new(3, 5, 8), 2, false), // fits
     ];
     for kind in KINDS {
-        let a = Router::new(kind, 3).route(input(&loads, &new, 4));
+        let a = Router::new(kind).route(input(&loads, &new, 4));
         assert_eq!(a.ranks[2], RankId(2), "{kind:?}");
         assert!(a.ranks.iter().all(|r| r.index() < 3), "{kind:?}: {a:?}");
         if kind != RouterKind::Conversation {
@@ -199,7 +199,7 @@ fn a_pin_may_exceed_expected_but_not_m() {
     let new: Vec<_> = (1..=4)
         .map(|id| pin(RequestSpec::new(id, 10, 8), 0, true))
         .collect();
-    let a = Router::new(RouterKind::Balanced, 2).route(input(&idle(2), &new, 3));
+    let a = Router::new(RouterKind::Balanced).route(input(&idle(2), &new, 3));
     // The balance target is 2; the reported expected covers the pinned placement (3 = M).
     assert_eq!(a.expected, 3);
     assert_eq!(ranks(&a), vec![0, 0, 0, 1]);
@@ -254,8 +254,7 @@ fn balanced_matches_the_cases_in_testdata() {
     for (i, c) in cases.iter().enumerate() {
         let loads = loads(&c.counts, &c.tokens);
         let new = specs(&c.prompts);
-        let a = Router::new(RouterKind::Balanced, c.counts.len() as u32)
-            .route(input(&loads, &new, c.m));
+        let a = Router::new(RouterKind::Balanced).route(input(&loads, &new, c.m));
         assert_eq!(ranks(&a), c.want, "#{i} {}: {a:?}", c.name);
         assert_eq!(a.violation, None, "#{i} {}", c.name);
     }
@@ -265,7 +264,7 @@ fn balanced_matches_the_cases_in_testdata() {
 
 #[test]
 fn a_conversation_sticks_to_its_rank_while_under_m() {
-    let mut router = Router::new(RouterKind::Conversation, 4);
+    let mut router = Router::new(RouterKind::Conversation);
     let a = router.route(input(&idle(4), &[conv(RequestSpec::new(1, 10, 8), 7)], 4));
     assert_eq!(ranks(&a), vec![0]);
     assert_eq!(router.bound_rank(ConvId(7)), Some(RankId(0)));
@@ -279,7 +278,7 @@ fn a_conversation_sticks_to_its_rank_while_under_m() {
 
 #[test]
 fn a_conversation_moves_when_its_rank_is_full() {
-    let mut router = Router::new(RouterKind::Conversation, 2);
+    let mut router = Router::new(RouterKind::Conversation);
     let a = router.route(input(&idle(2), &[conv(RequestSpec::new(1, 10, 8), 7)], 4));
     assert_eq!(ranks(&a), vec![0]);
     let loads = loads(&[4, 0], &[0, 0]);
@@ -290,7 +289,7 @@ fn a_conversation_moves_when_its_rank_is_full() {
 
 #[test]
 fn round_robin_spreads_unbound_conversations() {
-    let mut router = Router::new(RouterKind::Conversation, 3);
+    let mut router = Router::new(RouterKind::Conversation);
     let new: Vec<_> = (1..=4)
         .map(|id| conv(RequestSpec::new(id, 10, 8), 100 + id))
         .collect();
@@ -309,7 +308,7 @@ fn round_robin_spreads_unbound_conversations() {
 #[test]
 fn round_robin_skips_a_rank_at_expected() {
     // expected = max(2 * ceil(7 / 4), 6) = 6: rank 0, where the pointer starts, is at it.
-    let mut router = Router::new(RouterKind::Conversation, 4);
+    let mut router = Router::new(RouterKind::Conversation);
     let loads = loads(&[6, 0, 0, 0], &[0; 4]);
     let new = vec![conv(RequestSpec::new(1, 10, 8), 1)];
     let a = router.route(input(&loads, &new, 8));
@@ -348,7 +347,7 @@ fn bound_rank_does_not_refresh_the_lru() {
 
 #[test]
 fn a_pinned_request_binds_its_conversation_to_the_pinned_rank() {
-    let mut router = Router::new(RouterKind::Conversation, 3);
+    let mut router = Router::new(RouterKind::Conversation);
     let new = vec![pin(conv(RequestSpec::new(1, 10, 8), 9), 2, false)];
     let a = router.route(input(&idle(3), &new, 4));
     assert_eq!(ranks(&a), vec![2]);
@@ -360,7 +359,7 @@ fn a_pinned_request_binds_its_conversation_to_the_pinned_rank() {
 #[test]
 fn other_routers_bind_no_conversation() {
     for kind in [RouterKind::Balanced, RouterKind::KvAware] {
-        let mut router = Router::new(kind, 2);
+        let mut router = Router::new(kind);
         router.route(input(&idle(2), &[conv(RequestSpec::new(1, 10, 8), 5)], 4));
         assert_eq!(router.bound_rank(ConvId(5)), None, "{kind:?}");
     }
@@ -369,7 +368,7 @@ fn other_routers_bind_no_conversation() {
 // ---------------------------------------------------------------- kv_aware
 
 fn kv_route(loads: &[RankLoad], new: &[RequestSpec], m: u32, pm: &[Vec<u32>]) -> Assignment {
-    let mut router = Router::new(RouterKind::KvAware, loads.len() as u32);
+    let mut router = Router::new(RouterKind::KvAware);
     assert!(router.needs_prefix_matches());
     router.route(RouteInput {
         loads,
@@ -408,7 +407,7 @@ fn kv_aware_balances_load_when_matches_are_equal() {
     // pushes the second request away.
     let a = kv_route(&idle(2), &specs(&[100, 100]), 4, &[vec![], vec![]]);
     assert_eq!(ranks(&a), vec![0, 1]);
-    let a = Router::new(RouterKind::KvAware, 2).route(input(&idle(2), &specs(&[100, 100]), 4));
+    let a = Router::new(RouterKind::KvAware).route(input(&idle(2), &specs(&[100, 100]), 4));
     assert_eq!(ranks(&a), vec![0, 1]);
 }
 
@@ -442,7 +441,7 @@ fn a_routing_violation_is_reported_and_no_request_is_dropped() {
     let loads = loads(&[4, 4], &[0, 0]);
     let new = specs(&[10, 20, 30]);
     for kind in [RouterKind::Balanced, RouterKind::KvAware] {
-        let a = Router::new(kind, 2).route(input(&loads, &new, 4));
+        let a = Router::new(kind).route(input(&loads, &new, 4));
         let v = a.violation.clone().expect("a violation");
         assert_eq!(v.expected, 4, "{kind:?}");
         assert_eq!(v.room, 0, "{kind:?}");
@@ -453,7 +452,7 @@ fn a_routing_violation_is_reported_and_no_request_is_dropped() {
         assert_eq!(final_counts(&loads, &a), vec![6, 5], "{kind:?}: {a:?}");
     }
     // The conversation router's uncapped `expected` leaves room; nothing is dropped either.
-    let a = Router::new(RouterKind::Conversation, 2).route(input(&loads, &new, 4));
+    let a = Router::new(RouterKind::Conversation).route(input(&loads, &new, 4));
     assert_eq!(a.violation, None);
     assert_eq!(a.ranks.len(), 3);
 }
@@ -462,11 +461,11 @@ fn a_routing_violation_is_reported_and_no_request_is_dropped() {
 fn routing_with_no_ranks_reports_a_violation_instead_of_panicking() {
     let new = specs(&[10, 20]);
     for kind in KINDS {
-        let a = Router::new(kind, 0).route(input(&[], &new, 4));
+        let a = Router::new(kind).route(input(&[], &new, 4));
         assert_eq!(a.ranks.len(), 2, "{kind:?}");
         assert_eq!(a.expected, 0, "{kind:?}");
         assert!(a.violation.is_some(), "{kind:?}");
-        let a = Router::new(kind, 0).route(input(&[], &[], 4));
+        let a = Router::new(kind).route(input(&[], &[], 4));
         assert_eq!(a.violation, None, "{kind:?}");
     }
 }
@@ -541,7 +540,7 @@ fn round_case() -> impl Strategy<Value = RoundCase> {
 }
 
 fn route_case(kind: RouterKind, c: &RoundCase, new: &[RequestSpec]) -> (Router, Assignment) {
-    let mut router = Router::new(kind, c.loads.len() as u32);
+    let mut router = Router::new(kind);
     let a = router.route(RouteInput {
         loads: &c.loads,
         new,

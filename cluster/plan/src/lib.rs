@@ -1,7 +1,8 @@
 //! lockstep's plans: everything a driver reads and derives before it runs, and the report
 //! it writes after. No driver, no network.
 //!
-//! - [`scenario`]: the scenario file (servers, front, workload, model, policy).
+//! - [`scenario`]: the scenario file (servers, front, workload, model, policy);
+//!   [`policy_keys`]: the `[policy]` table and `--set policy.KEY=VALUE`.
 //! - [`model`]: the cost model (coefficients, a roofline from `config.json`, the link).
 //! - [`fleet`]: what every driver checks and derives from a scenario before it runs.
 //! - [`workload`]: arrivals, lengths, prefixes, conversations, traces.
@@ -15,6 +16,7 @@ pub mod explain;
 pub mod fleet;
 pub mod model;
 pub mod model_backend;
+pub mod policy_keys;
 pub mod report;
 pub mod scenario;
 pub mod trtllm;

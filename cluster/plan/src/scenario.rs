@@ -3,12 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use lockstep_actors::config::{
-    ConfigError, Derived, ServerConfig, policy_from_table, set_policy_key,
-};
+use lockstep_actors::config::{ConfigError, Derived, ServerConfig};
 use lockstep_actors::policy::Policy;
 
 use crate::model::ModelConfig;
+use crate::policy_keys::{PolicyKeyError, policy_from_table, set_policy_key};
 use crate::workload::WorkloadConfig;
 
 /// An error loading a scenario.
@@ -22,9 +21,16 @@ pub enum ScenarioError {
         /// Cause.
         source: std::io::Error,
     },
+    /// TOML syntax or an unknown key / wrong type (the parser's message names the key).
+    #[error("{0}")]
+    Parse(String),
     /// A config error (names the key and value).
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A `[policy]` or `--set policy.` key that does not exist, or a value of the wrong
+    /// kind.
+    #[error(transparent)]
+    PolicyKey(#[from] PolicyKeyError),
     /// A `--set KEY=VALUE` that cannot be applied.
     #[error("--set {assignment}: {message}")]
     Set {
@@ -119,7 +125,7 @@ impl Scenario {
     /// Parses scenario text. `name` is used when the file has none.
     pub fn parse(text: &str, name: &str) -> Result<Scenario, ScenarioError> {
         let raw: RawScenario =
-            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+            toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
         let policy = match &raw.policy {
             Some(t) => policy_from_table(t)?,
             None => Policy::FIXED,
