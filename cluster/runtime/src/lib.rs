@@ -23,6 +23,7 @@ pub mod net;
 mod options;
 pub mod overhead;
 pub mod rank_host;
+pub mod rank_setup;
 pub mod status;
 pub mod threads;
 pub mod transceiver_host;

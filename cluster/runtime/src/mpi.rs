@@ -22,21 +22,20 @@ use crossbeam_channel::{Receiver, Sender, unbounded};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use lockstep_actors::executor::{CollectiveTag, Phase, RankExecutor};
+use lockstep_actors::executor::{CollectiveTag, Phase};
 use lockstep_actors::front::Front;
 use lockstep_actors::request::IngressItem;
 use lockstep_actors::transceiver::TransceiverIn;
 use lockstep_actors::vocab::{KvAddress, Response, TransferEvent};
-use lockstep_gpu::AnalyticBackend;
 use lockstep_transport::{Collective, HEARTBEAT_CHANNEL, MpiMember, MpiPeers};
 
 use super::{RealOptions, real_report};
 use crate::client::{Client, ClientItem};
-use crate::device::DeviceHandle;
 use crate::faults::MisTagged;
 use crate::front_host::{FrontEnd, FrontHost, FrontInbound};
-use crate::rank_host::{Pacing, RankOptions, RankPorts, rank_summary, run_rank};
-use crate::status::{STATUS_EVERY, StatusBoard};
+use crate::rank_host::{RankPorts, run_rank};
+use crate::rank_setup::{RankParts, build_rank, end_rank, rank_options};
+use crate::status::StatusBoard;
 use crate::transceiver_host::{TransceiverInput, TransceiverLink, run_transceiver};
 use crate::watchdog::{Progress, watch};
 use crate::{Clock, Endpoint, Envelope, Inbox, Net, NetError, Received, RuntimeError, WallClock};
@@ -709,86 +708,56 @@ fn run_server_rank(
                 source,
             })?
     };
-    let mut exec = RankExecutor::new(at.rank, p.config, &p.sizes, fleet.scenario.policy);
+    let RankParts {
+        mut exec,
+        transceiver,
+        mut device,
+        mistag,
+        lose,
+        wire,
+    } = build_rank(fleet, at, &opts.common, "device".into());
     let (events_tx, events_rx) = unbounded::<TransferEvent>();
     let (commands_tx, commands_rx) = unbounded::<TransceiverInput>();
-    let moves_kv = p.config.role != lockstep_actors::config::Role::Agg;
-    let link = moves_kv.then(|| TransceiverLink {
+    let link = transceiver.is_some().then(|| TransceiverLink {
         commands: commands_tx.clone(),
         events: events_rx,
     });
-    let (rank_model, model_codec) = match &opts.common.model {
-        Some(m) => {
-            let (rank, codec) = m.rank_model(p);
-            (Some(rank), codec)
+    let transceiver_thread = match transceiver {
+        Some(transceiver) => {
+            let layout = net.layout.clone();
+            let outbox = net.outbox.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("transceiver".into())
+                    .spawn(move || {
+                        let net = MpiNet { layout, outbox };
+                        let mut inbox = TransceiverInbox {
+                            peers: MpiPeers::for_this_thread(),
+                            commands: commands_rx,
+                        };
+                        run_transceiver(
+                            transceiver,
+                            &mut inbox,
+                            &net,
+                            &events_tx,
+                            &clock,
+                            lose,
+                            wire,
+                        )
+                    })
+                    .map_err(|source| RuntimeError::Spawn {
+                        what: "the transceiver".into(),
+                        source,
+                    })?,
+            )
         }
-        None => (None, None),
-    };
-    let transceiver_thread = if moves_kv {
-        let transceiver = p.transceiver(at, model_codec.unwrap_or_else(|| fleet.real_codec()));
-        let lose = opts
-            .common
-            .lose_kv_blocks_every
-            .or(fleet.scenario.faults.lost_transfer_every);
-        let layout = net.layout.clone();
-        let outbox = net.outbox.clone();
-        let wire = fleet.wire_model(opts.common.time_scale);
-        Some(
-            std::thread::Builder::new()
-                .name("transceiver".into())
-                .spawn(move || {
-                    let net = MpiNet { layout, outbox };
-                    let mut inbox = TransceiverInbox {
-                        peers: MpiPeers::for_this_thread(),
-                        commands: commands_rx,
-                    };
-                    run_transceiver(
-                        transceiver,
-                        &mut inbox,
-                        &net,
-                        &events_tx,
-                        &clock,
-                        lose,
-                        wire,
-                    )
-                })
-                .map_err(|source| RuntimeError::Spawn {
-                    what: "the transceiver".into(),
-                    source,
-                })?,
-        )
-    } else {
-        None
-    };
-    let mut device = match rank_model {
-        Some(rank_model) => DeviceHandle::real(
-            rank_model,
-            "device".into(),
-            opts.common.collective_timeout,
-            opts.common.forward_log.clone().map(|l| (l, s, at.rank.0)),
-        ),
-        None if opts.common.time_scale > 0.0 => DeviceHandle::modeled(),
-        None => DeviceHandle::zero_cost(),
+        None => None,
     };
     let mut ingress = (rank == 0).then(|| IngressInbox {
         peers: MpiPeers::for_this_thread(),
         queued: VecDeque::new(),
     });
-    let options = RankOptions {
-        stall_bound: opts.common.stall_bound,
-        keep_alive_every: opts.watchdog / 4,
-        // A real model's forwards take their own time.
-        pacing: (opts.common.time_scale > 0.0 && opts.common.model.is_none()).then_some(Pacing {
-            backend: AnalyticBackend::new(fleet.profile.coefficients),
-            time_scale: opts.common.time_scale,
-        }),
-        status_every: publish_status.then_some(STATUS_EVERY),
-        ..RankOptions::default()
-    };
-    let mistag = opts
-        .common
-        .mismatch_tag_at
-        .and_then(|(r, it)| (s == 0 && r == rank).then_some(it));
+    let options = rank_options(fleet, &opts.common, opts.watchdog / 4, publish_status);
     let outcome = run_rank(
         &mut exec,
         &mut MisTagged {
@@ -813,15 +782,7 @@ fn run_server_rank(
     let end = transceiver_thread
         .and_then(|h| h.join().ok())
         .unwrap_or_default();
-    let summary = rank_summary(s, &exec, outcome, end);
-    if rank == 0 {
-        // After its last responses (one outbox: in order).
-        let _ = net.send(
-            Endpoint::Front,
-            Envelope::ServerStopped { server: s as u32 },
-        );
-    }
-    let _ = net.send(Endpoint::Front, Envelope::RankEnded(Box::new(summary)));
+    end_rank(net, s, &exec, outcome, end);
     // Until the front says the run is over, drain what still reaches this process (a
     // late message must not block its sender).
     let peers = MpiPeers::for_this_thread();

@@ -9,21 +9,19 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, select, unbounded};
 
-use lockstep_actors::executor::RankExecutor;
 use lockstep_actors::front::Front;
 use lockstep_actors::request::IngressItem;
-use lockstep_actors::transceiver::{Transceiver, TransceiverIn};
+use lockstep_actors::transceiver::TransceiverIn;
 use lockstep_actors::vocab::{KvAddress, Response, TransferEvent};
-use lockstep_gpu::AnalyticBackend;
 use lockstep_transport::{InProcessGroup, IngressError, IngressQueue};
 
 use super::{RealOptions, real_report};
 use crate::client::{Client, ClientItem};
-use crate::device::DeviceHandle;
 use crate::faults::MisTagged;
 use crate::front_host::{FrontEnd, FrontHost, FrontInbound};
-use crate::rank_host::{Pacing, RankOptions, RankPorts, rank_summary, run_rank};
-use crate::status::{STATUS_EVERY, StatusBoard};
+use crate::rank_host::{RankOptions, RankPorts, run_rank};
+use crate::rank_setup::{RankParts, build_rank, end_rank, rank_options};
+use crate::status::StatusBoard;
 use crate::transceiver_host::{TransceiverInput, TransceiverLink, run_transceiver};
 use crate::watchdog::Progress;
 use crate::{
@@ -153,7 +151,6 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
         opts.preload,
     )?;
     let (end, client_result) = run_hosts(
-        scenario,
         opts,
         &fleet,
         clock,
@@ -199,7 +196,6 @@ pub struct ClientPorts {
 /// or the loss of the fleet) with what `client` returned once every server has stopped. Items already in `ports.from_client` reach
 /// the servers before any rank runs when `opts.preload` is set.
 pub fn run_hosts<R>(
-    scenario: &Scenario,
     opts: &RealOptions,
     fleet: &Fleet,
     clock: WallClock,
@@ -239,17 +235,7 @@ pub fn run_hosts<R>(
         ingress: ingress.clone(),
         transceivers,
     };
-    let rank_options = RankOptions {
-        stall_bound: opts.stall_bound,
-        keep_alive_every: opts.collective_timeout / 4,
-        // A real model's forwards take their own time.
-        pacing: (opts.time_scale > 0.0 && opts.model.is_none()).then_some(Pacing {
-            backend: AnalyticBackend::new(fleet.profile.coefficients),
-            time_scale: opts.time_scale,
-        }),
-        status_every: status.as_ref().map(|_| STATUS_EVERY),
-        ..RankOptions::default()
-    };
+    let rank_options = rank_options(fleet, opts, opts.collective_timeout / 4, status.is_some());
     let quiet_limit = opts.collective_timeout.max(opts.stall_bound) * 2;
 
     let (end, client_result) = std::thread::scope(|scope| {
@@ -282,26 +268,13 @@ pub fn run_hosts<R>(
         for (s, p) in fleet.servers.iter().enumerate() {
             let members = InProcessGroup::new(p.sizes.dp as usize, opts.collective_timeout);
             for (r, member) in members.into_iter().enumerate() {
-                let exec = RankExecutor::new(
-                    lockstep_actors::ids::RankId(r as u32),
-                    p.config,
-                    &p.sizes,
-                    scenario.policy,
-                );
                 let me = KvAddress {
                     server: s as u32,
                     rank: lockstep_actors::ids::RankId(r as u32),
                 };
-                let (rank_model, model_codec) = match &opts.model {
-                    Some(m) => {
-                        let (rank, codec) = m.rank_model(p);
-                        (Some(rank), codec)
-                    }
-                    None => (None, None),
-                };
+                let parts = build_rank(fleet, me, opts, format!("{}-device-{r}", p.config.name));
                 let transceiver = inboxes[s][r].take().map(|inbox| {
                     (
-                        p.transceiver(me, model_codec.unwrap_or_else(|| fleet.real_codec())),
                         inbox,
                         net.transceivers[s][r].clone().expect("a sender per inbox"),
                     )
@@ -309,39 +282,18 @@ pub fn run_hosts<R>(
                 let ingress = (r == 0).then(|| QueueInbox(ingress[s].clone()));
                 let net = &net;
                 let rank_options = &rank_options;
-                let mistag = opts
-                    .mismatch_tag_at
-                    .and_then(|(rank, it)| (s == 0 && rank == r).then_some(it));
-                let lose = opts
-                    .lose_kv_blocks_every
-                    .or(scenario.faults.lost_transfer_every);
-                let wire = fleet.wire_model(opts.time_scale);
-                let device = match rank_model {
-                    Some(rank_model) => DeviceHandle::real(
-                        rank_model,
-                        format!("{}-device-{r}", p.config.name),
-                        opts.collective_timeout,
-                        opts.forward_log.clone().map(|l| (l, s, r as u32)),
-                    ),
-                    None if opts.time_scale > 0.0 => DeviceHandle::modeled(),
-                    None => DeviceHandle::zero_cost(),
-                };
                 std::thread::Builder::new()
                     .name(format!("{}-rank-{r}", p.config.name))
                     .spawn_scoped(scope, move || {
                         rank_thread(RankThread {
                             server: s,
-                            exec,
+                            parts,
                             member,
                             ingress,
                             transceiver,
                             net,
                             clock,
                             options: rank_options,
-                            mistag,
-                            lose,
-                            wire,
-                            device,
                             scope,
                         })
                     })
@@ -368,21 +320,14 @@ pub fn run_hosts<R>(
 /// Everything one rank's thread owns.
 struct RankThread<'scope, 'env> {
     server: usize,
-    exec: RankExecutor,
+    parts: RankParts,
     member: lockstep_transport::InProcessMember,
     ingress: Option<QueueInbox<IngressItem>>,
-    transceiver: Option<(
-        Transceiver,
-        Receiver<TransceiverInput>,
-        Sender<TransceiverInput>,
-    )>,
+    /// A ctx or gen rank's transceiver inbox, and the sender into it.
+    transceiver: Option<(Receiver<TransceiverInput>, Sender<TransceiverInput>)>,
     net: &'scope ThreadNet,
     clock: WallClock,
     options: &'scope RankOptions,
-    mistag: Option<u64>,
-    lose: Option<u64>,
-    wire: Option<lockstep_plan::fleet::WireModel>,
-    device: DeviceHandle,
     scope: &'scope std::thread::Scope<'scope, 'env>,
 }
 
@@ -391,24 +336,28 @@ struct RankThread<'scope, 'env> {
 fn rank_thread(t: RankThread<'_, '_>) {
     let RankThread {
         server,
-        mut exec,
+        parts,
         mut member,
         mut ingress,
         transceiver,
         net,
         clock,
         options,
+        scope,
+    } = t;
+    let RankParts {
+        mut exec,
+        transceiver: actor,
+        mut device,
         mistag,
         lose,
         wire,
-        mut device,
-        scope,
-    } = t;
+    } = parts;
     let rank = exec.rank();
     let (events_tx, events_rx) = unbounded::<TransferEvent>();
     let mut link = None;
     let mut transceiver_thread = None;
-    if let Some((transceiver, inbox, commands)) = transceiver {
+    if let (Some(transceiver), Some((inbox, commands))) = (actor, transceiver) {
         link = Some(TransceiverLink {
             commands,
             events: events_rx,
@@ -465,15 +414,5 @@ fn rank_thread(t: RankThread<'_, '_>) {
     let end = transceiver_thread
         .and_then(|h| h.join().ok())
         .unwrap_or_default();
-    let summary = rank_summary(server, &exec, outcome, end);
-    if rank.0 == 0 {
-        // After its last responses (one channel: in order).
-        let _ = net.send(
-            Endpoint::Front,
-            Envelope::ServerStopped {
-                server: server as u32,
-            },
-        );
-    }
-    let _ = net.send(Endpoint::Front, Envelope::RankEnded(Box::new(summary)));
+    end_rank(net, server, &exec, outcome, end);
 }

@@ -360,7 +360,6 @@ pub fn serve(
     let http = HttpSide::start(&fleet, opts, listener, board.clone(), text, announce)?;
     let (bridge, http) = http.split(client_tx, from_front);
     let outcome = run_hosts(
-        scenario,
         real,
         &fleet,
         clock,
