@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Cross-driver determinism under CPU load: the tests that say sim and threads (and MPI,
+# when its build is there) agree request by request, run RUNS times in a row while
+# BURNERS CPU-bound processes compete for the cores; plus the CLI comparison that first
+# showed the disagreement (disagg-small, 60 requests, --preload), sim against threads,
+# request by request on (id, output tokens, token digest, failure).
+#
+#   scripts/cross-driver-under-load.sh [RUNS=20] [BURNERS=3]
+#
+# The debug build the test suite uses. Prints one line per run and a last line `agreed A of R runs`; exits non-zero if any run
+# disagreed. MPI: set LOCKSTEP_MPI_BIN (scripts/test.sh builds it at
+# target/mpi/release/lockstep) and have mpirun on PATH; otherwise the MPI cases print
+# "skipped".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+runs=${1:-20}
+burners=${2:-3}
+log_dir=$(mktemp -d)
+
+cargo build -q -p lockstep || exit 1
+bin=${CARGO_TARGET_DIR:-target}/debug/lockstep
+# The test binary for the threads cross-driver tests, built once.
+threads_test=$(cargo test -q -p lockstep --test threads --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    try: m=json.loads(l)
+    except ValueError: continue
+    if m.get("reason")=="compiler-artifact" and m.get("target",{}).get("name")=="threads" and m.get("executable"): print(m["executable"])' | tail -1)
+if [ -z "$threads_test" ]; then echo "could not build the threads test binary" >&2; exit 1; fi
+
+mpi_test=""
+if [ -n "${LOCKSTEP_MPI_BIN:-}" ] && [ -x "${LOCKSTEP_MPI_BIN}" ] && command -v mpirun >/dev/null; then
+  mpi_test=$(cargo test -q -p lockstep --test mpi --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    try: m=json.loads(l)
+    except ValueError: continue
+    if m.get("reason")=="compiler-artifact" and m.get("target",{}).get("name")=="mpi" and m.get("executable"): print(m["executable"])' | tail -1)
+fi
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$log_dir"; }
+trap cleanup EXIT
+for _ in $(seq "$burners"); do
+  ( while :; do :; done ) &
+  pids+=($!)
+done
+echo "cores: $(nproc); CPU-bound processes beside the runs: $burners; runs: $runs"
+
+# (id, output tokens, token digest, failure) of every request of a report.
+outcomes() {
+  python3 -c 'import json,sys
+r=json.load(open(sys.argv[1]))
+for d in r["per_request"]: print(d["id"], d["output_tokens"], d["token_digest"], d.get("failure"))' "$1"
+}
+
+set_args=(--set workload.num_requests=60 --set workload.concurrency=60)
+"$bin" sim --preload examples/disagg-small.toml "${set_args[@]}" --json "$log_dir/sim.json" >/dev/null || exit 1
+outcomes "$log_dir/sim.json" >"$log_dir/sim.txt"
+
+agreed=0
+for i in $(seq "$runs"); do
+  ok=1
+  what=()
+  if "$threads_test" --test-threads=1 agree lost_kv_fails_exactly >"$log_dir/threads.log" 2>&1; then
+    what+=("threads tests ok")
+  else
+    ok=0
+    what+=("threads tests FAILED: $(grep -E '^test .* FAILED' "$log_dir/threads.log" | tr '\n' ' ')")
+  fi
+  if "$bin" run --driver threads --preload examples/disagg-small.toml "${set_args[@]}" \
+    --json "$log_dir/threads.json" >/dev/null 2>"$log_dir/run.err"; then
+    outcomes "$log_dir/threads.json" >"$log_dir/threads.txt"
+    differ=$(diff "$log_dir/sim.txt" "$log_dir/threads.txt" | grep -c '^>')
+    if [ "$differ" -eq 0 ]; then what+=("disagg-small: 60 of 60 agree"); else ok=0; what+=("disagg-small: $differ of 60 DIFFER"); fi
+  else
+    ok=0
+    what+=("disagg-small run FAILED: $(tail -1 "$log_dir/run.err")")
+  fi
+  if [ -n "$mpi_test" ]; then
+    if "$mpi_test" --ignored --test-threads=1 agree stream_the_simulators lost_kv_fails_exactly >"$log_dir/mpi.log" 2>&1; then
+      what+=("mpi tests ok")
+    else
+      ok=0
+      what+=("mpi tests FAILED: $(grep -E '^test .* FAILED' "$log_dir/mpi.log" | tr '\n' ' ')")
+    fi
+  else
+    what+=("mpi skipped (no LOCKSTEP_MPI_BIN or mpirun)")
+  fi
+  agreed=$((agreed + ok))
+  echo "run $i: $(IFS=';'; echo "${what[*]}")"
+done
+echo "agreed $agreed of $runs runs"
+[ "$agreed" -eq "$runs" ]
