@@ -17,9 +17,23 @@ use lockstep_plan::validate;
 use lockstep_runtime::RealOptions;
 use lockstep_sim::{self as sim, SimOptions};
 
+mod args;
 mod calibrate;
 mod model_cmd;
+mod mpirun;
+mod output;
 mod trtllm_cmd;
+
+#[cfg(feature = "mpi")]
+use args::scenario_digest;
+use args::{
+    Driver, ModelArgs, MpirunArgs, ProcessDriver, RealArgs, ScenarioArgs, finite_non_negative, load,
+};
+use mpirun::{
+    args_for_each_process, mpirun_command, processes_of, relaunch_under_mpirun, require_mpi_build,
+    run_draining_on_signal, status_of,
+};
+use output::{exit_code, requests_bar, write_json};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -31,119 +45,6 @@ mod trtllm_cmd;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Debug, clap::Args)]
-struct ScenarioArgs {
-    /// Scenario file (TOML).
-    scenario: PathBuf,
-    /// Override a key: `policy.pad.rollback=false`, `server.max_batch_size=4`,
-    /// `server.gen0.max_batch_size=128`, `workload.concurrency=64`, `model.profile="..."`.
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    set: Vec<String>,
-}
-
-/// Where `run` runs the ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Driver {
-    /// One thread per rank, in this process.
-    Threads,
-    /// One process per rank under mpirun (this binary, re-launched).
-    Mpi,
-}
-
-/// Where `serve` and `overhead` run the ranks: as [`Driver`], or one process of an MPI
-/// run (what the `mpi` launcher starts each process with).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum ProcessDriver {
-    /// One thread per rank, in this process.
-    Threads,
-    /// One process per rank under mpirun (this binary, re-launched).
-    Mpi,
-    /// One process of an MPI run.
-    #[value(hide = true)]
-    MpiRank,
-}
-
-/// How `--driver mpi` starts mpirun.
-#[derive(Debug, Clone, Default, clap::Args)]
-struct MpirunArgs {
-    /// `--driver mpi`: mpirun's hostfile (which hosts the processes go to; README
-    /// "Running on several machines").
-    #[arg(long, value_name = "PATH")]
-    hostfile: Option<PathBuf>,
-    /// `--driver mpi`: one more argument for mpirun, repeatable, e.g.
-    /// `--mpirun-arg=--map-by --mpirun-arg=ppr:3:node` or
-    /// `--mpirun-arg=--mca --mpirun-arg=btl_tcp_if_include --mpirun-arg=eth1`.
-    #[arg(long = "mpirun-arg", value_name = "ARG", allow_hyphen_values = true)]
-    mpirun_args: Vec<String>,
-}
-
-/// `--model DIR` and how its tokens are sampled (`sim`, `run`, `serve`).
-#[derive(Debug, Clone, clap::Args)]
-struct ModelArgs {
-    /// A model directory (`lockstep model init DIR`, or a Hugging Face Llama / Qwen2 /
-    /// Mistral checkpoint): every forward runs it on the CPU and its tokens are the
-    /// model's. `sim` still times forwards with the cost model; `run` and `serve` take
-    /// the model's own time. Aggregated servers only.
-    #[arg(long, value_name = "DIR")]
-    model: Option<PathBuf>,
-    /// With --model.
-    #[command(flatten)]
-    sampling: model_cmd::SamplingArgs,
-}
-
-impl ModelArgs {
-    /// The loaded model, if --model was given; each request's random stream is seeded
-    /// from `seed` and its id.
-    fn load(&self, seed: u64) -> anyhow::Result<Option<ModelBackend>> {
-        let Some(dir) = &self.model else {
-            return Ok(None);
-        };
-        // Each request's stream is seeded from the run's seed and its id (ModelSampling).
-        let params = self.sampling.params(0);
-        Ok(Some(ModelBackend::load(dir, params, seed)?))
-    }
-}
-
-/// The options both real drivers take (`run --driver mpi` passes them on to `rank`).
-#[derive(Debug, clap::Args)]
-struct RealArgs {
-    /// Policy preset (applied before --set).
-    #[arg(long, value_parser = ["fixed", "legacy"])]
-    policy: Option<String>,
-    /// Seed of the workload (wins over a `seed` in the scenario; default 0).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Wall seconds per modeled second; 0 runs the zero-cost backend.
-    #[arg(long, default_value_t = 0.0, value_parser = finite_non_negative)]
-    time_scale: f64,
-    /// Deliver every request before the ranks start (arrivals at iteration boundaries,
-    /// for cross-driver comparisons).
-    #[arg(long)]
-    preload: bool,
-    /// Write the report as JSON (the front process under mpirun).
-    #[arg(long, value_name = "PATH")]
-    json: Option<PathBuf>,
-    /// Goodput: requests per second completed within every objective given
-    /// (`ttft_ms=200,tpot_ms=20,e2e_ms=5000`, any of them).
-    #[arg(long, value_name = "KEY=MS,...")]
-    slo: Option<Slo>,
-    /// A server whose iterations change nothing for this long, while requests remain
-    /// and no KV transfer is in flight, is deadlocked: its requests fail and the run
-    /// reports `deadlocked`.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
-    stall_timeout_ms: u64,
-    /// A collective waiting longer fails naming the missing ranks.
-    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
-    timeout_ms: u64,
-    #[command(flatten)]
-    model: ModelArgs,
-    /// With --model: write each forward's batch shape and measured time, one JSON line
-    /// each, for `lockstep model calibrate --from-log`. Under mpirun every rank process
-    /// appends whole lines to PATH (on its own host); `run --driver mpi` empties it first.
-    #[arg(long, value_name = "PATH")]
-    forward_log: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -436,22 +337,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The scenario with the preset, the `--set` overrides and the command line's seed (which
-/// wins over the file's) applied.
-fn load(args: &ScenarioArgs, preset: Option<&str>, seed: Option<u64>) -> anyhow::Result<Scenario> {
-    let mut scenario = Scenario::load(&args.scenario)?;
-    if seed.is_some() {
-        scenario.seed = seed;
-    }
-    if let Some(p) = preset {
-        scenario.apply_set(&format!("policy.preset=\"{p}\""))?;
-    }
-    for s in &args.set {
-        scenario.apply_set(s)?;
-    }
-    Ok(scenario)
-}
-
 fn simulate(
     scenario: &Scenario,
     seed: u64,
@@ -466,16 +351,7 @@ fn simulate(
         )),
         None => None,
     };
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = indicatif::ProgressBar::new(0);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} {elapsed_precise} [{bar:40}] {pos}/{len} requests",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
-    });
+    let bar = std::io::stderr().is_terminal().then(requests_bar);
     let mut progress = |done: u64, total: Option<u64>| {
         if let Some(b) = &bar {
             if let Some(t) = total {
@@ -504,18 +380,6 @@ fn simulate(
     Ok(report)
 }
 
-/// `--time-scale`: a finite number of wall seconds per modeled second, 0 or more.
-fn finite_non_negative(text: &str) -> Result<f64, String> {
-    let v: f64 = text
-        .parse()
-        .map_err(|_| format!("expected a number, got `{text}`"))?;
-    if v.is_finite() && v >= 0.0 {
-        Ok(v)
-    } else {
-        Err(format!("must be a finite number >= 0, got {text}"))
-    }
-}
-
 /// An error and its causes, each said once: a cause whose text the message already
 /// contains (many library errors quote their source) is not repeated.
 fn error_text(e: &anyhow::Error) -> String {
@@ -529,24 +393,6 @@ fn error_text(e: &anyhow::Error) -> String {
         }
     }
     text
-}
-
-/// The exit status says how the run ended, so scripts need not parse the report:
-/// 0 every request completed (or failed with a reason the report gives), 1 the run
-/// itself failed (a collective error, a lost device or rank), 2 the fleet crashed (a
-/// fatal violation) or deadlocked: a result the report describes.
-fn exit_code(report: &Report) -> ExitCode {
-    use lockstep_plan::report::Outcome;
-    match report.outcome {
-        Outcome::Completed => ExitCode::SUCCESS,
-        Outcome::Failed => ExitCode::FAILURE,
-        Outcome::Crashed | Outcome::Deadlocked => ExitCode::from(2),
-    }
-}
-
-fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(value)?;
-    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -959,16 +805,7 @@ fn bench_command(
     progress: bool,
 ) -> anyhow::Result<ExitCode> {
     let scenario = load(args, None, seed)?;
-    let bar = (progress && std::io::stderr().is_terminal()).then(|| {
-        let bar = indicatif::ProgressBar::new(0);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} {elapsed_precise} [{bar:40}] {pos}/{len} requests",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
-    });
+    let bar = (progress && std::io::stderr().is_terminal()).then(requests_bar);
     let mut tick = |done: u64, total: u64| {
         if let Some(b) = &bar {
             b.set_length(total);
@@ -995,99 +832,6 @@ fn bench_command(
         return Ok(ExitCode::FAILURE);
     }
     Ok(exit_code(&report))
-}
-
-/// `run --driver mpi` and `overhead --driver mpi` need a build with MPI; say so once,
-/// before launching anything.
-fn require_mpi_build() -> anyhow::Result<()> {
-    if cfg!(feature = "mpi") {
-        Ok(())
-    } else {
-        anyhow::bail!(
-            "this lockstep was built without MPI: rebuild with `cargo build --release -p lockstep --features mpi` (needs OpenMPI and libclang)"
-        )
-    }
-}
-
-/// The processes of an MPI run of `scenario`: the front process and every server's ranks.
-fn processes_of(scenario: &Scenario) -> anyhow::Result<u32> {
-    let mut processes = 1;
-    for server in &scenario.servers {
-        processes += server.derive(&scenario.policy)?.sizes.dp;
-    }
-    Ok(processes)
-}
-
-/// `mpirun -n N [--hostfile H] [ARGS...] THIS_BINARY`, the subcommand still to add.
-fn mpirun_command(processes: u32, mpirun: &MpirunArgs) -> anyhow::Result<std::process::Command> {
-    let exe = std::env::current_exe()?;
-    let mut cmd = std::process::Command::new("mpirun");
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args(["--oversubscribe", "-n", &processes.to_string()]);
-    if let Some(h) = &mpirun.hostfile {
-        cmd.arg("--hostfile").arg(h);
-    }
-    cmd.args(&mpirun.mpirun_args).arg(exe);
-    Ok(cmd)
-}
-
-/// Runs mpirun for `serve --driver mpi`: in its own process group, so that a terminal's
-/// Ctrl-C reaches only this launcher, which turns SIGTERM / Ctrl-C into SIGUSR1 for
-/// mpirun to forward — the front drains and ends the run — where mpirun, signalled
-/// itself, would kill every process at once. A second signal stops the job hard.
-fn run_draining_on_signal(
-    mut cmd: std::process::Command,
-) -> anyhow::Result<std::process::ExitStatus> {
-    use std::os::unix::process::CommandExt as _;
-    let mut child = cmd
-        .process_group(0)
-        .spawn()
-        .context("starting mpirun (is OpenMPI installed?)")?;
-    let pid = child.id().to_string();
-    let signals = std::sync::atomic::AtomicU32::new(0);
-    ctrlc::set_handler(move || {
-        let n = signals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let signal = if n == 0 { "-USR1" } else { "-TERM" };
-        let _ = std::process::Command::new("kill")
-            .args([signal, pid.as_str()])
-            .status();
-    })
-    .context("setting the signal handler")?;
-    Ok(child.wait()?)
-}
-
-/// The front process's status is the run's; mpirun passes it on.
-fn status_of(status: std::process::ExitStatus) -> ExitCode {
-    match status.code() {
-        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        None => ExitCode::FAILURE,
-    }
-}
-
-/// The options only a launcher reads (which driver, how mpirun starts); every other
-/// option goes on to each process it starts.
-const LAUNCHER_ONLY: [&str; 3] = ["--driver", "--hostfile", "--mpirun-arg"];
-
-/// The one way a launcher hands its options to the processes it starts under mpirun:
-/// its own command line `argv` after `subcommand`, as given, less [`LAUNCHER_ONLY`]
-/// (with their values, in either `--key value` or `--key=value` form). Nothing is
-/// rebuilt by hand, so an option added to a subcommand is never dropped on the way: the
-/// process either takes it or refuses it by name.
-fn args_for_each_process(subcommand: &str, argv: &[String]) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut args = argv.iter().skip(1).skip_while(|a| *a != subcommand).skip(1);
-    while let Some(a) = args.next() {
-        if LAUNCHER_ONLY.contains(&a.as_str()) {
-            args.next();
-        } else if !LAUNCHER_ONLY
-            .iter()
-            .any(|flag| a.strip_prefix(flag).is_some_and(|v| v.starts_with('=')))
-        {
-            out.push(a.clone());
-        }
-    }
-    out
 }
 
 fn announce(model: &str, addr: std::net::SocketAddr) {
@@ -1173,89 +917,6 @@ fn serve_rank(
 ) -> anyhow::Result<ExitCode> {
     require_mpi_build()?;
     Ok(ExitCode::FAILURE)
-}
-
-/// A digest of the scenario file and the `--set` overrides: every MPI process checks it
-/// runs the same scenario.
-#[cfg(feature = "mpi")]
-fn scenario_digest(args: &ScenarioArgs) -> anyhow::Result<u64> {
-    let text = std::fs::read(&args.scenario)?;
-    let mut digest = lockstep_actors::kv::mix(text.len() as u64);
-    for chunk in text.chunks(8).chain(args.set.iter().map(|s| s.as_bytes())) {
-        let mut word = [0u8; 8];
-        word[..chunk.len().min(8)].copy_from_slice(&chunk[..chunk.len().min(8)]);
-        digest = lockstep_actors::kv::mix(digest ^ u64::from_le_bytes(word));
-    }
-    Ok(digest)
-}
-
-/// `run --driver mpi`: re-launch this binary as `mpirun -n N lockstep rank ...`, N = 1
-/// (the front process) + every server's ranks.
-fn relaunch_under_mpirun(
-    args: &ScenarioArgs,
-    real: &RealArgs,
-    mpirun: &MpirunArgs,
-) -> anyhow::Result<ExitCode> {
-    require_mpi_build()?;
-    let scenario = load(args, real.policy.as_deref(), real.seed)?;
-    let mut cmd = mpirun_command(processes_of(&scenario)?, mpirun)?;
-    cmd.arg("rank").args(args_for_each_process(
-        "run",
-        &std::env::args().collect::<Vec<_>>(),
-    ));
-    if let Some(log) = &real.forward_log {
-        if real.model.model.is_none() {
-            anyhow::bail!("--forward-log records the forwards of --model: give --model DIR");
-        }
-        // Empty it here: the ranks append.
-        std::fs::File::create(log)
-            .with_context(|| format!("--forward-log: creating {}", log.display()))?;
-    }
-    let status = cmd
-        .status()
-        .context("starting mpirun (is OpenMPI installed?)")?;
-    Ok(status_of(status))
-}
-
-impl RealArgs {
-    /// The options of a run in this process (`threads`): a `--forward-log` is emptied.
-    fn options(&self) -> anyhow::Result<RealOptions> {
-        self.options_logging(false)
-    }
-
-    /// `append`: a rank process under mpirun, one of several writing the same
-    /// `--forward-log`; each line goes out in one write to a file opened for appending,
-    /// so the processes' lines interleave whole.
-    fn options_logging(&self, append: bool) -> anyhow::Result<RealOptions> {
-        let seed = self.seed.unwrap_or(0);
-        Ok(RealOptions {
-            seed,
-            time_scale: self.time_scale,
-            preload: self.preload,
-            stall_bound: std::time::Duration::from_millis(self.stall_timeout_ms),
-            collective_timeout: std::time::Duration::from_millis(self.timeout_ms),
-            model: self.model.load(seed)?,
-            forward_log: match &self.forward_log {
-                None => None,
-                Some(_) if self.model.model.is_none() => {
-                    anyhow::bail!("--forward-log records the forwards of --model: give --model DIR")
-                }
-                Some(p) => {
-                    let file = std::fs::OpenOptions::new()
-                        .create(true)
-                        .write(true)
-                        .append(append)
-                        .truncate(!append)
-                        .open(p)
-                        .with_context(|| format!("--forward-log: opening {}", p.display()))?;
-                    let log: lockstep_runtime::device::ForwardLog =
-                        std::sync::Arc::new(std::sync::Mutex::new(std::io::LineWriter::new(file)));
-                    Some(log)
-                }
-            },
-            ..RealOptions::default()
-        })
-    }
 }
 
 #[cfg(feature = "mpi")]
@@ -1355,115 +1016,4 @@ fn mpi_overhead(
     anyhow::bail!(
         "this lockstep was built without MPI: rebuild with `cargo build --release -p lockstep --features mpi`"
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn argv(words: &[&str]) -> Vec<String> {
-        words.iter().map(|w| w.to_string()).collect()
-    }
-
-    /// `run --driver mpi` hands every option `rank` shares with it on, whatever it is:
-    /// the rank process parses the same scenario and real-driver options the launcher
-    /// did, and none of the launcher's own.
-    #[test]
-    fn a_rank_process_gets_every_option_of_the_run_it_was_launched_for() {
-        let run = argv(&[
-            "lockstep",
-            "run",
-            "examples/disagg-small.toml",
-            "--driver",
-            "mpi",
-            "--hostfile",
-            "hosts.txt",
-            "--mpirun-arg=--map-by",
-            "--mpirun-arg",
-            "ppr:3:node",
-            "--set",
-            "workload.num_requests=60",
-            "--policy",
-            "legacy",
-            "--seed",
-            "7",
-            "--time-scale",
-            "0.5",
-            "--preload",
-            "--json",
-            "out.json",
-            "--slo",
-            "ttft_ms=200",
-            "--stall-timeout-ms",
-            "1234",
-            "--timeout-ms",
-            "4321",
-            "--model",
-            "/tmp/tiny",
-            "--temperature",
-            "0.8",
-            "--top-p",
-            "0.9",
-            "--top-k",
-            "5",
-            "--forward-log",
-            "fl.jsonl",
-        ]);
-        let Command::Run {
-            args: run_args,
-            real: run_real,
-            ..
-        } = Cli::try_parse_from(&run).expect("run parses").command
-        else {
-            panic!("not run");
-        };
-        let mut rank = argv(&["lockstep", "rank"]);
-        rank.extend(args_for_each_process("run", &run));
-        let parsed = Cli::try_parse_from(&rank);
-        let Ok(Cli {
-            command:
-                Command::Rank {
-                    args: rank_args,
-                    real: rank_real,
-                    ..
-                },
-            ..
-        }) = parsed
-        else {
-            panic!("rank refused {rank:?}: {parsed:?}");
-        };
-        assert_eq!(format!("{rank_args:?}"), format!("{run_args:?}"));
-        assert_eq!(format!("{rank_real:?}"), format!("{run_real:?}"));
-        for gone in [
-            "--driver",
-            "--hostfile",
-            "--mpirun-arg",
-            "hosts.txt",
-            "ppr:3:node",
-        ] {
-            assert!(
-                !rank.iter().any(|a| a.starts_with(gone)),
-                "{gone} in {rank:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_serve_process_gets_the_launchers_options_in_either_form() {
-        let serve = argv(&[
-            "lockstep",
-            "serve",
-            "s.toml",
-            "--driver=mpi",
-            "--port",
-            "0",
-            "--hostfile=h",
-            "--api-key",
-            "k",
-        ]);
-        assert_eq!(
-            args_for_each_process("serve", &serve),
-            argv(&["s.toml", "--port", "0", "--api-key", "k"])
-        );
-    }
 }
