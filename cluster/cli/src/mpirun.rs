@@ -137,6 +137,8 @@ pub(crate) fn relaunch_under_mpirun(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rank_cmd::RankArgs;
+    use crate::run_cmd::RunArgs;
     use crate::{Cli, Command};
     use clap::Parser;
 
@@ -188,11 +190,11 @@ mod tests {
             "--forward-log",
             "fl.jsonl",
         ]);
-        let Command::Run {
+        let Command::Run(RunArgs {
             args: run_args,
             real: run_real,
             ..
-        } = Cli::try_parse_from(&run).expect("run parses").command
+        }) = Cli::try_parse_from(&run).expect("run parses").command
         else {
             panic!("not run");
         };
@@ -201,11 +203,11 @@ mod tests {
         let parsed = Cli::try_parse_from(&rank);
         let Ok(Cli {
             command:
-                Command::Rank {
+                Command::Rank(RankArgs {
                     args: rank_args,
                     real: rank_real,
                     ..
-                },
+                }),
             ..
         }) = parsed
         else {
