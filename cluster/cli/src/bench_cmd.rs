@@ -1,0 +1,130 @@
+//! `lockstep bench`: the scenario's workload played against any OpenAI-compatible server.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use lockstep_bench::{BenchOptions, Endpoint};
+use lockstep_plan::report::Slo;
+
+use crate::args::{ScenarioArgs, finite_non_negative, load};
+use crate::output::{exit_code, requests_bar, write_json};
+
+/// `lockstep bench`'s options.
+#[derive(Debug, clap::Args)]
+pub(crate) struct BenchArgs {
+    #[command(flatten)]
+    args: ScenarioArgs,
+    /// The server's base URL: `http://HOST:PORT` (plain HTTP; a trailing /v1 is
+    /// taken off).
+    #[arg(long)]
+    url: String,
+    /// Seed of the workload (wins over a `seed` in the scenario; default 0).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The model named in requests (default: the first of GET /v1/models).
+    #[arg(long)]
+    model: Option<String>,
+    /// Which API: /v1/completions (prompts as token ids) or /v1/chat/completions
+    /// (prompts as words).
+    #[arg(long, value_parser = ["completions", "chat"], default_value = "completions")]
+    endpoint: String,
+    /// Send `Authorization: Bearer KEY`.
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// Wall seconds per workload second (0: every arrival as soon as it is released).
+    #[arg(long, default_value_t = 1.0, value_parser = finite_non_negative)]
+    time_scale: f64,
+    /// Write the report as JSON.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Goodput: requests per second completed within every objective given
+    /// (`ttft_ms=200,tpot_ms=20,e2e_ms=5000`, any of them).
+    #[arg(long, value_name = "KEY=MS,...")]
+    slo: Option<Slo>,
+    /// Longest one request may take, from sending to the end of its stream; it fails
+    /// past it.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    request_timeout_s: u64,
+    /// No progress bar (there is none either when stderr is not a terminal).
+    #[arg(long)]
+    no_progress: bool,
+}
+
+/// Runs `lockstep bench`.
+pub(crate) fn run(
+    BenchArgs {
+        args,
+        url,
+        seed,
+        model,
+        endpoint,
+        api_key,
+        time_scale,
+        json,
+        slo,
+        request_timeout_s,
+        no_progress,
+    }: BenchArgs,
+) -> anyhow::Result<ExitCode> {
+    bench_command(
+        &args,
+        BenchOptions {
+            url,
+            model,
+            endpoint: if endpoint == "chat" {
+                Endpoint::Chat
+            } else {
+                Endpoint::Completions
+            },
+            api_key,
+            time_scale,
+            request_timeout: std::time::Duration::from_secs(request_timeout_s),
+            seed: seed.unwrap_or(0),
+        },
+        seed,
+        json.as_deref(),
+        slo.as_ref(),
+        !no_progress,
+    )
+}
+
+/// `lockstep bench`: plays the workload against the server, prints the table and vLLM's
+/// result block, writes the JSON; 1 if any request failed.
+fn bench_command(
+    args: &ScenarioArgs,
+    opts: BenchOptions,
+    seed: Option<u64>,
+    json: Option<&Path>,
+    slo: Option<&Slo>,
+    progress: bool,
+) -> anyhow::Result<ExitCode> {
+    let scenario = load(args, None, seed)?;
+    let bar = (progress && std::io::stderr().is_terminal()).then(requests_bar);
+    let mut tick = |done: u64, total: u64| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    };
+    let mut report = lockstep_bench::run(&scenario, &opts, Some(&mut tick))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if let Some(slo) = slo {
+        report.apply_slo(slo);
+    }
+    print!("{}", report.table());
+    print!("{}", lockstep_bench::summary::vllm_summary(&report));
+    if let Some(p) = json {
+        write_json(p, &report)?;
+    }
+    if report.requests.failed > 0 {
+        eprintln!(
+            "error: {} of {} requests failed (reasons above)",
+            report.requests.failed, report.requests.submitted
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(exit_code(&report))
+}

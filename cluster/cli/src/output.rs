@@ -1,0 +1,39 @@
+//! What the runs share in their output: the exit status of a report, the JSON file, the
+//! progress bar of the requests.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+use lockstep_plan::report::Report;
+
+/// The exit status says how the run ended, so scripts need not parse the report:
+/// 0 every request completed (or failed with a reason the report gives), 1 the run
+/// itself failed (a collective error, a lost device or rank), 2 the fleet crashed (a
+/// fatal violation) or deadlocked: a result the report describes.
+pub(crate) fn exit_code(report: &Report) -> ExitCode {
+    use lockstep_plan::report::Outcome;
+    match report.outcome {
+        Outcome::Completed => ExitCode::SUCCESS,
+        Outcome::Failed => ExitCode::FAILURE,
+        Outcome::Crashed | Outcome::Deadlocked => ExitCode::from(2),
+    }
+}
+
+pub(crate) fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
+/// The progress bar of a run's requests (on stderr).
+pub(crate) fn requests_bar() -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {elapsed_precise} [{bar:40}] {pos}/{len} requests",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar
+}
