@@ -1,64 +1,35 @@
-//! The front's host in the real drivers (a thread, or the front process's main thread):
-//! the pure [`Front`] fed with the client's items and the servers' messages; its outputs
-//! go out over the [`Net`] — ingress items batched per server and turn, so a server's
-//! rank 0 reads what one turn produced all at once. It collects every rank's summary
-//! and returns them when every server has stopped.
+//! The real drivers' loop around the front's host ([`lockstep_hosts::front_host`]): on
+//! a thread, or the front process's main thread, it waits for the next input (from the
+//! client or a server), hands it to the host with the wall clock's time, passes the
+//! host's responses to the client's channel, and keeps the ranks' statuses for
+//! `/metrics`. After the client's shutdown, a quiet spell too long is an error naming
+//! what is still missing.
 
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use lockstep_actors::front::{Front, FrontIn, ServerIngress};
-use lockstep_actors::request::IngressItem;
+use lockstep_actors::front::Front;
 use lockstep_actors::vocab::Response;
+use lockstep_hosts::front_host::FrontHost;
+pub use lockstep_hosts::front_host::{FrontEnd, FrontInbound};
 
 use super::RuntimeError;
-use super::client::ClientItem;
 use super::clock::{Clock, WallClock};
-use super::net::{Endpoint, Envelope, Inbox, Net, NetError, Received};
+use super::net::{Envelope, Inbox, Net, Received};
 use super::status::StatusBoard;
-use lockstep_plan::report::RankSummary;
 
-/// What reaches the front host.
-#[derive(Debug)]
-pub enum FrontInbound {
-    /// From the client.
-    Client(ClientItem),
-    /// From a server.
-    Net(Envelope),
-    /// The driver lost contact with some of the fleet's ranks (the MPI driver's
-    /// liveness check): the run ends now, every request in flight failing with this
-    /// reason, which names the ranks lost.
-    Lost(String),
-}
-
-/// How the front's run ended.
-#[derive(Debug)]
-pub struct FrontEnd {
-    /// The summaries of the ranks that reported their end (all of them, unless the
-    /// fleet was lost).
-    pub summaries: Vec<RankSummary>,
-    /// Set when the fleet was lost ([`FrontInbound::Lost`]): why.
-    pub lost: Option<String>,
-}
-
-/// The front's host.
-pub struct FrontHost<'a> {
-    front: Front,
+/// The front host in wall time, over a real [`Net`].
+pub struct FrontLoop<'a> {
+    host: FrontHost,
     net: &'a dyn Net,
     to_client: Option<Sender<Vec<Response>>>,
     clock: WallClock,
-    /// Servers that reported they stopped: nothing more is sent to them.
-    stopped: Vec<bool>,
-    summaries: Vec<RankSummary>,
-    ranks: usize,
-    client_done: bool,
-    lost: Option<String>,
     status: Option<StatusBoard>,
 }
 
-impl<'a> FrontHost<'a> {
-    /// A host over `front`, for a fleet of `servers` servers with `ranks` ranks in all.
+impl<'a> FrontLoop<'a> {
+    /// A loop over `front`, for a fleet of `servers` servers with `ranks` ranks in all.
     pub fn new(
         front: Front,
         servers: usize,
@@ -66,23 +37,18 @@ impl<'a> FrontHost<'a> {
         net: &'a dyn Net,
         to_client: Sender<Vec<Response>>,
         clock: WallClock,
-    ) -> FrontHost<'a> {
-        FrontHost {
-            front,
+    ) -> FrontLoop<'a> {
+        FrontLoop {
+            host: FrontHost::new(front, servers, ranks),
             net,
             to_client: Some(to_client),
             clock,
-            stopped: vec![false; servers],
-            summaries: Vec::with_capacity(ranks),
-            ranks,
-            client_done: false,
-            lost: None,
             status: None,
         }
     }
 
     /// Keeps the ranks' live status on `board` (without one it is dropped).
-    pub fn with_status(mut self, board: Option<StatusBoard>) -> FrontHost<'a> {
+    pub fn with_status(mut self, board: Option<StatusBoard>) -> FrontLoop<'a> {
         self.status = board;
         self
     }
@@ -90,74 +56,29 @@ impl<'a> FrontHost<'a> {
     /// Whether every server stopped and every rank's summary arrived (or the fleet was
     /// lost).
     pub fn finished(&self) -> bool {
-        self.front.all_stopped() && (self.summaries.len() >= self.ranks || self.lost.is_some())
+        self.host.finished()
     }
 
     /// Handles one input and sends what it produced.
     pub fn handle(&mut self, input: FrontInbound) {
-        self.take(input);
-        self.flush();
+        self.handle_all([input]);
     }
 
     /// Handles several inputs, then sends what they produced together: a server's rank
     /// 0 reads one batch (the preloaded requests reach every first fetch whole).
     pub fn handle_all(&mut self, inputs: impl IntoIterator<Item = FrontInbound>) {
-        for input in inputs {
-            self.take(input);
-        }
-        self.flush();
-    }
-
-    fn take(&mut self, input: FrontInbound) {
-        let now = self.clock.now_ns();
-        match input {
-            FrontInbound::Client(ClientItem::Request(spec)) => {
-                self.front.handle(now, FrontIn::Request(spec))
-            }
-            FrontInbound::Client(ClientItem::Cancel(id)) => {
-                self.front.handle(now, FrontIn::Cancel(id))
-            }
-            FrontInbound::Client(ClientItem::Shutdown) => {
-                self.client_done = true;
-                self.front.handle(now, FrontIn::Shutdown)
-            }
-            FrontInbound::Net(Envelope::Responses { server, responses }) => {
-                let mut out = Vec::new();
-                for mut r in responses {
-                    self.front
-                        .handle_responses(now, server as usize, r.rank, &mut r.responses);
-                    out.append(&mut r.responses);
+        let status = &self.status;
+        let inputs = inputs.into_iter().filter_map(|input| match input {
+            FrontInbound::Net(Envelope::Status(s)) => {
+                if let Some(board) = status {
+                    board.update(*s);
                 }
-                self.to_client(out);
+                None
             }
-            FrontInbound::Net(Envelope::ServerStopped { server }) => {
-                self.stopped[server as usize] = true;
-                self.front
-                    .handle(now, FrontIn::ServerStopped(server as usize));
-            }
-            FrontInbound::Net(Envelope::RankEnded(summary)) => self.summaries.push(*summary),
-            FrontInbound::Net(Envelope::Status(status)) => {
-                if let Some(board) = &self.status {
-                    board.update(*status);
-                }
-            }
-            FrontInbound::Lost(reason) => {
-                self.stopped.iter_mut().for_each(|s| *s = true);
-                self.front.handle(
-                    now,
-                    FrontIn::FleetLost {
-                        reason: reason.clone(),
-                    },
-                );
-                self.lost = Some(reason);
-            }
-            FrontInbound::Net(other @ (Envelope::Ingress(_) | Envelope::Peer(_))) => {
-                tracing::warn!(?other, "the front got a message meant for a server");
-            }
-        }
-    }
-
-    fn to_client(&self, responses: Vec<Response>) {
+            other => Some(other),
+        });
+        self.host.handle_all(self.clock.now_ns(), inputs, self.net);
+        let responses = self.host.take_for_client();
         if !responses.is_empty()
             && let Some(c) = &self.to_client
         {
@@ -166,65 +87,7 @@ impl<'a> FrontHost<'a> {
         }
     }
 
-    /// Sends everything the front produced, ingress items batched per server; what a
-    /// server cannot take fails its request (which may produce more output).
-    fn flush(&mut self) {
-        loop {
-            let turn = self.front.take_turn();
-            for (to, message) in turn.to_peers {
-                if !self.stopped[to.server as usize] {
-                    // A rank that stopped has nothing left to free.
-                    let _ = self
-                        .net
-                        .send(Endpoint::Transceiver(to), Envelope::Peer(message));
-                }
-            }
-            self.to_client(turn.to_client);
-            let mut ingress = turn.ingress;
-            for (server, notice) in turn.notices {
-                // Sent with the server's control items, after its requests.
-                ingress.entry(server).or_default().control.push(notice);
-            }
-            if ingress.is_empty() {
-                return;
-            }
-            let now = self.clock.now_ns();
-            for (server, ServerIngress { requests, control }) in ingress {
-                if !requests.is_empty()
-                    && let Err(e) = self.send_ingress(server, requests.clone())
-                {
-                    for item in requests {
-                        if let IngressItem::Request(spec) = item {
-                            self.front.handle(
-                                now,
-                                FrontIn::SubmitFailed {
-                                    server,
-                                    id: spec.id,
-                                    reason: format!("server {server}: {e}"),
-                                },
-                            );
-                        }
-                    }
-                }
-                if !control.is_empty() {
-                    // A server that stopped has nothing to do with them.
-                    let _ = self.send_ingress(server, control);
-                }
-            }
-        }
-    }
-
-    fn send_ingress(&self, server: usize, items: Vec<IngressItem>) -> Result<(), NetError> {
-        if self.stopped[server] {
-            return Err(NetError::Closed {
-                endpoint: Endpoint::Ingress(server),
-            });
-        }
-        self.net
-            .send(Endpoint::Ingress(server), Envelope::Ingress(items))
-    }
-
-    /// Runs until [`FrontHost::finished`]; then the client's channel closes. After the
+    /// Runs until [`FrontLoop::finished`]; then the client's channel closes. After the
     /// client's shutdown, `quiet_limit` without any message is an error naming the
     /// servers and ranks still missing.
     pub fn run(
@@ -234,27 +97,25 @@ impl<'a> FrontHost<'a> {
     ) -> Result<FrontEnd, RuntimeError> {
         let _span = tracing::info_span!("front").entered();
         while !self.finished() {
-            let deadline = self.client_done.then(|| Instant::now() + quiet_limit);
+            let deadline = self
+                .host
+                .client_done()
+                .then(|| Instant::now() + quiet_limit);
             match inbox.recv_until(deadline) {
                 Received::Message(m) => self.handle(m),
                 Received::TimedOut | Received::Closed => {
-                    let running: Vec<usize> = (0..self.stopped.len())
-                        .filter(|&s| !self.stopped[s])
-                        .collect();
+                    let (summaries, ranks) = self.host.summaries_received();
                     return Err(RuntimeError::FrontStarved {
                         waited_ms: quiet_limit.as_millis() as u64,
-                        running_servers: running,
-                        summaries: self.summaries.len(),
-                        ranks: self.ranks,
+                        running_servers: self.host.running_servers(),
+                        summaries,
+                        ranks,
                     });
                 }
             }
         }
         // Closing the client's channel ends the client.
         self.to_client = None;
-        Ok(FrontEnd {
-            summaries: self.summaries,
-            lost: self.lost,
-        })
+        Ok(self.host.into_end())
     }
 }

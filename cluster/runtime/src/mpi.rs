@@ -30,9 +30,9 @@ use lockstep_actors::vocab::{KvAddress, Response, TransferEvent};
 use lockstep_transport::{Collective, HEARTBEAT_CHANNEL, MpiMember, MpiPeers};
 
 use super::{RealOptions, real_report};
-use crate::client::{Client, ClientItem};
+use crate::client::{ClientItem, ClientLoop};
 use crate::faults::MisTagged;
-use crate::front_host::{FrontEnd, FrontHost, FrontInbound};
+use crate::front_host::{FrontEnd, FrontInbound, FrontLoop};
 use crate::rank_host::{RankPorts, run_rank};
 use crate::rank_setup::{RankParts, build_rank, end_rank, rank_options};
 use crate::status::StatusBoard;
@@ -230,7 +230,9 @@ impl Inbox<IngressItem> for IngressInbox {
             }
             match probe_until(&self.peers, channel::INGRESS, deadline, || false) {
                 Some((from, bytes)) => match decode::<Envelope>(from, &bytes) {
-                    Ok(Envelope::Ingress(items)) => self.queued.extend(items),
+                    Ok(Envelope::Ingress(items) | Envelope::PeerNotices(items)) => {
+                        self.queued.extend(items)
+                    }
                     Ok(other) => tracing::warn!(?other, "not an ingress message"),
                     Err(e) => tracing::warn!("{e}"),
                 },
@@ -480,7 +482,7 @@ pub fn run_process(
     let time_scale = opts.common.time_scale;
     let preload = opts.common.preload;
     let side = run_process_with(&fleet, scenario_text_digest, opts, None, |ends| {
-        let client = Client::new(
+        let client = ClientLoop::new(
             fleet.workload()?,
             ends.to_front,
             ends.from_front,
@@ -601,7 +603,7 @@ where
         from_front,
         clock,
     })?;
-    let mut host = FrontHost::new(
+    let mut host = FrontLoop::new(
         Front::new(&fleet.front_config()),
         fleet.servers.len(),
         fleet.ranks(),

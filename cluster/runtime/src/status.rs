@@ -8,67 +8,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use lockstep_actors::executor::RankExecutor;
 
-use lockstep_actors::executor::{RankExecutor, RankTotals};
-use lockstep_actors::kv::KvCounters;
+pub use lockstep_hosts::status::RankStatus;
 
 /// How often a running rank publishes its status when asked to (the scrape interval
 /// of a Prometheus server is seconds; a quarter second keeps `/metrics` current).
 pub const STATUS_EVERY: Duration = Duration::from_millis(250);
-
-/// One rank's state as the front last heard it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RankStatus {
-    /// Server index (scenario order).
-    pub server: u32,
-    /// Rank.
-    pub rank: u32,
-    /// Cumulative counters.
-    pub totals: RankTotals,
-    /// KV counters (prefix-cache hits among them).
-    pub kv: KvCounters,
-    /// KV blocks held by a sequence.
-    pub kv_blocks_used: u32,
-    /// KV blocks of the rank.
-    pub kv_blocks_total: u32,
-    /// Requests resident on the rank (started, not ended).
-    pub resident: u32,
-    /// The server's waiting queue (replicated on every rank).
-    pub waiting: u32,
-}
-
-impl RankStatus {
-    /// The status of `exec`, a rank of server `server`.
-    pub fn of(server: usize, exec: &RankExecutor) -> RankStatus {
-        RankStatus {
-            server: server as u32,
-            rank: exec.rank().0,
-            totals: *exec.totals(),
-            kv: *exec.kv().counters(),
-            kv_blocks_used: exec.kv().used_blocks(),
-            kv_blocks_total: exec.kv().total_blocks(),
-            resident: (exec.active().len() + exec.sending().len()) as u32,
-            waiting: exec.waiting().len() as u32,
-        }
-    }
-
-    /// Nothing resident or waiting.
-    fn idle(&self) -> bool {
-        self.resident == 0 && self.waiting == 0
-    }
-
-    /// The same apart from the iteration count (an idle rank that iterated again has
-    /// nothing new to say).
-    fn same_state(&self, other: &RankStatus) -> bool {
-        let strip = |s: &RankStatus| {
-            let mut s = s.clone();
-            s.totals.iterations = 0;
-            s
-        };
-        strip(self) == strip(other)
-    }
-}
 
 /// Decides when a rank publishes.
 #[derive(Debug)]

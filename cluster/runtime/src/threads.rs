@@ -16,9 +16,9 @@ use lockstep_actors::vocab::{KvAddress, Response, TransferEvent};
 use lockstep_transport::{InProcessGroup, IngressError, IngressQueue};
 
 use super::{RealOptions, real_report};
-use crate::client::{Client, ClientItem};
+use crate::client::{ClientItem, ClientLoop};
 use crate::faults::MisTagged;
-use crate::front_host::{FrontEnd, FrontHost, FrontInbound};
+use crate::front_host::{FrontEnd, FrontInbound, FrontLoop};
 use crate::rank_host::{RankOptions, RankPorts, run_rank};
 use crate::rank_setup::{RankParts, build_rank, end_rank, rank_options};
 use crate::status::StatusBoard;
@@ -44,7 +44,7 @@ impl Net for ThreadNet {
         let closed = || NetError::Closed { endpoint: to };
         match (to, envelope) {
             (Endpoint::Front, e) => self.front.send(e).map_err(|_| closed()),
-            (Endpoint::Ingress(s), Envelope::Ingress(items)) => {
+            (Endpoint::Ingress(s), Envelope::Ingress(items) | Envelope::PeerNotices(items)) => {
                 let queue = self
                     .ingress
                     .get(s)
@@ -142,7 +142,7 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
     let clock = WallClock::start();
     let (client_tx, client_rx) = unbounded::<ClientItem>();
     let (to_client, from_front) = unbounded::<Vec<Response>>();
-    let client = Client::new(
+    let client = ClientLoop::new(
         workload,
         client_tx,
         from_front,
@@ -239,7 +239,7 @@ pub fn run_hosts<R>(
     let quiet_limit = opts.collective_timeout.max(opts.stall_bound) * 2;
 
     let (end, client_result) = std::thread::scope(|scope| {
-        let mut front = FrontHost::new(
+        let mut front = FrontLoop::new(
             Front::new(&fleet.front_config()),
             fleet.servers.len(),
             fleet.ranks(),

@@ -17,32 +17,31 @@
 
 mod iterlog;
 mod net;
-mod records;
 mod server;
 
 use std::collections::{BTreeMap, BinaryHeap};
 use std::io::Write;
 use std::time::Instant;
 
-use lockstep_actors::front::{Front, FrontIn};
+use lockstep_actors::executor::RankResponses;
+use lockstep_actors::front::Front;
 use lockstep_actors::group::{DeterministicTokens, TokenSource};
 use lockstep_actors::ids::RankId;
 use lockstep_actors::request::IngressItem;
-use lockstep_actors::transceiver::{Outgoing, PeerMessage, TransceiverIn, lost_on_the_wire};
+use lockstep_actors::transceiver::TransceiverIn;
 use lockstep_actors::vocab::KvAddress;
-use lockstep_actors::vocab::Response;
 use lockstep_gpu::AnalyticBackend;
+use lockstep_hosts::client::Client;
+use lockstep_hosts::front_host::{FrontHost, FrontInbound};
+use lockstep_hosts::net::{Endpoint, Envelope};
+use lockstep_hosts::transceiver_host::TransceiverHost;
 
 use lockstep_plan::fleet::{Fleet, PlanError};
-use lockstep_plan::report::{
-    ClientLog, ClientRecord, Itl, Outcome, Report, assemble_report, run_outcome,
-};
+use lockstep_plan::report::{ClientLog, Outcome, Report, assemble_report, run_outcome};
 use lockstep_plan::scenario::Scenario;
-use lockstep_plan::workload::Workload;
 
 pub use iterlog::IterLogLine;
-use net::SimNet;
-use records::ById;
+use net::{Outbox, SimNet};
 use server::{ServerState, SimServer, Step};
 
 /// A simulation that could not start or could not go on (bad input, a broken log file,
@@ -118,16 +117,9 @@ enum Event {
         server: usize,
         items: Vec<IngressItem>,
     },
-    /// A message reaches a transceiver.
-    Peer { to: KvAddress, message: PeerMessage },
-    /// Responses reach the front (with a control latency; without one they go at once).
-    Responses {
-        server: usize,
-        rank: RankId,
-        responses: Vec<Response>,
-    },
-    /// A server's stop reaches the front.
-    ServerStopped(usize),
+    /// A server's message reaches the front (responses with a control latency; without
+    /// one they go at once).
+    ToFront(Envelope),
 }
 
 /// Iterations of the whole fleet with no response at all before the run is declared
@@ -141,14 +133,13 @@ struct Sim<'s, 'o> {
     queue: BinaryHeap<std::cmp::Reverse<(u64, u64)>>,
     events: BTreeMap<u64, Event>,
     servers: Vec<SimServer>,
-    front: Front,
+    /// The front's host and the client: the same hosts the real drivers run.
+    front: FrontHost,
+    client: Client,
+    /// What the hosts sent, until it becomes events.
+    outbox: Outbox,
     net: SimNet,
-    workload: Workload,
-    records: ById<ClientRecord>,
-    itl: Itl,
     backend: AnalyticBackend,
-    finished: u64,
-    shutdown_sent: bool,
     outcome: Option<(Outcome, String)>,
     iterations_without_response: u64,
     opts: SimOptions<'o>,
@@ -162,7 +153,6 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         m.check(&fleet)?;
     }
     let workload = fleet.workload()?;
-    let workload_warmup = workload.warmup_requests();
     let mut servers = Vec::with_capacity(fleet.servers.len());
     for (s, p) in fleet.servers.iter().enumerate() {
         if let Some(w) = &p.warning {
@@ -183,14 +173,29 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
                     rank: RankId(r),
                 };
                 let codec = model_codecs.next().unwrap_or_else(|| fleet.modeled_codec());
-                server.transceivers[r as usize] = Some((p.transceiver(me, codec), None));
+                // The wire's time, as the real drivers model it (at scale 1).
+                let mut host = TransceiverHost::new(
+                    p.transceiver(me, codec),
+                    scenario.faults.lost_transfer_every,
+                    fleet.wire_model(1.0),
+                );
+                if scenario.faults.timeouts_lost {
+                    host = host.without_timeouts();
+                }
+                server.transceivers[r as usize] = Some((host, None));
             }
         }
         servers.push(server);
     }
     let mut sim = Sim {
-        front: Front::new(&fleet.front_config()),
-        net: SimNet::new(&scenario.model, scenario.faults),
+        front: FrontHost::new(
+            Front::new(&fleet.front_config()),
+            fleet.servers.len(),
+            fleet.ranks(),
+        ),
+        client: Client::new(workload),
+        outbox: Outbox::default(),
+        net: SimNet::new(&scenario.model),
         backend: AnalyticBackend::new(fleet.profile.coefficients),
         fleet,
         now: 0,
@@ -198,29 +203,16 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         queue: BinaryHeap::new(),
         events: BTreeMap::new(),
         servers,
-        workload,
-        records: ById::new(),
-        itl: Itl::new(workload_warmup),
-        finished: 0,
-        shutdown_sent: false,
         outcome: None,
         iterations_without_response: 0,
         opts,
     };
     if sim.opts.preload {
-        if let Some(why) = sim.workload.preload_blocker() {
-            return Err(SimError::NotPreloadable(why));
-        }
-        while let Some(t) = sim.workload.next_arrival_ns() {
-            let Some(a) = sim.workload.pop_due(t) else {
-                break;
-            };
-            sim.records.insert(a.spec.id, ClientRecord::new(&a.spec, 0));
-            sim.front.handle(0, FrontIn::Request(a.spec));
-        }
-        sim.front.handle(0, FrontIn::Shutdown);
-        sim.shutdown_sent = true;
-        sim.dispatch_front()?;
+        let items = sim
+            .client
+            .preload()
+            .map_err(|e| SimError::NotPreloadable(e.0))?;
+        sim.front_handles(items.into_iter().map(FrontInbound::Client));
     }
     sim.run_loop()?;
     Ok(sim.report(started.elapsed().as_secs_f64()))
@@ -275,7 +267,7 @@ impl Sim<'_, '_> {
             let next_arrival = if self.opts.preload {
                 None
             } else {
-                self.workload.next_arrival_ns()
+                self.client.next_arrival_ns()
             };
             let now = match (next_event, next_arrival) {
                 (None, None) => {
@@ -299,12 +291,11 @@ impl Sim<'_, '_> {
             if next_arrival == Some(now) {
                 // Arrivals of one instant reach the front together, and its outputs go
                 // out as one batch per server.
-                while let Some(arrival) = self.workload.pop_due(now) {
-                    self.records
-                        .insert(arrival.spec.id, ClientRecord::new(&arrival.spec, now));
-                    self.front.handle(now, FrontIn::Request(arrival.spec));
+                let mut arrivals = Vec::new();
+                while let Some(item) = self.client.pop_due(now, now) {
+                    arrivals.push(FrontInbound::Client(item));
                 }
-                self.dispatch_front()?;
+                self.front_handles(arrivals);
                 continue;
             }
             let Some(std::cmp::Reverse((_, seq))) = self.queue.pop() else {
@@ -347,66 +338,24 @@ impl Sim<'_, '_> {
                 }
             }
             Event::TransceiverTimer { server, rank } => {
-                if let Some((t, timer)) = &mut self.servers[server].transceivers[rank] {
+                if let Some((_, timer)) = &mut self.servers[server].transceivers[rank] {
                     *timer = None;
-                    t.handle_timeout(now);
                 }
                 self.pump(server, rank)?;
             }
             Event::Ingress { server, items } => {
                 if self.servers[server].state == ServerState::Done {
-                    self.refuse(server, items)?;
+                    // The server stopped while they were on their way.
+                    self.front.bounced(now, server, items, &self.outbox);
+                    self.after_front();
                 } else {
                     self.servers[server].ingress.extend(items);
                     self.wake(server)?;
                 }
             }
-            Event::Peer { to, message } => {
-                let (s, r) = (to.server as usize, to.rank.index());
-                if let Some(Some((t, _))) = self
-                    .servers
-                    .get_mut(s)
-                    .and_then(|x| x.transceivers.get_mut(r))
-                {
-                    t.handle(now, TransceiverIn::Message(message));
-                    self.pump(s, r)?;
-                }
-            }
-            Event::Responses {
-                server,
-                rank,
-                mut responses,
-            } => {
-                self.front
-                    .handle_responses(now, server, rank, &mut responses);
-                for r in &responses {
-                    self.answer_client(r);
-                }
-                self.dispatch_front()?;
-            }
-            Event::ServerStopped(s) => {
-                self.front.handle(now, FrontIn::ServerStopped(s));
-                self.dispatch_front()?;
-            }
+            Event::ToFront(envelope) => self.front_handles([FrontInbound::Net(envelope)]),
         }
         Ok(())
-    }
-
-    /// A server that stopped refuses what reaches it: its requests fail at the front.
-    fn refuse(&mut self, server: usize, items: Vec<IngressItem>) -> Result<(), SimError> {
-        for item in items {
-            if let IngressItem::Request(spec) = item {
-                self.front.handle(
-                    self.now,
-                    FrontIn::SubmitFailed {
-                        server,
-                        id: spec.id,
-                        reason: format!("server `{}` stopped", self.servers[server].name),
-                    },
-                );
-            }
-        }
-        self.dispatch_front()
     }
 
     /// An input reached server `s`: a waiting rank 0 reads it now.
@@ -468,7 +417,9 @@ impl Sim<'_, '_> {
                     step = self.servers[s].step(self.now, &self.backend);
                 }
                 Step::Finished => {
-                    return self.deliver_control(Event::ServerStopped(s));
+                    let stopped = Envelope::ServerStopped { server: s as u32 };
+                    self.push(self.now + self.net.control_ns(), Event::ToFront(stopped));
+                    return Ok(());
                 }
                 Step::Crashed(why) => {
                     use lockstep_actors::executor::StopReason;
@@ -504,44 +455,27 @@ impl Sim<'_, '_> {
             self.iterations_without_response += 1;
         } else {
             self.iterations_without_response = 0;
-        }
-        if control_ns == 0 {
-            for (rank, range) in ranges {
-                let slice = &mut responses[range.clone()];
-                self.front.handle_responses(now, s, *rank, slice);
-                for r in slice.iter() {
-                    if let Some(rec) = self.records.get_mut(&r.id) {
-                        let was_open = rec.end_ns.is_none();
-                        rec.on_response(r, now, &mut self.itl);
-                        if was_open && rec.end_ns.is_some() {
-                            let completed = rec.completed;
-                            self.finished += 1;
-                            self.workload.on_finished(r.id, now, completed);
-                        }
-                    }
-                }
-            }
-        } else {
-            let batches: Vec<(RankId, Vec<Response>)> = ranges
-                .iter()
-                .map(|(rank, range)| (*rank, responses[range.clone()].to_vec()))
-                .collect();
-            for (rank, responses) in batches {
-                self.push(
-                    now + control_ns,
-                    Event::Responses {
-                        server: s,
-                        rank,
-                        responses,
-                    },
-                );
+            // Rank 0's gathered responses, as every driver sends them to the front.
+            let gathered = Envelope::Responses {
+                server: s as u32,
+                responses: ranges
+                    .iter()
+                    .map(|(rank, range)| RankResponses {
+                        rank: *rank,
+                        responses: responses[range.clone()].to_vec(),
+                    })
+                    .collect(),
+            };
+            if control_ns == 0 {
+                self.front_handles([FrontInbound::Net(gathered)]);
+            } else {
+                self.push(now + control_ns, Event::ToFront(gathered));
             }
         }
         if let Some(p) = self.opts.progress.as_mut() {
-            p(self.finished, self.workload.total());
+            let (finished, total) = self.client.progress();
+            p(finished, total);
         }
-        self.client_shutdown_if_done();
-        self.dispatch_front()?;
         let commands: Vec<(usize, Vec<_>)> = self.servers[s]
             .group
             .reports()
@@ -560,125 +494,100 @@ impl Sim<'_, '_> {
         Ok(())
     }
 
-    /// The client saw a response.
-    fn answer_client(&mut self, r: &Response) {
-        let now = self.now;
-        if let Some(rec) = self.records.get_mut(&r.id) {
-            let was_open = rec.end_ns.is_none();
-            rec.on_response(r, now, &mut self.itl);
-            if was_open && rec.end_ns.is_some() {
-                let completed = rec.completed;
-                self.finished += 1;
-                self.workload.on_finished(r.id, now, completed);
+    /// The front's host handles `inputs` at once; then what it sent becomes events,
+    /// and the client gets its responses (and may say it is done, which the front
+    /// handles in turn).
+    fn front_handles(&mut self, inputs: impl IntoIterator<Item = FrontInbound>) {
+        self.front.handle_all(self.now, inputs, &self.outbox);
+        self.after_front();
+    }
+
+    /// The front's outputs: responses to the client (whose shutdown may follow), and
+    /// what it sent onto the simulated network.
+    fn after_front(&mut self) {
+        while self.front.has_for_client() {
+            let responses = self.front.take_for_client();
+            self.client.on_responses(self.now, &responses);
+            if let Some(shutdown) = self.client.shutdown_due() {
+                self.front
+                    .handle(self.now, FrontInbound::Client(shutdown), &self.outbox);
             }
         }
-        self.client_shutdown_if_done();
-    }
-
-    /// The client says it is done once every request was issued and has ended.
-    fn client_shutdown_if_done(&mut self) {
-        if !self.shutdown_sent
-            && self.workload.exhausted()
-            && self.finished >= self.workload.total().unwrap_or(0)
-        {
-            self.shutdown_sent = true;
-            self.front.handle(self.now, FrontIn::Shutdown);
+        if let Some(shutdown) = self.client.shutdown_due() {
+            self.front
+                .handle(self.now, FrontInbound::Client(shutdown), &self.outbox);
         }
+        self.deliver_sent();
     }
 
-    /// Sends what the front produced over the simulated network, ingress items as one
-    /// batch per server.
-    fn dispatch_front(&mut self) -> Result<(), SimError> {
+    /// What the hosts sent, as events: a server's ingress after the control latency —
+    /// everything one reaction sent it as one delivery, as its rank 0 reads back to
+    /// back sends in one fetch (even without a latency it is an event: a request the
+    /// client sends the instant a server's iteration ends reaches that server after its
+    /// next iteration began, as it almost always does in the real drivers, where the
+    /// client, the front and rank 0 race and rank 0's next fetch is a collective away)
+    /// — generation-first notices after the link's latency (they stand for the gen
+    /// peer's message), and transceivers' messages after the link's time for their
+    /// size.
+    fn deliver_sent(&mut self) {
         let now = self.now;
-        let turn = self.front.take_turn();
-        for (to, message) in turn.to_peers {
-            let at = now + self.net.wire_ns(message.wire_bytes());
-            self.push(at, Event::Peer { to, message });
+        let mut ingress: Vec<(usize, Vec<IngressItem>)> = Vec::new();
+        let mut peers = Vec::new();
+        let mut notices = Vec::new();
+        for (to, envelope) in self.outbox.take() {
+            match (to, envelope) {
+                (Endpoint::Ingress(server), Envelope::Ingress(items)) => {
+                    match ingress.iter_mut().find(|(s, _)| *s == server) {
+                        Some((_, queued)) => queued.extend(items),
+                        None => ingress.push((server, items)),
+                    }
+                }
+                (Endpoint::Transceiver(to), Envelope::Peer(message)) => peers.push((to, message)),
+                (Endpoint::Ingress(server), Envelope::PeerNotices(items)) => {
+                    notices.push((server, items))
+                }
+                (to, envelope) => {
+                    tracing::warn!(?to, ?envelope, "the simulator has no such route");
+                }
+            }
         }
-        for (server, items) in turn.ingress {
-            self.deliver_control(Event::Ingress {
-                server,
-                items: items.into_items(),
-            })?;
+        for (to, message) in peers {
+            // Onto the receiving host's modeled wire: it runs when the message is due.
+            let (s, r) = (to.server as usize, to.rank.index());
+            if let Some(Some((host, _))) = self
+                .servers
+                .get_mut(s)
+                .and_then(|x| x.transceivers.get_mut(r))
+            {
+                host.handle(now, TransceiverIn::Message(message));
+                self.arm_transceiver_timer(s, r);
+            }
         }
-        for (server, notice) in turn.notices {
+        ingress.sort_by_key(|(s, _)| *s);
+        let control_ns = self.net.control_ns();
+        for (server, items) in ingress {
+            self.push(now + control_ns, Event::Ingress { server, items });
+        }
+        for (server, items) in notices {
             // The gen peer's notice crosses the link between the servers.
             let at = now + self.net.wire_ns(0);
-            self.push(
-                at,
-                Event::Ingress {
-                    server,
-                    items: vec![notice],
-                },
-            );
+            self.push(at, Event::Ingress { server, items });
         }
-        let for_client = turn.to_client;
-        for r in &for_client {
-            self.answer_client(r);
-        }
-        if !for_client.is_empty() {
-            // The client's shutdown may have followed.
-            self.dispatch_front()?;
-        }
-        Ok(())
     }
 
-    /// A message between the front and a server, after the control latency. Even
-    /// without one it is an event: a request the client sends the instant a server's
-    /// iteration ends reaches that server after its next iteration began, as it
-    /// (almost always) does in the real drivers, where the client, the front and rank
-    /// 0 race and rank 0's next fetch is a collective away.
-    fn deliver_control(&mut self, e: Event) -> Result<(), SimError> {
-        self.push(self.now + self.net.control_ns(), e);
-        Ok(())
-    }
-
-    /// Moves a transceiver's outputs: messages onto the wire, events to its rank (which
-    /// wakes its server), and its next deadline onto the clock.
+    /// Runs a transceiver host: its messages go onto the simulated network, its
+    /// events to its rank (which wakes its server), and its next deadline onto the
+    /// clock.
     fn pump(&mut self, s: usize, r: usize) -> Result<(), SimError> {
         let now = self.now;
-        let lose = self.net.lose_kv_every();
-        let mut sends = Vec::new();
         let mut events = Vec::new();
-        let mut timer_at = None;
-        let mut cancelled = None;
-        let srv = &mut self.servers[s];
-        let Some((t, timer)) = &mut srv.transceivers[r] else {
+        let Some((host, _)) = &mut self.servers[s].transceivers[r] else {
             return Ok(());
         };
-        while let Some(Outgoing { to, message }) = t.poll_transmit() {
-            if let PeerMessage::KvBlocks { id, .. } = &message
-                && lost_on_the_wire(*id, lose)
-            {
-                srv.lost[r] += 1;
-                continue;
-            }
-            sends.push((to, message));
-        }
-        while let Some(e) = t.poll_event() {
-            events.push(e);
-        }
-        // One timer per transceiver, at its next deadline: a timer set for a deadline
-        // that moved (its transfer ended) is cancelled, so it moves no clock.
-        let due = t.poll_timeout().filter(|_| self.net.timeouts_fire());
-        if timer.map(|(at, _)| at) != due {
-            cancelled = timer.take().map(|(_, seq)| seq);
-            timer_at = due.map(|at| at.max(now));
-        }
-        for (to, message) in sends {
-            let at = now + self.net.wire_ns(message.wire_bytes());
-            self.push(at, Event::Peer { to, message });
-        }
-        if let Some(seq) = cancelled {
-            self.cancel(seq);
-        }
-        if let Some(at) = timer_at {
-            let seq = self.push(at, Event::TransceiverTimer { server: s, rank: r });
-            if let Some((_, timer)) = &mut self.servers[s].transceivers[r] {
-                *timer = Some((at, seq));
-            }
-        }
-        if !events.is_empty() {
+        let woke = host.run(now, &self.outbox, &mut events);
+        self.deliver_sent();
+        self.arm_transceiver_timer(s, r);
+        if woke {
             for e in events {
                 // A request the rank no longer holds in transfer has nothing to apply.
                 let _ = self.servers[s].group.ranks_mut()[r].handle_transfer_event(e);
@@ -687,6 +596,30 @@ impl Sim<'_, '_> {
             self.wake(s)?;
         }
         Ok(())
+    }
+
+    /// One timer per transceiver host, at its next deadline: a timer set for a
+    /// deadline that moved (its transfer ended, an earlier message arrived) is
+    /// cancelled, so it moves no clock.
+    fn arm_transceiver_timer(&mut self, s: usize, r: usize) {
+        let now = self.now;
+        let Some((host, timer)) = &mut self.servers[s].transceivers[r] else {
+            return;
+        };
+        let due = host.poll_timeout();
+        if timer.map(|(at, _)| at) == due {
+            return;
+        }
+        let cancelled = timer.take().map(|(_, seq)| seq);
+        if let Some(seq) = cancelled {
+            self.cancel(seq);
+        }
+        if let Some(at) = due.map(|at| at.max(now)) {
+            let seq = self.push(at, Event::TransceiverTimer { server: s, rank: r });
+            if let Some((_, timer)) = &mut self.servers[s].transceivers[r] {
+                *timer = Some((at, seq));
+            }
+        }
     }
 
     /// No event is left while work remains: every waiting server's wait would never
@@ -713,7 +646,7 @@ impl Sim<'_, '_> {
         states.join("; ")
     }
 
-    fn report(&self, wall_time_s: f64) -> Report {
+    fn report(self, wall_time_s: f64) -> Report {
         let outcome = self.outcome.clone().or_else(|| {
             let endings: Vec<Vec<lockstep_plan::report::RankSummary>> = self
                 .servers
@@ -731,10 +664,13 @@ impl Sim<'_, '_> {
         assemble_report(
             self.fleet.scenario,
             self.fleet.seed,
-            ClientLog {
-                records: self.records.values().cloned().collect(),
-                itl: self.itl.clone(),
-                end_ns: self.now,
+            {
+                let seen = self.client.into_result(self.now);
+                ClientLog {
+                    records: seen.records,
+                    itl: seen.itl,
+                    end_ns: seen.end_ns,
+                }
             },
             self.servers.iter().flat_map(|s| s.first_scheduled()),
             wall_time_s,

@@ -1,26 +1,26 @@
 //! The simulated network: every message between the front and a server takes the
-//! control link's latency; every message between ranks of different servers (KV
-//! transfers, pulls, acknowledgements, generation-first notices) takes the link's
-//! latency plus its size over the link's bandwidth. Faults are deterministic: the KV of
-//! the requests [`lost_on_the_wire`](lockstep_actors::transceiver::lost_on_the_wire)
-//! names is dropped, as the real drivers drop it.
+//! control link's latency; a generation-first notice, which stands for the gen peer's
+//! message, takes the link's latency between the servers. Messages between ranks'
+//! transceivers go straight to the receiving transceiver host, which holds each on its
+//! modeled wire (latency plus size over bandwidth) as the real drivers' hosts do, and
+//! loses the KV the faults name as they do.
 
+use std::sync::Mutex;
+
+use lockstep_hosts::net::{Endpoint, Envelope, Net, NetError};
 use lockstep_plan::model::ModelConfig;
-use lockstep_plan::scenario::Faults;
 
 /// The simulated network's parameters.
 #[derive(Debug, Clone)]
 pub struct SimNet {
     model: ModelConfig,
-    faults: Faults,
 }
 
 impl SimNet {
-    /// The network of a scenario's `[model.link]` and `[faults]`.
-    pub fn new(model: &ModelConfig, faults: Faults) -> SimNet {
+    /// The network of a scenario's `[model.link]`.
+    pub fn new(model: &ModelConfig) -> SimNet {
         SimNet {
             model: model.clone(),
-            faults,
         }
     }
 
@@ -33,14 +33,28 @@ impl SimNet {
     pub fn wire_ns(&self, bytes: u64) -> u64 {
         self.model.wire_ns(bytes)
     }
+}
 
-    /// `[faults] lost_transfer_every`.
-    pub fn lose_kv_every(&self) -> Option<u64> {
-        self.faults.lost_transfer_every
+/// The simulator's [`Net`]: what a host sends is kept until the event loop turns it
+/// into events at the times [`SimNet`] says. A lock no other thread ever takes: the
+/// hosts are written against a `Net` that is `Sync`, and the simulator runs them in one
+/// thread.
+#[derive(Debug, Default)]
+pub struct Outbox(Mutex<Vec<(Endpoint, Envelope)>>);
+
+impl Outbox {
+    /// Everything sent since the last call, in order.
+    pub fn take(&self) -> Vec<(Endpoint, Envelope)> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
+}
 
-    /// Whether transceivers' timeouts fire (`[faults] timeouts_lost` turns them off).
-    pub fn timeouts_fire(&self) -> bool {
-        !self.faults.timeouts_lost
+impl Net for Outbox {
+    fn send(&self, to: Endpoint, envelope: Envelope) -> Result<(), NetError> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((to, envelope));
+        Ok(())
     }
 }

@@ -18,8 +18,8 @@ use lockstep_actors::group::{GroupError, GroupNeed, ServerGroup, TokenSource};
 use lockstep_actors::ids::BatchNumber;
 use lockstep_actors::invariants::Violation;
 use lockstep_actors::request::IngressItem;
-use lockstep_actors::transceiver::Transceiver;
 use lockstep_gpu::{AnalyticBackend, Backend};
+use lockstep_hosts::transceiver_host::TransceiverHost;
 
 use lockstep_plan::fleet::PlannedServer;
 use lockstep_plan::report::series::Sampler;
@@ -72,10 +72,8 @@ pub struct SimServer {
     pub group: ServerGroup,
     pub ingress: VecDeque<IngressItem>,
     /// Per rank (ctx and gen servers): the transceiver and its timer.
-    pub transceivers: Vec<Option<(Transceiver, Option<TimerAt>)>>,
+    pub transceivers: Vec<Option<(TransceiverHost, Option<TimerAt>)>>,
     pub state: ServerState,
-    /// Per rank: KV messages the wire lost (fault injection).
-    pub lost: Vec<u64>,
     /// When the current stall began, the stall timer's generation and its event.
     pub stalled_since: Option<u64>,
     pub stall_generation: u64,
@@ -111,7 +109,6 @@ impl SimServer {
             ingress: VecDeque::new(),
             transceivers: (0..dp).map(|_| None).collect(),
             state: ServerState::Busy,
-            lost: vec![0; dp],
             stalled_since: None,
             stall_generation: 0,
             stall_timer: None,
@@ -277,9 +274,10 @@ impl SimServer {
                 // Server-wide violations are collected once, below.
                 let mut s = RankSummary::of(0, r, Vec::new(), 0, ending);
                 if let Some((t, _)) = &self.transceivers[i] {
-                    s.transfers = t.stats().clone();
+                    let end = t.end();
+                    s.transfers = end.stats;
+                    s.lost = end.lost;
                 }
-                s.lost = self.lost[i];
                 s.series = self.samplers[i].clone().into_points();
                 s
             })

@@ -6,17 +6,17 @@ use lockstep_actors::ids::ReqId;
 
 /// A map from request id to `T` stored densely by id.
 #[derive(Debug)]
-pub(super) struct ById<T> {
+pub(crate) struct ById<T> {
     slots: Vec<Option<T>>,
 }
 
 impl<T> ById<T> {
-    pub(super) fn new() -> ById<T> {
+    pub(crate) fn new() -> ById<T> {
         ById { slots: Vec::new() }
     }
 
     /// Inserts or replaces the entry of `id`.
-    pub(super) fn insert(&mut self, id: ReqId, value: T) {
+    pub(crate) fn insert(&mut self, id: ReqId, value: T) {
         let i = usize::try_from(id.0).expect("request id fits in usize");
         if i >= self.slots.len() {
             self.slots.resize_with(i + 1, || None);
@@ -24,13 +24,18 @@ impl<T> ById<T> {
         self.slots[i] = Some(value);
     }
 
-    pub(super) fn get_mut(&mut self, id: &ReqId) -> Option<&mut T> {
+    pub(crate) fn get_mut(&mut self, id: &ReqId) -> Option<&mut T> {
         let i = usize::try_from(id.0).ok()?;
         self.slots.get_mut(i)?.as_mut()
     }
 
     /// Entries in id order.
-    pub(super) fn values(&self) -> impl Iterator<Item = &T> {
+    pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
         self.slots.iter().flatten()
+    }
+
+    /// Entries in id order, by value.
+    pub(crate) fn into_values(self) -> impl Iterator<Item = T> {
+        self.slots.into_iter().flatten()
     }
 }

@@ -1,0 +1,168 @@
+//! The client, written once: plays the workload into the front, keeps a record per
+//! request from the responses the front passes on, and says when it is done. Sans-I/O:
+//! the driver says what time it is, hands it the responses, and sends what it gives.
+//! The simulator runs it in virtual time; the real drivers in wall time, scaled.
+
+use lockstep_actors::ids::ReqId;
+use lockstep_actors::request::RequestSpec;
+use lockstep_actors::vocab::{FailureKind, Response};
+
+use crate::by_id::ById;
+use lockstep_plan::report::{ClientRecord, Itl};
+use lockstep_plan::workload::Workload;
+
+/// What the client tells the front.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientItem {
+    /// A new request.
+    Request(RequestSpec),
+    /// Cancel a request.
+    Cancel(ReqId),
+    /// Nothing more will come.
+    Shutdown,
+}
+
+/// `--preload` with a workload whose later requests depend on earlier ones finishing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--preload delivers every request before the first iteration, but {0}")]
+pub struct NotPreloadable(pub String);
+
+/// The failure of a request the client could not send: the fleet had stopped.
+const FRONT_STOPPED: &str = "not served: every server had stopped before the request was sent";
+
+/// What the client saw.
+pub struct ClientResult {
+    /// One record per request, in id order.
+    pub records: Vec<ClientRecord>,
+    /// Inter-token gaps.
+    pub itl: Itl,
+    /// The time of the client's end.
+    pub end_ns: u64,
+}
+
+/// The client.
+pub struct Client {
+    workload: Workload,
+    records: ById<ClientRecord>,
+    itl: Itl,
+    /// Requests issued, and those that ended (completed or failed).
+    issued: u64,
+    finished: u64,
+    shutdown_sent: bool,
+}
+
+impl Client {
+    /// A client playing `workload`.
+    pub fn new(workload: Workload) -> Client {
+        Client {
+            itl: Itl::new(workload.warmup_requests()),
+            workload,
+            records: ById::new(),
+            issued: 0,
+            finished: 0,
+            shutdown_sent: false,
+        }
+    }
+
+    /// Every request at time 0 and the shutdown, for the front before any rank runs
+    /// (refused for a workload whose arrivals wait on completions).
+    pub fn preload(&mut self) -> Result<Vec<ClientItem>, NotPreloadable> {
+        if let Some(why) = self.workload.preload_blocker() {
+            return Err(NotPreloadable(why));
+        }
+        let mut items = Vec::new();
+        while let Some(t) = self.workload.next_arrival_ns() {
+            let Some(a) = self.workload.pop_due(t) else {
+                break;
+            };
+            self.records
+                .insert(a.spec.id, ClientRecord::new(&a.spec, 0));
+            self.issued += 1;
+            items.push(ClientItem::Request(a.spec));
+        }
+        items.push(ClientItem::Shutdown);
+        self.shutdown_sent = true;
+        Ok(items)
+    }
+
+    /// When the next request is due, in workload time (`None`: none known now).
+    pub fn next_arrival_ns(&self) -> Option<u64> {
+        self.workload.next_arrival_ns()
+    }
+
+    /// The next request due by `due_ns` (workload time), recorded as sent at `now`.
+    pub fn pop_due(&mut self, due_ns: u64, now: u64) -> Option<ClientItem> {
+        let a = self.workload.pop_due(due_ns)?;
+        self.records
+            .insert(a.spec.id, ClientRecord::new(&a.spec, now));
+        self.issued += 1;
+        Some(ClientItem::Request(a.spec))
+    }
+
+    /// The front passed on `responses` at `now`.
+    pub fn on_responses(&mut self, now: u64, responses: &[Response]) {
+        for r in responses {
+            if let Some(rec) = self.records.get_mut(&r.id) {
+                let was_open = rec.end_ns.is_none();
+                rec.on_response(r, now, &mut self.itl);
+                if was_open && rec.end_ns.is_some() {
+                    self.finished += 1;
+                    self.workload.on_finished(r.id, now, rec.completed);
+                }
+            }
+        }
+    }
+
+    /// The shutdown, once: when every request was issued and has ended.
+    pub fn shutdown_due(&mut self) -> Option<ClientItem> {
+        if !self.shutdown_sent && self.workload.exhausted() && self.finished >= self.issued {
+            self.shutdown_sent = true;
+            return Some(ClientItem::Shutdown);
+        }
+        None
+    }
+
+    /// Requests that ended, and how many there will be (if known).
+    pub fn progress(&self) -> (u64, Option<u64>) {
+        (self.finished, self.workload.total())
+    }
+
+    /// The front stopped (it does once every server has stopped, e.g. a deadlocked
+    /// server) before the workload was played out: `refused`, if the front refused it,
+    /// and every request still to come fail, as requests sent to a stopped fleet do.
+    pub fn front_stopped(&mut self, now: u64, refused: Option<ReqId>) {
+        let fail = |rec: &mut ClientRecord, workload: &mut Workload| {
+            rec.fail(now, FailureKind::Unavailable, FRONT_STOPPED);
+            workload.on_finished(rec.id, now, false);
+        };
+        if let Some(rec) = refused.and_then(|id| self.records.get_mut(&id)) {
+            fail(rec, &mut self.workload);
+            self.finished += 1;
+        }
+        // Requests still open stay open (the report fails them as "still open when the
+        // run ended (OUTCOME)"), but their clients are free, so a closed loop's
+        // remaining requests are all drawn and failed below.
+        for rec in self.records.values().filter(|r| r.end_ns.is_none()) {
+            self.workload.on_finished(rec.id, now, false);
+        }
+        while let Some(t) = self.workload.next_arrival_ns() {
+            let Some(a) = self.workload.pop_due(t) else {
+                break;
+            };
+            let mut rec = ClientRecord::new(&a.spec, now);
+            fail(&mut rec, &mut self.workload);
+            self.issued += 1;
+            self.finished += 1;
+            self.records.insert(rec.id, rec);
+        }
+    }
+
+    /// What the client saw, ending at `end_ns`.
+    pub fn into_result(self, end_ns: u64) -> ClientResult {
+        ClientResult {
+            records: self.records.into_values().collect(),
+            itl: self.itl,
+            end_ns,
+        }
+    }
+}
