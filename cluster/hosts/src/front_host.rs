@@ -9,6 +9,7 @@
 //! time. The real drivers' blocking loop around it lives in `lockstep-runtime`.
 
 use lockstep_actors::front::{Front, FrontIn, ServerIngress};
+use lockstep_actors::ids::RankId;
 use lockstep_actors::request::IngressItem;
 use lockstep_actors::vocab::Response;
 
@@ -120,6 +121,18 @@ impl FrontHost {
         self.flush(now, net);
     }
 
+    /// A server's rank's gathered responses, handled in place (the simulator's way,
+    /// which passes the same slice on to its client): nothing is sent until
+    /// [`FrontHost::send_turn`].
+    pub fn gathered(&mut self, now: u64, server: usize, rank: RankId, responses: &mut [Response]) {
+        self.front.handle_responses(now, server, rank, responses);
+    }
+
+    /// Sends what the front produced since the last turn.
+    pub fn send_turn(&mut self, now: u64, net: &dyn Net) {
+        self.flush(now, net);
+    }
+
     /// The responses for the client since the last call, in order.
     pub fn take_for_client(&mut self) -> Vec<Response> {
         std::mem::take(&mut self.for_client)
@@ -152,8 +165,7 @@ impl FrontHost {
             }
             FrontInbound::Net(Envelope::Responses { server, responses }) => {
                 for mut r in responses {
-                    self.front
-                        .handle_responses(now, server as usize, r.rank, &mut r.responses);
+                    self.gathered(now, server as usize, r.rank, &mut r.responses);
                     self.for_client.append(&mut r.responses);
                 }
             }

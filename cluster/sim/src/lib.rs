@@ -453,6 +453,17 @@ impl Sim<'_, '_> {
         let (responses, ranges) = self.servers[s].group.responses_by_rank();
         if responses.is_empty() {
             self.iterations_without_response += 1;
+        } else if control_ns == 0 {
+            self.iterations_without_response = 0;
+            // Rank 0's gathered responses reach the front at once: handled in place,
+            // and the same slice passed on to the client (no copy per iteration).
+            for (rank, range) in ranges {
+                let slice = &mut responses[range.clone()];
+                self.front.gathered(now, s, *rank, slice);
+                self.client.on_responses(now, slice);
+            }
+            self.front.send_turn(now, &self.outbox);
+            self.after_front();
         } else {
             self.iterations_without_response = 0;
             // Rank 0's gathered responses, as every driver sends them to the front.
@@ -466,11 +477,7 @@ impl Sim<'_, '_> {
                     })
                     .collect(),
             };
-            if control_ns == 0 {
-                self.front_handles([FrontInbound::Net(gathered)]);
-            } else {
-                self.push(now + control_ns, Event::ToFront(gathered));
-            }
+            self.push(now + control_ns, Event::ToFront(gathered));
         }
         if let Some(p) = self.opts.progress.as_mut() {
             let (finished, total) = self.client.progress();
