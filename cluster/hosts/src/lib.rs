@@ -11,5 +11,6 @@ mod by_id;
 pub mod client;
 pub mod front_host;
 pub mod net;
+pub mod stall;
 pub mod status;
 pub mod transceiver_host;

@@ -29,6 +29,7 @@ use super::net::{Endpoint, Envelope, Inbox, Net, Received};
 use super::status::StatusPublisher;
 use super::transceiver_host::{TransceiverEnd, TransceiverLink};
 use super::watchdog::Progress;
+use lockstep_hosts::stall::StallTimer;
 use lockstep_plan::report::{RankEnding, RankSummary};
 
 /// Modeled time in the real drivers: the host's step and the device's forward take the
@@ -169,7 +170,7 @@ pub fn run_rank<C: Collective + ?Sized>(
     let mut publisher = opts.status_every.map(StatusPublisher::new);
     // Modeled time: the iteration's start (its fetch), from which the host step counts.
     let mut fetched_at = 0u64;
-    let mut stalled_since: Option<u64> = None;
+    let mut stall = StallTimer::new(u64::try_from(opts.stall_bound.as_nanos()).unwrap_or(u64::MAX));
     // Every rank's batch shape, from the last vote: what the forward costs.
     let mut shapes = Vec::new();
     let coll_err = |source| RuntimeError::Collective {
@@ -246,13 +247,8 @@ pub fn run_rank<C: Collective + ?Sized>(
                 }
             }
             Io::ReadIngress(mode) => {
-                match mode {
-                    FetchMode::Stalled { .. } => {
-                        stalled_since.get_or_insert(ports.clock.now_ns());
-                    }
-                    FetchMode::Poll | FetchMode::Block => stalled_since = None,
-                }
-                let read = read_ingress(&mut ports, coll, mode, stalled_since, opts);
+                let stall_ends_at = stall.on_read(mode, ports.clock.now_ns());
+                let read = read_ingress(&mut ports, coll, mode, stall_ends_at, &stall, opts);
                 exec.handle(Input::Ingress(read)).map_err(exe_err)?;
             }
             Io::Forward {
@@ -366,7 +362,8 @@ fn read_ingress<C: Collective + ?Sized>(
     ports: &mut RankPorts<'_>,
     coll: &mut C,
     mode: FetchMode,
-    stalled_since: Option<u64>,
+    bound: Option<u64>,
+    stall: &StallTimer,
     opts: &RankOptions,
 ) -> FetchBatch {
     let clock = ports.clock;
@@ -374,13 +371,6 @@ fn read_ingress<C: Collective + ?Sized>(
     let Some(ingress) = ports.ingress.as_deref_mut() else {
         batch.now_ns = clock.now_ns();
         return batch;
-    };
-    let bound = match mode {
-        FetchMode::Stalled { bounded: true } => {
-            let since = stalled_since.unwrap_or_else(|| clock.now_ns());
-            Some(since.saturating_add(opts.stall_bound.as_nanos() as u64))
-        }
-        _ => None,
     };
     if mode != FetchMode::Poll {
         loop {
@@ -400,10 +390,7 @@ fn read_ingress<C: Collective + ?Sized>(
                 }
                 Received::TimedOut => {
                     if bound.is_some_and(|b| clock.now_ns() >= b) {
-                        batch.stalled_out = Some(format!(
-                            "no iteration changed anything for {} ms while requests remained and no transfer was in flight",
-                            opts.stall_bound.as_millis()
-                        ));
+                        batch.stalled_out = Some(stall.reason());
                         break;
                     }
                     coll.keep_alive();

@@ -164,6 +164,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         };
         let mut server = SimServer::new(p, scenario.policy, tokens)?;
         server.log_enabled = opts.iter_log.is_some();
+        server.stall = lockstep_hosts::stall::StallTimer::new(opts.stall_bound_ns);
         if p.config.role != lockstep_actors::config::Role::Agg {
             // With a model the ranks move its K/V; otherwise only sizes.
             let mut model_codecs = model_codecs.drain(..);
@@ -330,10 +331,7 @@ impl Sim<'_, '_> {
                 if srv.state == (ServerState::Waiting { bounded: true })
                     && srv.stall_generation == generation
                 {
-                    let bound_ms = self.opts.stall_bound_ns / 1_000_000;
-                    let why = format!(
-                        "no iteration changed anything for {bound_ms} ms while requests remained and no transfer was in flight"
-                    );
+                    let why = srv.stall.reason();
                     self.resume(server, Some(why))?;
                 }
             }
@@ -388,11 +386,10 @@ impl Sim<'_, '_> {
     ) -> Result<(), SimError> {
         loop {
             match step.map_err(|e| self.protocol(s, e))? {
-                Step::Waiting { bounded } => {
-                    if bounded {
+                Step::Waiting { stall_ends_at } => {
+                    if let Some(at) = stall_ends_at {
                         let srv = &mut self.servers[s];
                         srv.stall_generation += 1;
-                        let at = srv.stalled_since.unwrap_or(self.now) + self.opts.stall_bound_ns;
                         let generation = srv.stall_generation;
                         if let Some(old) = self.servers[s].stall_timer.take() {
                             self.cancel(old);

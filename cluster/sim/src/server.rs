@@ -19,6 +19,7 @@ use lockstep_actors::ids::BatchNumber;
 use lockstep_actors::invariants::Violation;
 use lockstep_actors::request::IngressItem;
 use lockstep_gpu::{AnalyticBackend, Backend};
+use lockstep_hosts::stall::StallTimer;
 use lockstep_hosts::transceiver_host::TransceiverHost;
 
 use lockstep_plan::fleet::PlannedServer;
@@ -46,8 +47,8 @@ pub enum ServerState {
 pub enum Step {
     /// Rank 0 waits for an input.
     Waiting {
-        /// Whether the stall bound applies.
-        bounded: bool,
+        /// When the wait ends as deadlocked, if the stall bound applies.
+        stall_ends_at: Option<u64>,
     },
     /// The iteration's process point is at this time.
     ProcessAt(u64),
@@ -74,8 +75,9 @@ pub struct SimServer {
     /// Per rank (ctx and gen servers): the transceiver and its timer.
     pub transceivers: Vec<Option<(TransceiverHost, Option<TimerAt>)>>,
     pub state: ServerState,
-    /// When the current stall began, the stall timer's generation and its event.
-    pub stalled_since: Option<u64>,
+    /// The stall bound (the rule every driver's rank 0 applies), the stall timer's
+    /// generation and its event.
+    pub stall: StallTimer,
     pub stall_generation: u64,
     pub stall_timer: Option<u64>,
     device: Device,
@@ -109,7 +111,7 @@ impl SimServer {
             ingress: VecDeque::new(),
             transceivers: (0..dp).map(|_| None).collect(),
             state: ServerState::Busy,
-            stalled_since: None,
+            stall: StallTimer::new(u64::MAX),
             stall_generation: 0,
             stall_timer: None,
             device: Device::new(),
@@ -135,15 +137,12 @@ impl SimServer {
                 GroupNeed::ReadIngress(mode) => {
                     use lockstep_actors::executor::FetchMode;
                     let waits = mode != FetchMode::Poll;
-                    if let FetchMode::Stalled { .. } = mode {
-                        self.stalled_since.get_or_insert(now);
-                    } else {
-                        self.stalled_since = None;
-                    }
+                    let stall_ends_at = self.stall.on_read(mode, now);
                     if waits && self.ingress.is_empty() {
-                        let bounded = matches!(mode, FetchMode::Stalled { bounded: true });
-                        self.state = ServerState::Waiting { bounded };
-                        return Ok(Step::Waiting { bounded });
+                        self.state = ServerState::Waiting {
+                            bounded: stall_ends_at.is_some(),
+                        };
+                        return Ok(Step::Waiting { stall_ends_at });
                     }
                     self.fetch(now, None)?;
                 }
