@@ -217,9 +217,15 @@ impl RankExecutor {
                     self.totals.deferrals_no_free_index_slot += 1;
                     return None;
                 }
-                Err(_) => {
+                Err(KvError::OutOfBlocks { .. }) => {
                     self.iter.stats.deferrals_out_of_blocks += 1;
                     self.totals.deferrals_out_of_blocks += 1;
+                    return None;
+                }
+                Err(e @ (KvError::DuplicateSequence(_) | KvError::UnknownSequence(_))) => {
+                    // `holds_kv` said the pool has no sequence for it: the rank's own
+                    // bookkeeping slipped; not a lack of blocks, so not counted as one.
+                    self.kv_bookkeeping_slip(format!("request {id}: adding its sequence: {e}"));
                     return None;
                 }
             }
