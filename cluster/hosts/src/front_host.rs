@@ -269,8 +269,6 @@ impl FrontHost {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
     use lockstep_actors::config::Role;
     use lockstep_actors::front::{FrontConfig, FrontPolicy, FrontServer};
     use lockstep_actors::ids::ReqId;
@@ -278,17 +276,7 @@ mod tests {
     use lockstep_actors::vocab::Finish;
 
     use super::*;
-
-    /// A network that keeps what is sent.
-    #[derive(Default)]
-    struct Recorder(Mutex<Vec<(Endpoint, Envelope)>>);
-
-    impl Net for Recorder {
-        fn send(&self, to: Endpoint, envelope: Envelope) -> Result<(), NetError> {
-            self.0.lock().unwrap().push((to, envelope));
-            Ok(())
-        }
-    }
+    use crate::net::Recorder;
 
     fn host(servers: &[(Role, bool)]) -> FrontHost {
         let front = Front::new(&FrontConfig {

@@ -85,3 +85,19 @@ pub trait Net: Send + Sync {
     /// Delivers `envelope` to `to`, or refuses it (and delivers nothing).
     fn send(&self, to: Endpoint, envelope: Envelope) -> Result<(), NetError>;
 }
+
+/// A network that keeps what is sent (the hosts' tests).
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct Recorder(pub(crate) std::sync::Mutex<Vec<(Endpoint, Envelope)>>);
+
+#[cfg(test)]
+impl Net for Recorder {
+    fn send(&self, to: Endpoint, envelope: Envelope) -> Result<(), NetError> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((to, envelope));
+        Ok(())
+    }
+}

@@ -139,35 +139,20 @@ impl TransceiverHost {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
     use lockstep_actors::ids::{RankId, ReqId};
     use lockstep_actors::transceiver::KvCodec;
     use lockstep_actors::vocab::TransferCommand;
 
     use super::*;
-    use crate::net::NetError;
+    use crate::net::Recorder;
 
-    /// A network that keeps what is sent.
-    #[derive(Default)]
-    struct Recorder(Mutex<Vec<(Endpoint, Envelope)>>);
-
-    impl Net for Recorder {
-        fn send(&self, to: Endpoint, envelope: Envelope) -> Result<(), NetError> {
-            self.0.lock().unwrap().push((to, envelope));
-            Ok(())
-        }
-    }
-
-    impl Recorder {
-        fn kv_blocks_sent(&self) -> usize {
-            self.0
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|(_, e)| matches!(e, Envelope::Peer(PeerMessage::KvBlocks { .. })))
-                .count()
-        }
+    fn kv_blocks_sent(net: &Recorder) -> usize {
+        net.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, e)| matches!(e, Envelope::Peer(PeerMessage::KvBlocks { .. })))
+            .count()
     }
 
     const CTX: KvAddress = KvAddress {
@@ -216,9 +201,9 @@ mod tests {
         let net = Recorder::default();
         let mut events = Vec::new();
         host.run(10_063, &net, &mut events);
-        assert_eq!(net.kv_blocks_sent(), 0, "the pull is still on the wire");
+        assert_eq!(kv_blocks_sent(&net), 0, "the pull is still on the wire");
         host.run(10_064, &net, &mut events);
-        assert_eq!(net.kv_blocks_sent(), 1, "the pull arrived: the KV goes out");
+        assert_eq!(kv_blocks_sent(&net), 1, "the pull arrived: the KV goes out");
         assert_eq!(host.end().lost, 0);
     }
 
@@ -227,7 +212,7 @@ mod tests {
         let mut host = ctx_host_pulled(Some(7));
         let net = Recorder::default();
         host.run(10_064, &net, &mut Vec::new());
-        assert_eq!(net.kv_blocks_sent(), 0);
+        assert_eq!(kv_blocks_sent(&net), 0);
         assert_eq!(host.end().lost, 1);
     }
 
@@ -250,6 +235,6 @@ mod tests {
         );
         let net = Recorder::default();
         host.run(0, &net, &mut Vec::new());
-        assert_eq!(net.kv_blocks_sent(), 1);
+        assert_eq!(kv_blocks_sent(&net), 1);
     }
 }
