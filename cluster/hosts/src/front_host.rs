@@ -276,7 +276,7 @@ mod tests {
     use lockstep_actors::vocab::Finish;
 
     use super::*;
-    use crate::net::Recorder;
+    use crate::net::Outbox;
 
     fn host(servers: &[(Role, bool)]) -> FrontHost {
         let front = Front::new(&FrontConfig {
@@ -300,16 +300,16 @@ mod tests {
     #[test]
     fn a_request_for_a_server_that_stopped_fails_at_the_front_and_is_not_sent() {
         let mut h = host(&[(Role::Agg, false)]);
-        let net = Recorder::default();
+        let net = Outbox::default();
         h.handle(0, request(1), &net);
-        assert_eq!(net.0.lock().unwrap().len(), 1, "the first request goes out");
+        assert_eq!(net.take().len(), 1, "the first request goes out");
         h.handle(
             1,
             FrontInbound::Net(Envelope::ServerStopped { server: 0 }),
             &net,
         );
         h.handle(2, request(2), &net);
-        assert_eq!(net.0.lock().unwrap().len(), 1, "nothing more is sent");
+        assert_eq!(net.take().len(), 0, "nothing more is sent");
         let answers = h.take_for_client();
         assert!(
             answers
@@ -322,9 +322,9 @@ mod tests {
     #[test]
     fn a_network_that_bounces_a_request_fails_it() {
         let mut h = host(&[(Role::Agg, false)]);
-        let net = Recorder::default();
+        let net = Outbox::default();
         h.handle(0, request(1), &net);
-        let (_, sent) = net.0.lock().unwrap().pop().unwrap();
+        let (_, sent) = net.take().pop().unwrap();
         let Envelope::Ingress(items) = sent else {
             panic!("not an ingress message: {sent:?}")
         };
@@ -341,9 +341,9 @@ mod tests {
     #[test]
     fn a_generation_first_notice_goes_apart_and_after_its_servers_requests() {
         let mut h = host(&[(Role::Ctx, true), (Role::Gen, false)]);
-        let net = Recorder::default();
+        let net = Outbox::default();
         h.handle(0, request(1), &net);
-        let sent = net.0.lock().unwrap().clone();
+        let sent = net.take();
         let notice_at = sent
             .iter()
             .position(|(_, e)| matches!(e, Envelope::PeerNotices(_)));

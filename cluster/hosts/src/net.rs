@@ -86,13 +86,20 @@ pub trait Net: Send + Sync {
     fn send(&self, to: Endpoint, envelope: Envelope) -> Result<(), NetError>;
 }
 
-/// A network that keeps what is sent (the hosts' tests).
-#[cfg(test)]
-#[derive(Default)]
-pub(crate) struct Recorder(pub(crate) std::sync::Mutex<Vec<(Endpoint, Envelope)>>);
+/// A [`Net`] that keeps what is sent until someone takes it: the simulator's (which
+/// turns it into events at the times its network says) and the hosts' tests'. A lock
+/// no other thread takes: hosts are written against a `Net` that is `Sync`.
+#[derive(Debug, Default)]
+pub struct Outbox(std::sync::Mutex<Vec<(Endpoint, Envelope)>>);
 
-#[cfg(test)]
-impl Net for Recorder {
+impl Outbox {
+    /// Everything sent since the last call, in order.
+    pub fn take(&self) -> Vec<(Endpoint, Envelope)> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl Net for Outbox {
     fn send(&self, to: Endpoint, envelope: Envelope) -> Result<(), NetError> {
         self.0
             .lock()

@@ -144,12 +144,10 @@ mod tests {
     use lockstep_actors::vocab::TransferCommand;
 
     use super::*;
-    use crate::net::Recorder;
+    use crate::net::Outbox;
 
-    fn kv_blocks_sent(net: &Recorder) -> usize {
-        net.0
-            .lock()
-            .unwrap()
+    fn kv_blocks_sent(net: &Outbox) -> usize {
+        net.take()
             .iter()
             .filter(|(_, e)| matches!(e, Envelope::Peer(PeerMessage::KvBlocks { .. })))
             .count()
@@ -198,7 +196,7 @@ mod tests {
         let mut host = ctx_host_pulled(None);
         // A pull is a 64-byte header: 10,000 + 64 ns on the wire.
         assert_eq!(host.poll_timeout(), Some(10_064));
-        let net = Recorder::default();
+        let net = Outbox::default();
         let mut events = Vec::new();
         host.run(10_063, &net, &mut events);
         assert_eq!(kv_blocks_sent(&net), 0, "the pull is still on the wire");
@@ -210,7 +208,7 @@ mod tests {
     #[test]
     fn the_kv_the_fault_names_is_lost_on_the_way_out() {
         let mut host = ctx_host_pulled(Some(7));
-        let net = Recorder::default();
+        let net = Outbox::default();
         host.run(10_064, &net, &mut Vec::new());
         assert_eq!(kv_blocks_sent(&net), 0);
         assert_eq!(host.end().lost, 1);
@@ -233,7 +231,7 @@ mod tests {
                 blocks: 2,
             }),
         );
-        let net = Recorder::default();
+        let net = Outbox::default();
         host.run(0, &net, &mut Vec::new());
         assert_eq!(kv_blocks_sent(&net), 1);
     }

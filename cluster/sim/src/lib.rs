@@ -41,7 +41,8 @@ use lockstep_plan::report::{ClientLog, Outcome, Report, assemble_report, run_out
 use lockstep_plan::scenario::Scenario;
 
 pub use iterlog::IterLogLine;
-use net::{Outbox, SimNet};
+use lockstep_hosts::net::Outbox;
+use net::SimNet;
 use server::{ServerState, SimServer, Step};
 
 /// A simulation that could not start or could not go on (bad input, a broken log file,

@@ -5,9 +5,6 @@
 //! modeled wire (latency plus size over bandwidth) as the real drivers' hosts do, and
 //! loses the KV the faults name as they do.
 
-use std::sync::Mutex;
-
-use lockstep_hosts::net::{Endpoint, Envelope, Net, NetError};
 use lockstep_plan::model::ModelConfig;
 
 /// The simulated network's parameters.
@@ -32,29 +29,5 @@ impl SimNet {
     /// A message of `bytes` between ranks of different servers.
     pub fn wire_ns(&self, bytes: u64) -> u64 {
         self.model.wire_ns(bytes)
-    }
-}
-
-/// The simulator's [`Net`]: what a host sends is kept until the event loop turns it
-/// into events at the times [`SimNet`] says. A lock no other thread ever takes: the
-/// hosts are written against a `Net` that is `Sync`, and the simulator runs them in one
-/// thread.
-#[derive(Debug, Default)]
-pub struct Outbox(Mutex<Vec<(Endpoint, Envelope)>>);
-
-impl Outbox {
-    /// Everything sent since the last call, in order.
-    pub fn take(&self) -> Vec<(Endpoint, Envelope)> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-}
-
-impl Net for Outbox {
-    fn send(&self, to: Endpoint, envelope: Envelope) -> Result<(), NetError> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((to, envelope));
-        Ok(())
     }
 }
