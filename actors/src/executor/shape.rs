@@ -82,6 +82,11 @@ mod tests {
             position: 0,
             path: 0,
             is_dummy,
+            prompt_len: 0,
+            sampling: None,
+            blocks: Default::default(),
+            prompt: Default::default(),
+            hashes: Default::default(),
         }
     }
 
@@ -126,6 +131,7 @@ mod tests {
                     true,
                 ),
             ],
+            ..ScheduledBatch::default()
         };
         assert_eq!(
             BatchShape::of(&batch),
@@ -147,6 +153,7 @@ mod tests {
             number: BatchNumber(0),
             rank: RankId(0),
             entries: vec![],
+            ..ScheduledBatch::default()
         };
         assert!(BatchShape::of(&batch).is_empty());
         batch
@@ -171,6 +178,7 @@ mod tests {
                 u32::MAX,
                 false,
             )],
+            ..ScheduledBatch::default()
         };
         let want = (1u64 << 20) * (u64::from(u32::MAX) + (1 << 20));
         assert_eq!(BatchShape::of(&batch).ctx_attention, want);
