@@ -610,6 +610,53 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_without_its_forward_inputs_is_refused_naming_why() {
+        use lockstep_actors::executor::{ForwardEntry, Span};
+        use lockstep_actors::ids::{BatchNumber, RankId};
+        let (dir, mut rank) = tiny_rank("no-inputs");
+        let entry = ForwardEntry {
+            id: ReqId(1),
+            seq: 0,
+            kind: ForwardKind::Context {
+                chunk: 4,
+                samples: true,
+            },
+            kv_tokens: 0,
+            position: 0,
+            path: 0,
+            is_dummy: false,
+            prompt_len: 4,
+            sampling: None,
+            blocks: Span::default(),
+            prompt: Span::default(),
+            hashes: Span::default(),
+        };
+        let mut batch = ScheduledBatch {
+            number: BatchNumber(3),
+            rank: RankId(1),
+            entries: vec![entry],
+            ..ScheduledBatch::default()
+        };
+        let mut out = ForwardOutput {
+            batch: BatchNumber(0),
+            sampled: Vec::new(),
+        };
+        let e = rank.compute_into(&batch, &mut out).unwrap_err();
+        assert_eq!((e.rank, e.batch), (RankId(1), BatchNumber(3)));
+        assert!(e.reason.contains("no block tables"), "{}", e.reason);
+        // With them (one block of 4 tokens in a pool of 8), the same entry runs.
+        batch.inputs.filled = true;
+        batch.inputs.pool = lockstep_actors::executor::KvPool {
+            blocks: 8,
+            tokens_per_block: 4,
+        };
+        batch.entries[0].blocks = batch.inputs.push_blocks([5]);
+        rank.compute_into(&batch, &mut out).expect("runs");
+        assert_eq!((out.batch, out.sampled.len()), (BatchNumber(3), 1));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn an_export_takes_the_staged_blocks_the_gen_rank_reserved_once() {
         let (dir, rank) = tiny_rank("export");
         let store = rank.kv_store(8, 4, true);

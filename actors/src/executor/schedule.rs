@@ -423,9 +423,11 @@ impl RankExecutor {
         let mut cursor = 0;
         for e in batch.entries.iter_mut().filter(|e| !e.is_dummy) {
             e.blocks = inputs.push_blocks(self.kv.block_table(e.id).iter().copied());
-            if let ForwardKind::Context { .. } = e.kind
-                && let Some(i) = self.find_seq_from(&mut cursor, e.seq)
-            {
+            if let ForwardKind::Context { .. } = e.kind {
+                // Nothing leaves `active` between the schedule and the launch.
+                let found = self.find_seq_from(&mut cursor, e.seq);
+                debug_assert!(found.is_some(), "request {} launched, not resident", e.id);
+                let Some(i) = found else { continue };
                 let spec = &self.resident.active[i].spec;
                 (e.prompt, e.hashes) = inputs.push_prompt(&spec.prompt_tokens, &spec.block_hashes);
             }
