@@ -327,6 +327,14 @@ impl RankModel {
                 "the batch carries no block tables or prompts: its rank was not asked for its forward inputs".into(),
             );
         }
+        if batch.inputs.entries.len() != batch.entries.len() {
+            return Err(format!(
+                "the batch carries forward inputs for {} of its {} entries",
+                batch.inputs.entries.len(),
+                batch.entries.len()
+            ));
+        }
+        let inputs = &batch.inputs;
         let model = &*self.model;
         let (blocks, tokens_per_block) =
             (batch.inputs.pool.blocks, batch.inputs.pool.tokens_per_block);
@@ -350,7 +358,7 @@ impl RankModel {
         let (ids, spans) = (&mut self.ids, &mut self.spans);
         ids.clear();
         spans.clear();
-        for e in &batch.entries {
+        for (e, inp) in batch.with_inputs() {
             let tokens = e.kind.tokens();
             let from = ids.len();
             if e.is_dummy {
@@ -368,19 +376,19 @@ impl RankModel {
                             e.id.0
                         ));
                     }
-                    let given = batch.prompt_ids(e);
-                    if !given.is_empty() && given.len() != e.prompt_len as usize {
+                    let given = inputs.prompt_ids(inp);
+                    if !given.is_empty() && given.len() != inp.prompt_len as usize {
                         return Err(format!(
                             "request {} carries {} prompt ids for a prompt of {} tokens",
                             e.id.0,
                             given.len(),
-                            e.prompt_len
+                            inp.prompt_len
                         ));
                     }
                     v.insert(prompt_tokens_of(
                         e.id,
-                        e.prompt_len,
-                        batch.block_hashes(e),
+                        inp.prompt_len,
+                        inputs.block_hashes(inp),
                         given,
                         tokens_per_block,
                         vocab,
@@ -411,11 +419,10 @@ impl RankModel {
             spans.push((start, from..ids.len()));
         }
         let entries: Vec<BatchEntry<'_>> = batch
-            .entries
-            .iter()
+            .with_inputs()
             .zip(spans.iter())
-            .map(|(e, (start, range))| BatchEntry {
-                block_table: batch.block_table(e),
+            .map(|((e, inp), (start, range))| BatchEntry {
+                block_table: inputs.block_table(inp),
                 start_position: *start,
                 token_ids: &ids[range.clone()],
                 dummy: e.is_dummy,
@@ -425,16 +432,16 @@ impl RankModel {
         let logits = forward_paged(model, cache, &entries).map_err(|e| e.to_string())?;
         out.batch = batch.number;
         out.sampled.clear();
-        for (e, logits) in batch.entries.iter().zip(&logits) {
+        for ((e, inp), logits) in batch.with_inputs().zip(&logits) {
             if e.is_dummy {
                 out.sampled.push(0);
                 continue;
             }
-            let token = sample_one(self.sampling, e.sampling, e.id, e.position, logits)?;
+            let token = sample_one(self.sampling, inp.sampling, e.id, e.position, logits)?;
             if e.kind.samples()
                 && let Some(history) = memory.histories.get_mut(&e.id)
             {
-                let at = e.prompt_len as usize + e.position as usize;
+                let at = inp.prompt_len as usize + e.position as usize;
                 history.truncate(at);
                 if history.len() == at {
                     history.push(token);
@@ -463,7 +470,7 @@ impl RankModel {
     fn stage_prefills(&mut self, batch: &ScheduledBatch) -> Result<(), String> {
         let pool = self.memory.cache.as_ref().ok_or("no K/V pool")?;
         let mut staged = Vec::new();
-        for e in &batch.entries {
+        for (e, inp) in batch.with_inputs() {
             if e.is_dummy || !matches!(e.kind, ForwardKind::Context { samples: true, .. }) {
                 continue;
             }
@@ -471,7 +478,8 @@ impl RankModel {
                 continue;
             };
             let contents = batch
-                .block_table(e)
+                .inputs
+                .block_table(inp)
                 .iter()
                 .map(|&b| {
                     pool.read_block(b)
@@ -611,7 +619,7 @@ mod tests {
 
     #[test]
     fn a_batch_without_its_forward_inputs_is_refused_naming_why() {
-        use lockstep_actors::executor::{ForwardEntry, Span};
+        use lockstep_actors::executor::{EntryInputs, ForwardEntry};
         use lockstep_actors::ids::{BatchNumber, RankId};
         let (dir, mut rank) = tiny_rank("no-inputs");
         let entry = ForwardEntry {
@@ -625,11 +633,6 @@ mod tests {
             position: 0,
             path: 0,
             is_dummy: false,
-            prompt_len: 4,
-            sampling: None,
-            blocks: Span::default(),
-            prompt: Span::default(),
-            hashes: Span::default(),
         };
         let mut batch = ScheduledBatch {
             number: BatchNumber(3),
@@ -650,7 +653,12 @@ mod tests {
             blocks: 8,
             tokens_per_block: 4,
         };
-        batch.entries[0].blocks = batch.inputs.push_blocks([5]);
+        let blocks = batch.inputs.push_blocks([5]);
+        batch.inputs.entries.push(EntryInputs {
+            prompt_len: 4,
+            blocks,
+            ..EntryInputs::default()
+        });
         rank.compute_into(&batch, &mut out).expect("runs");
         assert_eq!((out.batch, out.sampled.len()), (BatchNumber(3), 1));
         let _ = std::fs::remove_dir_all(&dir);

@@ -272,9 +272,10 @@ impl Span {
     }
 }
 
-/// One entry of a scheduled batch: what the control plane does with it and, once the
-/// batch is launched, what the model needs to run it (its block table, its prompt,
-/// its sampling). The one entry type from the executor to the model backend.
+/// One entry of a scheduled batch: what the control plane does with it. The one entry
+/// type from the executor to the model backend; what a model needs beyond it (its
+/// block table, prompt, sampling) is its [`EntryInputs`], at the same index in the
+/// launched batch's [`ForwardInputs::entries`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ForwardEntry {
     /// Request (or [`ReqId::DUMMY`]).
@@ -294,14 +295,19 @@ pub struct ForwardEntry {
     pub path: u64,
     /// A pad dummy.
     pub is_dummy: bool,
+}
+
+/// What a model needs of one entry beyond the [`ForwardEntry`] itself, filled at launch
+/// (kept apart so the control plane's entries stay small: it never reads these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct EntryInputs {
     /// The request's prompt length (output position `p` is sequence position
     /// `prompt_len + p`). 0 for a dummy.
     pub prompt_len: u32,
     /// The request's own sampling, if it gave one (the control plane never reads it).
     pub sampling: Option<RequestSampling>,
     /// Its block table (KV block ids in token order) in [`ForwardInputs::block_ids`],
-    /// as the KV manager held it when the batch launched. Empty for a dummy, and when
-    /// the batch carries no [`ForwardInputs`].
+    /// as the KV manager held it when the batch launched. Empty for a dummy.
     pub blocks: Span,
     /// A context entry: its prompt's token ids in [`ForwardInputs::prompt_ids`] (empty
     /// when the request carries none: a model makes one up from its block hashes).
@@ -396,6 +402,8 @@ pub struct ForwardInputs {
     pub filled: bool,
     /// The rank's KV pool.
     pub pool: KvPool,
+    /// One per entry of the batch, in batch order.
+    pub entries: Vec<EntryInputs>,
     /// Every entry's block table, one after the other.
     pub block_ids: Vec<u32>,
     /// The context entries' prompt token ids, one after the other.
@@ -417,6 +425,7 @@ impl Clone for ForwardInputs {
     fn clone_from(&mut self, source: &Self) {
         self.filled = source.filled;
         self.pool = source.pool;
+        self.entries.clone_from(&source.entries);
         self.block_ids.clone_from(&source.block_ids);
         self.prompt_ids.clone_from(&source.prompt_ids);
         self.block_hashes.clone_from(&source.block_hashes);
@@ -429,6 +438,7 @@ impl ForwardInputs {
     /// Empties the buffers, keeping their capacity.
     pub fn clear(&mut self) {
         self.filled = false;
+        self.entries.clear();
         self.block_ids.clear();
         self.prompt_ids.clear();
         self.block_hashes.clear();
@@ -459,28 +469,27 @@ impl ScheduledBatch {
         self.entries.iter().filter(|e| !e.is_dummy)
     }
 
-    /// `entry`'s block table.
-    pub fn block_table(&self, entry: &ForwardEntry) -> &[u32] {
-        self.inputs
-            .block_ids
-            .get(entry.blocks.range())
-            .unwrap_or(&[])
+    /// Each entry with its [`EntryInputs`] (none when the batch carries no forward
+    /// inputs).
+    pub fn with_inputs(&self) -> impl Iterator<Item = (&ForwardEntry, &EntryInputs)> {
+        self.entries.iter().zip(&self.inputs.entries)
+    }
+}
+
+impl ForwardInputs {
+    /// An entry's block table.
+    pub fn block_table(&self, entry: &EntryInputs) -> &[u32] {
+        self.block_ids.get(entry.blocks.range()).unwrap_or(&[])
     }
 
-    /// A context `entry`'s prompt token ids (empty: none carried).
-    pub fn prompt_ids(&self, entry: &ForwardEntry) -> &[u32] {
-        self.inputs
-            .prompt_ids
-            .get(entry.prompt.range())
-            .unwrap_or(&[])
+    /// A context entry's prompt token ids (empty: none carried).
+    pub fn prompt_ids(&self, entry: &EntryInputs) -> &[u32] {
+        self.prompt_ids.get(entry.prompt.range()).unwrap_or(&[])
     }
 
-    /// A context `entry`'s prompt block hashes.
-    pub fn block_hashes(&self, entry: &ForwardEntry) -> &[u64] {
-        self.inputs
-            .block_hashes
-            .get(entry.hashes.range())
-            .unwrap_or(&[])
+    /// A context entry's prompt block hashes.
+    pub fn block_hashes(&self, entry: &EntryInputs) -> &[u64] {
+        self.block_hashes.get(entry.hashes.range()).unwrap_or(&[])
     }
 }
 

@@ -277,21 +277,14 @@ impl RankExecutor {
             self.resident.next_batch,
             self.resident.active[index].spec.kv_source,
         );
-        let r = &self.resident.active[index];
         Some(ForwardEntry {
             id,
-            seq: r.seq,
+            seq: self.resident.active[index].seq,
             kind,
             kv_tokens,
             position,
             path,
             is_dummy: false,
-            prompt_len: r.spec.prompt_len,
-            sampling: r.spec.sampling,
-            // Filled at launch (`fill_forward_inputs`).
-            blocks: Span::default(),
-            prompt: Span::default(),
-            hashes: Span::default(),
         })
     }
 
@@ -421,16 +414,30 @@ impl RankExecutor {
             tokens_per_block: self.kv.tokens_per_block(),
         };
         let mut cursor = 0;
-        for e in batch.entries.iter_mut().filter(|e| !e.is_dummy) {
-            e.blocks = inputs.push_blocks(self.kv.block_table(e.id).iter().copied());
-            if let ForwardKind::Context { .. } = e.kind {
-                // Nothing leaves `active` between the schedule and the launch.
-                let found = self.find_seq_from(&mut cursor, e.seq);
-                debug_assert!(found.is_some(), "request {} launched, not resident", e.id);
-                let Some(i) = found else { continue };
-                let spec = &self.resident.active[i].spec;
-                (e.prompt, e.hashes) = inputs.push_prompt(&spec.prompt_tokens, &spec.block_hashes);
+        for e in &batch.entries {
+            if e.is_dummy {
+                inputs.entries.push(EntryInputs::default());
+                continue;
             }
+            // Nothing leaves `active` between the schedule and the launch.
+            let found = self.find_seq_from(&mut cursor, e.seq);
+            debug_assert!(found.is_some(), "request {} launched, not resident", e.id);
+            let Some(i) = found else {
+                inputs.entries.push(EntryInputs::default());
+                continue;
+            };
+            let spec = &self.resident.active[i].spec;
+            let mut entry = EntryInputs {
+                prompt_len: spec.prompt_len,
+                sampling: spec.sampling,
+                blocks: inputs.push_blocks(self.kv.block_table(e.id).iter().copied()),
+                ..EntryInputs::default()
+            };
+            if let ForwardKind::Context { .. } = e.kind {
+                (entry.prompt, entry.hashes) =
+                    inputs.push_prompt(&spec.prompt_tokens, &spec.block_hashes);
+            }
+            inputs.entries.push(entry);
         }
         let n = batch.number.0;
         if n > 0 && n.is_multiple_of(LIVE_EVERY) {
@@ -507,10 +514,5 @@ fn dummy_entry(d: &Request) -> ForwardEntry {
         position: 0,
         path: 0,
         is_dummy: true,
-        prompt_len: 0,
-        sampling: None,
-        blocks: Span::default(),
-        prompt: Span::default(),
-        hashes: Span::default(),
     }
 }

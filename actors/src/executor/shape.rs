@@ -82,11 +82,6 @@ mod tests {
             position: 0,
             path: 0,
             is_dummy,
-            prompt_len: 0,
-            sampling: None,
-            blocks: Default::default(),
-            prompt: Default::default(),
-            hashes: Default::default(),
         }
     }
 
