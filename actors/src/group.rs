@@ -18,29 +18,33 @@ use crate::vocab::{PadIntent, Response};
 
 /// A model backend as a host sees it: sampled tokens for a batch.
 ///
-/// `exec` is the rank that launched the batch: a real model reads the block tables its
-/// KV manager handed out and the requests' prompts from it.
+/// The batch is all a source reads: a real model finds each entry's block table,
+/// prompt and sampling in it ([`ScheduledBatch::inputs`], which the executor fills at
+/// launch when [`TokenSource::reads_forward_inputs`] says so), never the rank.
 pub trait TokenSource {
     /// One sampled token per entry of `batch`, into `out` (whose buffer a source may
     /// reuse).
     fn sample_into(
         &mut self,
-        exec: &RankExecutor,
         batch: &ScheduledBatch,
         out: &mut ForwardOutput,
     ) -> Result<(), ForwardError>;
 
+    /// Whether the source reads the batch's [`crate::executor::ForwardInputs`] (block
+    /// tables, prompts): the host then asks its executors to fill them
+    /// ([`RankExecutor::set_forward_inputs`]). A source that reads only the entries
+    /// says no (the default).
+    fn reads_forward_inputs(&self) -> bool {
+        false
+    }
+
     /// [`TokenSource::sample_into`] into a new output.
-    fn sample(
-        &mut self,
-        exec: &RankExecutor,
-        batch: &ScheduledBatch,
-    ) -> Result<ForwardOutput, ForwardError> {
+    fn sample(&mut self, batch: &ScheduledBatch) -> Result<ForwardOutput, ForwardError> {
         let mut out = ForwardOutput {
             batch: batch.number,
             sampled: Vec::with_capacity(batch.entries.len()),
         };
-        self.sample_into(exec, batch, &mut out)?;
+        self.sample_into(batch, &mut out)?;
         Ok(out)
     }
 }
@@ -67,7 +71,6 @@ pub struct DeterministicTokens;
 impl TokenSource for DeterministicTokens {
     fn sample_into(
         &mut self,
-        _exec: &RankExecutor,
         batch: &ScheduledBatch,
         out: &mut ForwardOutput,
     ) -> Result<(), ForwardError> {
@@ -367,6 +370,15 @@ impl ServerGroup {
         &mut self.ranks
     }
 
+    /// Whether every rank's launched batches carry their forward inputs
+    /// ([`RankExecutor::set_forward_inputs`]): on for a token source that reads them
+    /// ([`TokenSource::reads_forward_inputs`]).
+    pub fn set_forward_inputs(&mut self, on: bool) {
+        for r in &mut self.ranks {
+            r.set_forward_inputs(on);
+        }
+    }
+
     /// The batches launched at the forward step the group is at.
     pub fn launched(&self) -> impl Iterator<Item = &ScheduledBatch> {
         self.ranks.iter().filter_map(RankExecutor::launched)
@@ -552,7 +564,7 @@ impl ServerGroup {
                 batch: batch.number,
                 sampled: Vec::new(),
             });
-            tokens.sample_into(exec, batch, &mut out)?;
+            tokens.sample_into(batch, &mut out)?;
             self.outputs[batch.rank.index()].push(out);
         }
         Ok(())

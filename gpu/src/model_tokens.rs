@@ -17,11 +17,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use lockstep_actors::executor::{ForwardKind, ForwardOutput, RankExecutor, ScheduledBatch};
+use lockstep_actors::executor::{ForwardKind, ForwardOutput, ScheduledBatch};
 use lockstep_actors::group::{ForwardError, TokenSource};
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::kv::{chain_keys, mix};
-use lockstep_actors::request::{Request, RequestSpec};
+use lockstep_actors::request::RequestSpec;
 use lockstep_actors::transceiver::{KvBlock, KvStore, SequenceKv};
 
 use crate::model::{
@@ -51,9 +51,11 @@ impl ModelSampling {
 
 /// A server's model backend: the model (shared by every rank of a process) and, per rank
 /// it serves, the rank's paged K/V pool and its requests' token histories. The
-/// simulator runs one per server inline; a real driver splits each rank's into the
-/// host's half ([`prepare`]) and a [`RankModel`] on the rank's device thread, so the
-/// host schedules batch N+1 while the model computes batch N, as on a GPU.
+/// simulator runs one per server inline; a real driver runs each rank's [`RankModel`]
+/// on the rank's device thread, handing it a copy of each launched batch, so the host
+/// schedules batch N+1 while the model computes batch N, as on a GPU. Either way the
+/// launched batch is all the model reads of its rank: block tables, prompts and
+/// sampling come in it ([`ScheduledBatch::inputs`]).
 pub struct ModelTokens {
     model: Arc<Model>,
     sampling: ModelSampling,
@@ -97,13 +99,14 @@ impl ModelTokens {
 impl TokenSource for ModelTokens {
     fn sample_into(
         &mut self,
-        exec: &RankExecutor,
         batch: &ScheduledBatch,
         out: &mut ForwardOutput,
     ) -> Result<(), ForwardError> {
-        let rank = self.rank(exec.rank().index());
-        let prepared = prepare(exec, batch, rank.batches);
-        rank.compute_into(prepared, out)
+        self.rank(batch.rank.index()).compute_into(batch, out)
+    }
+
+    fn reads_forward_inputs(&self) -> bool {
+        true
     }
 }
 
@@ -115,95 +118,6 @@ impl ModelTokens {
                 .push(RankModel::new(self.model.clone(), self.sampling));
         }
         &mut self.ranks[index]
-    }
-}
-
-/// One entry of a batch as the device needs it: no reference into the executor.
-#[derive(Debug, Clone)]
-pub struct PreparedEntry {
-    /// The request.
-    pub id: ReqId,
-    /// What the step does.
-    pub kind: ForwardKind,
-    /// Tokens in the KV cache before the step.
-    pub kv_tokens: u32,
-    /// Output position of the token it samples.
-    pub position: u32,
-    /// The request's block table.
-    pub table: Vec<u32>,
-    /// The request, for its prompt (prefill chunks only: a decode step's input is the
-    /// token the device sampled last).
-    pub spec: Option<RequestSpec>,
-    /// Its prompt length (output position p is sequence position `prompt_len + p`).
-    pub prompt_len: u32,
-    /// Its own sampling, if it gave one.
-    pub sampling: Option<lockstep_actors::request::RequestSampling>,
-    /// A pad dummy.
-    pub is_dummy: bool,
-}
-
-/// A batch as the device needs it.
-#[derive(Debug, Clone)]
-pub struct PreparedBatch {
-    /// Its number.
-    pub number: lockstep_actors::ids::BatchNumber,
-    /// Its rank.
-    pub rank: lockstep_actors::ids::RankId,
-    /// The rank's KV pool: blocks and tokens per block.
-    pub pool: (u32, u32),
-    /// The batch's shape, as the cost model sees it (for a log of measured forwards).
-    pub shape: crate::BatchShape,
-    /// Entries, in batch order.
-    pub entries: Vec<PreparedEntry>,
-    /// Every request the rank still holds, now and then (the device forgets the
-    /// histories of the others).
-    pub live: Option<Vec<ReqId>>,
-}
-
-/// The host's half: what the device needs of the rank for `batch` (`batches`: the
-/// rank's forwards so far, which paces the `live` list).
-pub fn prepare(exec: &RankExecutor, batch: &ScheduledBatch, batches: u64) -> PreparedBatch {
-    let kv = exec.kv();
-    let entries = batch
-        .entries
-        .iter()
-        .map(|e| {
-            let request = (!e.is_dummy).then(|| find_request(exec, e.id)).flatten();
-            PreparedEntry {
-                id: e.id,
-                kind: e.kind,
-                kv_tokens: e.kv_tokens,
-                position: e.position,
-                table: if e.is_dummy {
-                    Vec::new()
-                } else {
-                    kv.block_ids_of(e.id).iter().map(|b| b.0).collect()
-                },
-                spec: match e.kind {
-                    ForwardKind::Context { .. } => request.map(|r| r.spec.clone()),
-                    ForwardKind::Generation { .. } => None,
-                },
-                prompt_len: request.map_or(0, |r| r.spec.prompt_len),
-                sampling: request.and_then(|r| r.spec.sampling),
-                is_dummy: e.is_dummy,
-            }
-        })
-        .collect();
-    let live = (batches > 0 && batches.is_multiple_of(256)).then(|| {
-        exec.active()
-            .iter()
-            .chain(exec.sending())
-            .map(|r| r.spec.id)
-            .chain(exec.waiting().iter().map(|s| s.id))
-            .collect()
-    });
-    PreparedBatch {
-        number: batch.number,
-        rank: batch.rank,
-        pool: (kv.total_blocks(), kv.tokens_per_block()),
-        shape: crate::BatchShape::of(batch),
-        entries,
-        live,
     }
 }
 
@@ -273,7 +187,11 @@ pub struct RankModel {
     sampling: ModelSampling,
     memory: RankMemory,
     handoffs: Arc<Mutex<Handoffs>>,
-    batches: u64,
+    /// Every entry's input token ids of the forward in progress, one after the other
+    /// (kept across forwards: refilled, not reallocated).
+    ids: Vec<u32>,
+    /// Per entry: its start position and its ids' range in `ids`.
+    spans: Vec<(usize, std::ops::Range<usize>)>,
 }
 
 /// A rank's memory as its transceiver sees it ([`KvStore`]): the ctx side takes a
@@ -367,7 +285,8 @@ impl RankModel {
             sampling,
             memory: RankMemory::default(),
             handoffs: Arc::default(),
-            batches: 0,
+            ids: Vec::new(),
+            spans: Vec::new(),
         }
     }
 
@@ -386,15 +305,12 @@ impl RankModel {
         })
     }
 
-    /// Forwards run so far (what [`prepare`] takes).
-    pub fn batches(&self) -> u64 {
-        self.batches
-    }
-
-    /// Runs the forward of `batch` and samples one token per entry into `out`.
+    /// Runs the forward of `batch` and samples one token per entry into `out`. The
+    /// batch must carry its forward inputs (its executor was asked for them:
+    /// `RankExecutor::set_forward_inputs`).
     pub fn compute_into(
         &mut self,
-        batch: PreparedBatch,
+        batch: &ScheduledBatch,
         out: &mut ForwardOutput,
     ) -> Result<(), ForwardError> {
         let (rank, number) = (batch.rank, batch.number);
@@ -405,9 +321,23 @@ impl RankModel {
         })
     }
 
-    fn compute(&mut self, batch: PreparedBatch, out: &mut ForwardOutput) -> Result<(), String> {
+    fn compute(&mut self, batch: &ScheduledBatch, out: &mut ForwardOutput) -> Result<(), String> {
+        if !batch.inputs.filled {
+            return Err(
+                "the batch carries no block tables or prompts: its rank was not asked for its forward inputs".into(),
+            );
+        }
+        if batch.inputs.entries.len() != batch.entries.len() {
+            return Err(format!(
+                "the batch carries forward inputs for {} of its {} entries",
+                batch.inputs.entries.len(),
+                batch.entries.len()
+            ));
+        }
+        let inputs = &batch.inputs;
         let model = &*self.model;
-        let (blocks, tokens_per_block) = batch.pool;
+        let (blocks, tokens_per_block) =
+            (batch.inputs.pool.blocks, batch.inputs.pool.tokens_per_block);
         let memory = &mut self.memory;
         let pool = memory.pool(model, blocks, tokens_per_block)?;
         // K/V that arrived since the last forward goes in first (checked when staged).
@@ -424,40 +354,51 @@ impl RankModel {
         }
         memory.histories.extend(arrived_tokens);
         let vocab = model.config.vocab_size as u32;
-        // Per entry: start position and token ids.
-        let mut inputs: Vec<(usize, Vec<u32>)> = Vec::with_capacity(batch.entries.len());
-        for e in &batch.entries {
+        // Per entry: start position and token ids (a range of `ids`).
+        let (ids, spans) = (&mut self.ids, &mut self.spans);
+        ids.clear();
+        spans.clear();
+        for (e, inp) in batch.with_inputs() {
             let tokens = e.kind.tokens();
+            let from = ids.len();
             if e.is_dummy {
                 // Arithmetic only: a dummy writes and reads no block.
-                inputs.push((0, vec![0; tokens.max(1) as usize]));
+                ids.resize(from + tokens.max(1) as usize, 0);
+                spans.push((0, from..ids.len()));
                 continue;
             }
             let history = match memory.histories.entry(e.id) {
                 std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    let spec = e.spec.as_ref().ok_or_else(|| {
-                        format!("request {} decodes but its prompt was never seen", e.id.0)
-                    })?;
-                    if !spec.prompt_tokens.is_empty()
-                        && spec.prompt_tokens.len() != spec.prompt_len as usize
-                    {
+                    if !matches!(e.kind, ForwardKind::Context { .. }) {
+                        return Err(format!(
+                            "request {} decodes but its prompt was never seen",
+                            e.id.0
+                        ));
+                    }
+                    let given = inputs.prompt_ids(inp);
+                    if !given.is_empty() && given.len() != inp.prompt_len as usize {
                         return Err(format!(
                             "request {} carries {} prompt ids for a prompt of {} tokens",
                             e.id.0,
-                            spec.prompt_tokens.len(),
-                            spec.prompt_len
+                            given.len(),
+                            inp.prompt_len
                         ));
                     }
-                    v.insert(prompt_tokens(spec, tokens_per_block, vocab))
+                    v.insert(prompt_tokens_of(
+                        e.id,
+                        inp.prompt_len,
+                        inputs.block_hashes(inp),
+                        given,
+                        tokens_per_block,
+                        vocab,
+                    ))
                 }
             };
             let start = e.kv_tokens as usize;
-            let ids = match e.kind {
-                ForwardKind::Context { chunk, .. } => history
-                    .get(start..start + chunk as usize)
-                    .map(<[u32]>::to_vec),
-                ForwardKind::Generation { tokens: 1 } => history.get(start).map(|&t| vec![t]),
+            let known = match e.kind {
+                ForwardKind::Context { chunk, .. } => history.get(start..start + chunk as usize),
+                ForwardKind::Generation { tokens: 1 } => history.get(start..start + 1),
                 ForwardKind::Generation { tokens } => {
                     return Err(format!(
                         "request {} drafts {} tokens: the model backend does not run speculative decoding",
@@ -465,8 +406,8 @@ impl RankModel {
                         tokens - 1
                     ));
                 }
-            }
-            .ok_or_else(|| {
+            };
+            let known = known.ok_or_else(|| {
                 format!(
                     "request {} needs tokens {start}..{} but only {} are known",
                     e.id.0,
@@ -474,16 +415,16 @@ impl RankModel {
                     history.len()
                 )
             })?;
-            inputs.push((start, ids));
+            ids.extend_from_slice(known);
+            spans.push((start, from..ids.len()));
         }
         let entries: Vec<BatchEntry<'_>> = batch
-            .entries
-            .iter()
-            .zip(&inputs)
-            .map(|(e, (start, ids))| BatchEntry {
-                block_table: &e.table,
+            .with_inputs()
+            .zip(spans.iter())
+            .map(|((e, inp), (start, range))| BatchEntry {
+                block_table: inputs.block_table(inp),
                 start_position: *start,
-                token_ids: ids,
+                token_ids: &ids[range.clone()],
                 dummy: e.is_dummy,
             })
             .collect();
@@ -491,16 +432,16 @@ impl RankModel {
         let logits = forward_paged(model, cache, &entries).map_err(|e| e.to_string())?;
         out.batch = batch.number;
         out.sampled.clear();
-        for (e, logits) in batch.entries.iter().zip(&logits) {
+        for ((e, inp), logits) in batch.with_inputs().zip(&logits) {
             if e.is_dummy {
                 out.sampled.push(0);
                 continue;
             }
-            let token = sample_one(self.sampling, e.sampling, e.id, e.position, logits)?;
+            let token = sample_one(self.sampling, inp.sampling, e.id, e.position, logits)?;
             if e.kind.samples()
                 && let Some(history) = memory.histories.get_mut(&e.id)
             {
-                let at = e.prompt_len as usize + e.position as usize;
+                let at = inp.prompt_len as usize + e.position as usize;
                 history.truncate(at);
                 if history.len() == at {
                     history.push(token);
@@ -509,11 +450,10 @@ impl RankModel {
             out.sampled.push(token);
         }
         if stages_prefills {
-            self.stage_prefills(&batch)?;
+            self.stage_prefills(batch)?;
         }
-        self.batches += 1;
-        if let Some(live) = batch.live {
-            let live: std::collections::HashSet<ReqId> = live.into_iter().collect();
+        if let Some(live) = &batch.inputs.live {
+            let live: std::collections::HashSet<ReqId> = live.iter().copied().collect();
             self.memory.histories.retain(|id, _| live.contains(id));
             lock(&self.handoffs)
                 .outgoing
@@ -527,18 +467,19 @@ impl RankModel {
     /// ctx rank: copies the blocks and tokens of every request whose prefill this batch
     /// finished into the staging area, where its transceiver's pull takes as many
     /// blocks as the gen rank reserved.
-    fn stage_prefills(&mut self, batch: &PreparedBatch) -> Result<(), String> {
+    fn stage_prefills(&mut self, batch: &ScheduledBatch) -> Result<(), String> {
         let pool = self.memory.cache.as_ref().ok_or("no K/V pool")?;
         let mut staged = Vec::new();
-        for e in &batch.entries {
+        for (e, inp) in batch.with_inputs() {
             if e.is_dummy || !matches!(e.kind, ForwardKind::Context { samples: true, .. }) {
                 continue;
             }
             let Some(tokens) = self.memory.histories.get(&e.id) else {
                 continue;
             };
-            let contents = e
-                .table
+            let contents = batch
+                .inputs
+                .block_table(inp)
                 .iter()
                 .map(|&b| {
                     pool.read_block(b)
@@ -582,31 +523,44 @@ fn sample_one(
         .map_err(|e| e.to_string())
 }
 
-fn find_request(exec: &RankExecutor, id: ReqId) -> Option<&Request> {
-    exec.active()
-        .iter()
-        .chain(exec.sending())
-        .find(|r| r.spec.id == id)
-}
-
 /// The prompt's token ids: the request's own, or a made-up prompt whose full blocks'
 /// tokens follow from their prefix keys (shared blocks, shared tokens) and whose tail
 /// follows from the request id.
 pub fn prompt_tokens(spec: &RequestSpec, tokens_per_block: u32, vocab: u32) -> Vec<u32> {
-    if !spec.prompt_tokens.is_empty() {
-        return spec.prompt_tokens.clone();
+    prompt_tokens_of(
+        spec.id,
+        spec.prompt_len,
+        &spec.block_hashes,
+        &spec.prompt_tokens,
+        tokens_per_block,
+        vocab,
+    )
+}
+
+/// [`prompt_tokens`] from the parts a launched batch carries: request `id`'s prompt of
+/// `prompt_len` tokens, its block hashes and the ids it came with (empty: made up).
+pub fn prompt_tokens_of(
+    id: ReqId,
+    prompt_len: u32,
+    block_hashes: &[u64],
+    given: &[u32],
+    tokens_per_block: u32,
+    vocab: u32,
+) -> Vec<u32> {
+    if !given.is_empty() {
+        return given.to_vec();
     }
     let vocab = u64::from(vocab.max(1));
     let block = tokens_per_block.max(1) as usize;
-    let mut tokens = Vec::with_capacity(spec.prompt_len as usize);
-    for key in chain_keys(&spec.block_hashes) {
-        if tokens.len() + block > spec.prompt_len as usize {
+    let mut tokens = Vec::with_capacity(prompt_len as usize);
+    for key in chain_keys(block_hashes) {
+        if tokens.len() + block > prompt_len as usize {
             break;
         }
         tokens.extend((0..block as u64).map(|slot| (mix(key ^ slot) % vocab) as u32));
     }
-    let tail_seed = mix(spec.id.0 ^ 0x7E11);
-    while tokens.len() < spec.prompt_len as usize {
+    let tail_seed = mix(id.0 ^ 0x7E11);
+    while tokens.len() < prompt_len as usize {
         tokens.push((mix(tail_seed ^ tokens.len() as u64) % vocab) as u32);
     }
     tokens
@@ -660,6 +614,53 @@ mod tests {
             .import(ReqId(1), &[3, 4], &good, &tokens)
             .expect("fits");
         assert_eq!(lock(&rank.handoffs).incoming.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_batch_without_its_forward_inputs_is_refused_naming_why() {
+        use lockstep_actors::executor::{EntryInputs, ForwardEntry};
+        use lockstep_actors::ids::{BatchNumber, RankId};
+        let (dir, mut rank) = tiny_rank("no-inputs");
+        let entry = ForwardEntry {
+            id: ReqId(1),
+            seq: 0,
+            kind: ForwardKind::Context {
+                chunk: 4,
+                samples: true,
+            },
+            kv_tokens: 0,
+            position: 0,
+            path: 0,
+            is_dummy: false,
+        };
+        let mut batch = ScheduledBatch {
+            number: BatchNumber(3),
+            rank: RankId(1),
+            entries: vec![entry],
+            ..ScheduledBatch::default()
+        };
+        let mut out = ForwardOutput {
+            batch: BatchNumber(0),
+            sampled: Vec::new(),
+        };
+        let e = rank.compute_into(&batch, &mut out).unwrap_err();
+        assert_eq!((e.rank, e.batch), (RankId(1), BatchNumber(3)));
+        assert!(e.reason.contains("no block tables"), "{}", e.reason);
+        // With them (one block of 4 tokens in a pool of 8), the same entry runs.
+        batch.inputs.filled = true;
+        batch.inputs.pool = lockstep_actors::executor::KvPool {
+            blocks: 8,
+            tokens_per_block: 4,
+        };
+        let blocks = batch.inputs.push_blocks([5]);
+        batch.inputs.entries.push(EntryInputs {
+            prompt_len: 4,
+            blocks,
+            ..EntryInputs::default()
+        });
+        rank.compute_into(&batch, &mut out).expect("runs");
+        assert_eq!((out.batch, out.sampled.len()), (BatchNumber(3), 1));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

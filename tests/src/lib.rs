@@ -373,9 +373,8 @@ impl SoloRank {
                     ..
                 } => {
                     // The stand-in backend never fails a forward.
-                    if launch.is_some()
-                        && let Some(batch) = e.launched()
-                        && let Ok(out) = self.tokens.sample(e, batch)
+                    if let Some(batch) = launch
+                        && let Ok(out) = self.tokens.sample(batch)
                     {
                         self.outputs.insert(batch.number, out);
                     }

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, VecDeque};
 use lockstep_actors::config::{KvCacheConfig, ServerConfig};
 use lockstep_actors::executor::{
     BatchVote, CollectiveSchedule, CollectiveTag, Exchange, ExecutorError, FetchBatch, FetchMode,
-    ForwardEntry, ForwardOutput, Input, Io, IterationReport, Phase, PrefixMatches, RankExecutor,
-    RankResponses, RankState, ScheduledBatch, StopReason, TransferStatus,
+    ForwardEntry, ForwardKind, ForwardOutput, Input, Io, IterationReport, Phase, PrefixMatches,
+    RankExecutor, RankResponses, RankState, ScheduledBatch, StopReason, TransferStatus,
 };
 use lockstep_actors::ids::{BatchNumber, RankId, ReqId};
 use lockstep_actors::policy::Policy;
@@ -1118,4 +1118,161 @@ fn a_kv_aware_server_adds_the_prefix_match_allgather_and_checks_its_width() {
     let (responses, _, _) = ran(h.iterate());
     assert_eq!(responses.len(), 2);
     assert!(h.take_log(1).contains(&Step::PrefixMatches(0)));
+}
+
+/// The prompt ids test request `id` carries.
+fn carried_prompt(id: u64, len: u32) -> Vec<u32> {
+    (0..len).map(|t| (id as u32) * 1000 + t).collect()
+}
+
+/// Runs `specs` on a server of `dp` ranks whose executors fill the forward inputs or
+/// not (`on`), calling `check` with every rank and its launched batch at each forward.
+fn with_launched_batches(
+    dp: i64,
+    overlap: bool,
+    on: bool,
+    specs: Vec<RequestSpec>,
+    mut check: impl FnMut(&RankExecutor, &ScheduledBatch),
+) -> usize {
+    use lockstep_actors::group::{DeterministicTokens, GroupNeed, ServerGroup};
+    let mut group = ServerGroup::new(&server(dp, overlap), Policy::FIXED).expect("valid");
+    group.set_forward_inputs(on);
+    let mut specs = Some(specs);
+    let mut launched = 0;
+    for _ in 0..10_000 {
+        match group.advance().expect("no protocol error") {
+            GroupNeed::ReadIngress(_) => {
+                let mut read = FetchBatch::default();
+                match specs.take() {
+                    Some(s) => read.requests = s,
+                    None => read.shutdown = true,
+                }
+                group.provide_ingress(read).expect("ingress");
+            }
+            GroupNeed::Forward { .. } => {
+                for exec in group.ranks() {
+                    if let Some(batch) = exec.launched() {
+                        check(exec, batch);
+                        launched += 1;
+                    }
+                }
+                group
+                    .sample_launched(&mut DeterministicTokens)
+                    .expect("sampled");
+                group.provide_outputs().expect("outputs");
+            }
+            GroupNeed::IterationEnded => {}
+            GroupNeed::Finished => return launched,
+            GroupNeed::Stopped(why) => panic!("stopped: {why:?}"),
+        }
+    }
+    panic!("the server did not drain");
+}
+
+#[test]
+fn a_launched_batch_carries_each_entrys_block_table_prompt_and_sampling() {
+    for overlap in [false, true] {
+        let specs = (1..=6)
+            .map(|id| {
+                let mut s = RequestSpec::new(id, 40, 5);
+                // Two full blocks of 16 tokens: two hashes.
+                s.block_hashes = vec![id * 10, id * 10 + 1];
+                if id % 2 == 0 {
+                    s.prompt_tokens = carried_prompt(id, 40);
+                    s.sampling = Some(lockstep_actors::request::RequestSampling {
+                        temperature: 0.5,
+                        top_p: 0.9,
+                        top_k: 7,
+                        seed: id,
+                    });
+                }
+                s
+            })
+            .collect();
+        let (mut contexts, mut decodes) = (0, 0);
+        let launched = with_launched_batches(2, overlap, true, specs, |exec, batch| {
+            assert!(batch.inputs.filled);
+            assert_eq!(batch.inputs.pool.tokens_per_block, 16);
+            assert_eq!(batch.inputs.pool.blocks, exec.kv().total_blocks());
+            assert_eq!(batch.inputs.entries.len(), batch.entries.len());
+            let inputs = &batch.inputs;
+            for (e, inp) in batch.with_inputs() {
+                if e.is_dummy {
+                    assert!(inputs.block_table(inp).is_empty());
+                    continue;
+                }
+                // The table as the KV manager holds it at launch.
+                let held: Vec<u32> = exec.kv().block_ids_of(e.id).iter().map(|b| b.0).collect();
+                assert!(!held.is_empty(), "request {} holds blocks", e.id);
+                assert_eq!(inputs.block_table(inp), held, "request {}", e.id);
+                assert_eq!(inp.prompt_len, 40);
+                let even = e.id.0 % 2 == 0;
+                assert_eq!(inp.sampling.map(|s| s.seed), even.then_some(e.id.0));
+                match e.kind {
+                    ForwardKind::Context { .. } => {
+                        contexts += 1;
+                        let want = if even {
+                            carried_prompt(e.id.0, 40)
+                        } else {
+                            Vec::new()
+                        };
+                        assert_eq!(inputs.prompt_ids(inp), want);
+                        assert_eq!(inputs.block_hashes(inp), [e.id.0 * 10, e.id.0 * 10 + 1]);
+                    }
+                    ForwardKind::Generation { .. } => {
+                        decodes += 1;
+                        assert!(inputs.prompt_ids(inp).is_empty());
+                        assert!(inputs.block_hashes(inp).is_empty());
+                    }
+                }
+            }
+        });
+        assert!(launched > 0);
+        assert_eq!(contexts, 6, "overlap {overlap}: every prefill seen once");
+        assert!(
+            decodes >= 6 * 4,
+            "overlap {overlap}: {decodes} decode steps"
+        );
+    }
+}
+
+#[test]
+fn without_a_device_that_reads_them_a_batch_carries_no_forward_inputs() {
+    let specs = (1..=4)
+        .map(|id| {
+            let mut s = RequestSpec::new(id, 40, 3);
+            s.prompt_tokens = carried_prompt(id, 40);
+            s
+        })
+        .collect();
+    let mut entries = 0;
+    with_launched_batches(2, false, false, specs, |_, batch| {
+        let inputs = &batch.inputs;
+        assert!(!inputs.filled);
+        assert!(inputs.entries.is_empty());
+        assert!(inputs.block_ids.is_empty() && inputs.prompt_ids.is_empty());
+        assert!(inputs.block_hashes.is_empty() && inputs.live.is_none());
+        entries += batch.real_entries().count();
+    });
+    assert!(entries > 0);
+}
+
+#[test]
+fn every_256th_batch_lists_the_requests_the_rank_still_holds() {
+    // One long request on one rank, another that finishes early.
+    let specs = vec![RequestSpec::new(1, 20, 600), RequestSpec::new(2, 20, 3)];
+    let mut listed = Vec::new();
+    with_launched_batches(1, false, true, specs, |_, batch| {
+        let n = batch.number.0;
+        match &batch.inputs.live {
+            Some(live) => listed.push((n, live.clone())),
+            None => assert!(n == 0 || !n.is_multiple_of(256), "batch {n} lists none"),
+        }
+    });
+    let n = lockstep_actors::executor::LIVE_EVERY;
+    assert_eq!(
+        listed,
+        vec![(n, vec![ReqId(1)]), (2 * n, vec![ReqId(1)])],
+        "the finished request is not listed"
+    );
 }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::counts::RankCounts;
 use crate::ids::{BatchNumber, RankId, ReqId};
-use crate::request::{IngressItem, RequestSpec};
+use crate::request::{IngressItem, RequestSampling, RequestSpec};
 use crate::vocab::{Response, TransferEvent};
 
 /// The collectives of one iteration, in their fixed order (§3). A collective is tagged
@@ -248,7 +248,34 @@ pub enum ForwardKind {
     },
 }
 
-/// One entry of a scheduled batch.
+/// A run of one of a [`ScheduledBatch`]'s flat buffers: `start..start + len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Span {
+    /// First index.
+    pub start: u32,
+    /// Length.
+    pub len: u32,
+}
+
+impl Span {
+    /// The indices it covers.
+    pub fn range(self) -> std::ops::Range<usize> {
+        self.start as usize..(self.start + self.len) as usize
+    }
+
+    /// The span that the items pushed onto `buf` since it held `start` items cover.
+    fn since(start: usize, buf_len: usize) -> Span {
+        Span {
+            start: start as u32,
+            len: (buf_len - start) as u32,
+        }
+    }
+}
+
+/// One entry of a scheduled batch: what the control plane does with it. The one entry
+/// type from the executor to the model backend; what a model needs beyond it (its
+/// block table, prompt, sampling) is its [`EntryInputs`], at the same index in the
+/// launched batch's [`ForwardInputs::entries`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ForwardEntry {
     /// Request (or [`ReqId::DUMMY`]).
@@ -268,6 +295,25 @@ pub struct ForwardEntry {
     pub path: u64,
     /// A pad dummy.
     pub is_dummy: bool,
+}
+
+/// What a model needs of one entry beyond the [`ForwardEntry`] itself, filled at launch
+/// (kept apart so the control plane's entries stay small: it never reads these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct EntryInputs {
+    /// The request's prompt length (output position `p` is sequence position
+    /// `prompt_len + p`). 0 for a dummy.
+    pub prompt_len: u32,
+    /// The request's own sampling, if it gave one (the control plane never reads it).
+    pub sampling: Option<RequestSampling>,
+    /// Its block table (KV block ids in token order) in [`ForwardInputs::block_ids`],
+    /// as the KV manager held it when the batch launched. Empty for a dummy.
+    pub blocks: Span,
+    /// A context entry: its prompt's token ids in [`ForwardInputs::prompt_ids`] (empty
+    /// when the request carries none: a model makes one up from its block hashes).
+    pub prompt: Span,
+    /// A context entry: its prompt's block hashes in [`ForwardInputs::block_hashes`].
+    pub hashes: Span,
 }
 
 impl ForwardKind {
@@ -296,8 +342,10 @@ impl ForwardEntry {
     }
 }
 
-/// A batch the backend runs (one rank's share of one forward).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A batch the backend runs (one rank's share of one forward): what [`super::Io::Forward`]
+/// hands the host to launch. With its [`ForwardInputs`] it is everything a forward
+/// needs: a token source reads nothing else of the rank.
+#[derive(Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ScheduledBatch {
     /// Its number.
     pub number: BatchNumber,
@@ -305,12 +353,143 @@ pub struct ScheduledBatch {
     pub rank: RankId,
     /// Entries.
     pub entries: Vec<ForwardEntry>,
+    /// What a model reads beyond the entries (filled at launch, when the host said its
+    /// device reads them: [`super::RankExecutor::set_forward_inputs`]).
+    #[serde(default)]
+    pub inputs: ForwardInputs,
+}
+
+impl Clone for ScheduledBatch {
+    fn clone(&self) -> Self {
+        ScheduledBatch {
+            number: self.number,
+            rank: self.rank,
+            entries: self.entries.clone(),
+            inputs: self.inputs.clone(),
+        }
+    }
+
+    /// Field by field, so a recycled batch's buffers are reused (a device that keeps
+    /// its own copy of each launched batch allocates nothing in steady state).
+    fn clone_from(&mut self, source: &Self) {
+        self.number = source.number;
+        self.rank = source.rank;
+        self.entries.clone_from(&source.entries);
+        self.inputs.clone_from(&source.inputs);
+    }
+}
+
+/// The rank's KV pool as a forward sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct KvPool {
+    /// Blocks in the pool.
+    pub blocks: u32,
+    /// Tokens per block.
+    pub tokens_per_block: u32,
+}
+
+/// Every how many batches a launched batch lists the requests the rank still holds
+/// ([`ForwardInputs::live`]), so a device can forget what it keeps for the others.
+pub const LIVE_EVERY: u64 = 256;
+
+/// What a model reads of a launched batch beyond its entries: flat buffers the entries'
+/// [`Span`]s index, cleared and refilled at each launch (no allocation per request in
+/// steady state).
+#[derive(Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ForwardInputs {
+    /// Whether the executor filled them (a batch of a rank whose device reads none is
+    /// launched without).
+    pub filled: bool,
+    /// The rank's KV pool.
+    pub pool: KvPool,
+    /// One per entry of the batch, in batch order.
+    pub entries: Vec<EntryInputs>,
+    /// Every entry's block table, one after the other.
+    pub block_ids: Vec<u32>,
+    /// The context entries' prompt token ids, one after the other.
+    pub prompt_ids: Vec<u32>,
+    /// The context entries' prompt block hashes, one after the other.
+    pub block_hashes: Vec<u64>,
+    /// Every [`LIVE_EVERY`]-th batch (not the first): every request the rank still
+    /// holds (resident, sending, waiting); the device may forget the others.
+    pub live: Option<Vec<ReqId>>,
+}
+
+impl Clone for ForwardInputs {
+    fn clone(&self) -> Self {
+        let mut c = ForwardInputs::default();
+        c.clone_from(self);
+        c
+    }
+
+    fn clone_from(&mut self, source: &Self) {
+        self.filled = source.filled;
+        self.pool = source.pool;
+        self.entries.clone_from(&source.entries);
+        self.block_ids.clone_from(&source.block_ids);
+        self.prompt_ids.clone_from(&source.prompt_ids);
+        self.block_hashes.clone_from(&source.block_hashes);
+        // Option's `clone_from` reuses the vector when both hold one.
+        self.live.clone_from(&source.live);
+    }
+}
+
+impl ForwardInputs {
+    /// Empties the buffers, keeping their capacity.
+    pub fn clear(&mut self) {
+        self.filled = false;
+        self.entries.clear();
+        self.block_ids.clear();
+        self.prompt_ids.clear();
+        self.block_hashes.clear();
+        self.live = None;
+    }
+
+    /// Appends one entry's block table; returns its span.
+    pub fn push_blocks(&mut self, blocks: impl IntoIterator<Item = u32>) -> Span {
+        let start = self.block_ids.len();
+        self.block_ids.extend(blocks);
+        Span::since(start, self.block_ids.len())
+    }
+
+    /// Appends a prompt's token ids and block hashes; returns their spans.
+    pub fn push_prompt(&mut self, ids: &[u32], hashes: &[u64]) -> (Span, Span) {
+        let start = self.prompt_ids.len();
+        self.prompt_ids.extend_from_slice(ids);
+        let prompt = Span::since(start, self.prompt_ids.len());
+        let start = self.block_hashes.len();
+        self.block_hashes.extend_from_slice(hashes);
+        (prompt, Span::since(start, self.block_hashes.len()))
+    }
 }
 
 impl ScheduledBatch {
     /// Real (non-dummy) entries.
     pub fn real_entries(&self) -> impl Iterator<Item = &ForwardEntry> {
         self.entries.iter().filter(|e| !e.is_dummy)
+    }
+
+    /// Each entry with its [`EntryInputs`] (none when the batch carries no forward
+    /// inputs).
+    pub fn with_inputs(&self) -> impl Iterator<Item = (&ForwardEntry, &EntryInputs)> {
+        self.entries.iter().zip(&self.inputs.entries)
+    }
+}
+
+impl ForwardInputs {
+    /// An entry's block table.
+    pub fn block_table(&self, entry: &EntryInputs) -> &[u32] {
+        self.block_ids.get(entry.blocks.range()).unwrap_or(&[])
+    }
+
+    /// A context entry's prompt token ids (empty: none carried).
+    pub fn prompt_ids(&self, entry: &EntryInputs) -> &[u32] {
+        self.prompt_ids.get(entry.prompt.range()).unwrap_or(&[])
+    }
+
+    /// A context entry's prompt block hashes.
+    pub fn block_hashes(&self, entry: &EntryInputs) -> &[u64] {
+        self.block_hashes.get(entry.hashes.range()).unwrap_or(&[])
     }
 }
 

@@ -140,6 +140,9 @@ struct Setup {
     capacity_policy: CapacitySchedulerPolicy,
     window: SchedulableWindow,
     kv_full_check_every: u64,
+    /// The host's device reads each launched batch's [`ForwardInputs`] (a real model):
+    /// fill them at launch.
+    forward_inputs: bool,
 }
 
 /// What every rank holds identically (§3.2: every rank applies the same broadcast).
@@ -239,25 +242,26 @@ struct Buffers {
     classes: Classes,
     capacity: CapacityOutput,
     planned: Vec<BatchEntry>,
-    /// Entry vectors of batches that ended, reused for the next batch.
-    spare_entries: Vec<Vec<ForwardEntry>>,
+    /// Batches that ended, their entry vectors and forward inputs reused for the next.
+    spare_batches: Vec<ScheduledBatch>,
     ids: Vec<ReqId>,
 }
 
 impl Buffers {
-    /// Keeps a dead batch's entry vector for reuse (a few suffice: at most three batches
-    /// are alive at once).
+    /// Keeps a dead batch for reuse (a few suffice: at most three batches are alive at
+    /// once).
     fn recycle(&mut self, batch: ScheduledBatch) {
-        if self.spare_entries.len() < 4 {
-            self.spare_entries.push(batch.entries);
+        if self.spare_batches.len() < 4 {
+            self.spare_batches.push(batch);
         }
     }
 
-    /// An empty entry vector, reused when one is spare.
-    fn entries(&mut self) -> Vec<ForwardEntry> {
-        let mut v = self.spare_entries.pop().unwrap_or_default();
-        v.clear();
-        v
+    /// An empty batch, reused when one is spare.
+    fn batch(&mut self) -> ScheduledBatch {
+        let mut b = self.spare_batches.pop().unwrap_or_default();
+        b.entries.clear();
+        b.inputs.clear();
+        b
     }
 }
 
@@ -353,6 +357,7 @@ impl RankExecutor {
                 capacity_policy: server.scheduler_config.capacity_scheduler_policy,
                 window,
                 kv_full_check_every: default_kv_full_check_every(sizes.kv_blocks_per_rank),
+                forward_inputs: false,
             },
             replicated: Replicated::default(),
             resident: Resident::default(),
@@ -381,6 +386,14 @@ impl RankExecutor {
     /// Default: [`default_kv_full_check_every`].
     pub fn set_kv_full_check_every(&mut self, n: u64) {
         self.setup.kv_full_check_every = n;
+    }
+
+    /// Whether each launched batch carries its [`ForwardInputs`] (block tables,
+    /// prompts, the live list): a host whose device runs a real model says so; a
+    /// token source that reads only the entries (the deterministic one, the modeled
+    /// time) spares the rank the copies. Off by default.
+    pub fn set_forward_inputs(&mut self, on: bool) {
+        self.setup.forward_inputs = on;
     }
 
     /// This rank.

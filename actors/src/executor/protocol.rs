@@ -132,7 +132,10 @@ pub enum Io<'a> {
     /// from every rank's [`BatchVote::shape`], which the host has from the vote's result
     /// (the same on every rank).
     Forward {
-        /// The batch to launch now.
+        /// The batch to launch now: everything its forward needs (with its
+        /// [`ForwardInputs`] when the host asked for them,
+        /// [`RankExecutor::set_forward_inputs`]); a device reads nothing else of the
+        /// rank.
         launch: Option<&'a ScheduledBatch>,
         /// The batch whose output the update needs: this one without overlap, the
         /// previous one with it.

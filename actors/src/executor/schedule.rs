@@ -42,16 +42,13 @@ impl RankExecutor {
         if pad_first && let Some(kind) = need {
             self.try_pad(kind);
         }
-        let mut entries = self.bufs.entries();
-        self.schedule_batch(&mut entries);
+        let mut batch = self.bufs.batch();
+        self.schedule_batch(&mut batch.entries);
         if !pad_first && let Some(kind) = need {
             self.try_pad(kind);
         }
-        let mut batch = ScheduledBatch {
-            number: BatchNumber(self.resident.next_batch),
-            rank: self.rank,
-            entries,
-        };
+        batch.number = BatchNumber(self.resident.next_batch);
+        batch.rank = self.rank;
         // A rank whose batch is empty though it has schedulable work (e.g. its one
         // request does not fit in KV) pads so it does not veto the fleet (§6).
         if batch.entries.is_empty()
@@ -376,7 +373,10 @@ impl RankExecutor {
         let own_work = self.iter.vote.batch_size > 0;
         let launch = if can_queue {
             self.resident.next_batch += 1;
-            batch
+            batch.map(|mut b| {
+                self.fill_forward_inputs(&mut b);
+                b
+            })
         } else {
             self.totals.vetoed_iterations += 1;
             if let Some(b) = batch {
@@ -401,6 +401,62 @@ impl RankExecutor {
         self.iter.launched = launch;
         self.iter.awaited = awaited;
         self.iter.stats.forward_ran = can_queue;
+    }
+
+    /// At launch: what a model needs beyond the entries (when the host's device reads
+    /// it), read here, where the state lives: each entry's block table as the KV
+    /// manager holds it now, a context entry's prompt ids and block hashes, the rank's
+    /// pool, and every [`LIVE_EVERY`]-th batch the requests the rank still holds. The
+    /// buffers are the recycled batch's: refilled, not reallocated.
+    fn fill_forward_inputs(&self, batch: &mut ScheduledBatch) {
+        let inputs = &mut batch.inputs;
+        inputs.clear();
+        if !self.setup.forward_inputs {
+            return;
+        }
+        inputs.filled = true;
+        inputs.pool = KvPool {
+            blocks: self.kv.total_blocks(),
+            tokens_per_block: self.kv.tokens_per_block(),
+        };
+        let mut cursor = 0;
+        for e in &batch.entries {
+            if e.is_dummy {
+                inputs.entries.push(EntryInputs::default());
+                continue;
+            }
+            // Nothing leaves `active` between the schedule and the launch.
+            let found = self.find_seq_from(&mut cursor, e.seq);
+            debug_assert!(found.is_some(), "request {} launched, not resident", e.id);
+            let Some(i) = found else {
+                inputs.entries.push(EntryInputs::default());
+                continue;
+            };
+            let spec = &self.resident.active[i].spec;
+            let mut entry = EntryInputs {
+                prompt_len: spec.prompt_len,
+                sampling: spec.sampling,
+                blocks: inputs.push_blocks(self.kv.block_table(e.id).iter().copied()),
+                ..EntryInputs::default()
+            };
+            if let ForwardKind::Context { .. } = e.kind {
+                (entry.prompt, entry.hashes) =
+                    inputs.push_prompt(&spec.prompt_tokens, &spec.block_hashes);
+            }
+            inputs.entries.push(entry);
+        }
+        let n = batch.number.0;
+        if n > 0 && n.is_multiple_of(LIVE_EVERY) {
+            let r = &self.resident;
+            let live = r
+                .active
+                .iter()
+                .chain(&r.sending)
+                .map(|q| q.spec.id)
+                .chain(self.replicated.waiting.iter().map(|s| s.id))
+                .collect();
+            inputs.live = Some(live);
+        }
     }
 
     fn resolve_dummy(&mut self, tentative: TentativeDummy, can_queue: bool) {

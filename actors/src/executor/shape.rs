@@ -126,6 +126,7 @@ mod tests {
                     true,
                 ),
             ],
+            ..ScheduledBatch::default()
         };
         assert_eq!(
             BatchShape::of(&batch),
@@ -147,6 +148,7 @@ mod tests {
             number: BatchNumber(0),
             rank: RankId(0),
             entries: vec![],
+            ..ScheduledBatch::default()
         };
         assert!(BatchShape::of(&batch).is_empty());
         batch
@@ -171,6 +173,7 @@ mod tests {
                 u32::MAX,
                 false,
             )],
+            ..ScheduledBatch::default()
         };
         let want = (1u64 << 20) * (u64::from(u32::MAX) + (1 << 20));
         assert_eq!(BatchShape::of(&batch).ctx_attention, want);

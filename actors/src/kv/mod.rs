@@ -458,6 +458,12 @@ impl KvManager {
             .unwrap_or_default()
     }
 
+    /// The blocks `id` holds, in token order, as block ids (empty if unknown): the
+    /// block table a forward reads, without a copy.
+    pub fn block_table(&self, id: ReqId) -> &[u32] {
+        self.pool.seqs.get(&id).map_or(&[], |s| &s.blocks)
+    }
+
     /// Blocks held by `id` (0 if unknown).
     pub fn blocks_of(&self, id: ReqId) -> u32 {
         self.pool.seqs.get(&id).map_or(0, |s| s.blocks.len() as u32)

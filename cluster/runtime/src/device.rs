@@ -5,19 +5,21 @@
 //! without a thread per rank doing nothing but sleep (on a small machine those threads'
 //! wake-ups cost more than the control plane does). With the zero-cost backend the
 //! output is ready at launch. With a real model (`--model`) the forward runs on the
-//! rank's device thread (the CPU's stand-in for a GPU stream): launch hands it the batch
-//! and returns, so under the overlap scheduler the host schedules batch N+1 while the
-//! model computes batch N, and the forward takes the time it takes.
+//! rank's device thread (the CPU's stand-in for a GPU stream): launch hands it a copy of
+//! the batch (into a recycled buffer: the batch carries its block tables and prompts,
+//! so the thread needs nothing of the executor) and returns, so under the overlap
+//! scheduler the host schedules batch N+1 while the model computes batch N, and the
+//! forward takes the time it takes.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use lockstep_actors::device::{Device, DeviceIn};
-use lockstep_actors::executor::{ForwardOutput, RankExecutor, ScheduledBatch};
+use lockstep_actors::executor::{ForwardOutput, ScheduledBatch};
 use lockstep_actors::group::{DeterministicTokens, ForwardError, TokenSource};
 use lockstep_actors::ids::BatchNumber;
-use lockstep_gpu::model_tokens::{PreparedBatch, RankModel, prepare};
+use lockstep_gpu::model_tokens::RankModel;
 
 /// Why the device failed a forward step.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -64,10 +66,20 @@ pub struct ForwardRecord {
     pub ns: u64,
 }
 
+/// A forward the device thread ran: the result, and the batch copy and output buffer
+/// it was handed (they come back to be reused).
+struct Ran {
+    result: Result<(), ForwardError>,
+    batch: ScheduledBatch,
+    out: ForwardOutput,
+}
+
 /// A real model's device thread: batches in, outputs out, in launch order.
 struct ModelThread {
-    launches: Option<Sender<PreparedBatch>>,
-    outputs: Receiver<Result<ForwardOutput, ForwardError>>,
+    launches: Option<Sender<(ScheduledBatch, ForwardOutput)>>,
+    outputs: Receiver<Ran>,
+    /// Batch copies the thread handed back, reused for the next launches.
+    spare_batches: Vec<ScheduledBatch>,
     launched: u64,
     answered: u64,
     /// The longest one forward may take.
@@ -121,23 +133,18 @@ impl DeviceHandle {
         limit: Duration,
         log: Option<(ForwardLog, usize, u32)>,
     ) -> DeviceHandle {
-        let (launches, inbox) = unbounded::<PreparedBatch>();
+        let (launches, inbox) = unbounded::<(ScheduledBatch, ForwardOutput)>();
         // At most two forwards in flight under the overlap scheduler.
         let (outbox, outputs) = bounded(4);
         let thread = std::thread::Builder::new().name(name).spawn(move || {
-            while let Ok(batch) = inbox.recv() {
-                let mut out = ForwardOutput {
-                    batch: batch.number,
-                    sampled: Vec::with_capacity(batch.entries.len()),
-                };
-                let shape = batch.shape;
+            while let Ok((batch, mut out)) = inbox.recv() {
                 let started = Instant::now();
-                let result = model.compute_into(batch, &mut out).map(|()| out);
+                let result = model.compute_into(&batch, &mut out);
                 if let Some((log, server, rank)) = &log {
                     let record = ForwardRecord {
                         server: *server,
                         rank: *rank,
-                        shape,
+                        shape: lockstep_gpu::BatchShape::of(&batch),
                         ns: started.elapsed().as_nanos() as u64,
                     };
                     if let (Ok(line), Ok(mut w)) = (serde_json::to_string(&record), log.lock()) {
@@ -147,7 +154,7 @@ impl DeviceHandle {
                         let _ = w.write_all(format!("{line}\n").as_bytes());
                     }
                 }
-                if outbox.send(result).is_err() {
+                if outbox.send(Ran { result, batch, out }).is_err() {
                     break;
                 }
             }
@@ -156,6 +163,7 @@ impl DeviceHandle {
             model: Some(ModelThread {
                 launches: thread.is_ok().then_some(launches),
                 outputs,
+                spare_batches: Vec::new(),
                 launched: 0,
                 answered: 0,
                 limit,
@@ -174,21 +182,36 @@ impl DeviceHandle {
         }
     }
 
-    /// Launches `exec`'s batch whose forward takes `forward_ns` of wall time (returns at
-    /// once, unless a real model computes it).
-    pub fn launch(
-        &mut self,
-        exec: &RankExecutor,
-        batch: &ScheduledBatch,
-        forward_ns: u64,
-    ) -> Result<(), DeviceError> {
+    /// Whether the device reads each batch's forward inputs (block tables, prompts): a
+    /// real model does; its rank's executor must fill them
+    /// (`RankExecutor::set_forward_inputs`).
+    pub fn reads_forward_inputs(&self) -> bool {
+        self.model.is_some()
+    }
+
+    /// Launches `batch` (the executor's [`lockstep_actors::executor::Io::Forward`]),
+    /// whose forward takes `forward_ns` of wall time (returns at once, unless a real
+    /// model computes it).
+    pub fn launch(&mut self, batch: &ScheduledBatch, forward_ns: u64) -> Result<(), DeviceError> {
         if let Some(m) = &mut self.model {
-            let prepared = prepare(exec, batch, m.launched);
+            // The thread gets its own copy, in a buffer it handed back earlier.
+            let mut copy = m.spare_batches.pop().unwrap_or_default();
+            copy.clone_from(batch);
+            let mut out = self.spare.pop().unwrap_or(ForwardOutput {
+                batch: batch.number,
+                sampled: Vec::new(),
+            });
+            out.batch = batch.number;
+            out.sampled.clear();
             m.launched += 1;
-            let sent = m.launches.as_ref().map(|l| l.send(prepared));
-            return match sent {
-                Some(Ok(())) => Ok(()),
-                _ => Err(DeviceError::ThreadGone),
+            let sent = m
+                .launches
+                .as_ref()
+                .is_some_and(|l| l.send((copy, out)).is_ok());
+            return if sent {
+                Ok(())
+            } else {
+                Err(DeviceError::ThreadGone)
             };
         }
         if let Some((device, origin)) = &mut self.modeled {
@@ -204,7 +227,7 @@ impl DeviceHandle {
             batch: batch.number,
             sampled: Vec::new(),
         });
-        self.tokens.sample_into(exec, batch, &mut out)?;
+        self.tokens.sample_into(batch, &mut out)?;
         self.queued.push_back(out);
         Ok(())
     }
@@ -217,7 +240,13 @@ impl DeviceHandle {
             // are dropped, a batch never launched is never answered.
             while m.answered < m.launched {
                 let out = match m.outputs.recv_timeout(m.limit) {
-                    Ok(out) => out?,
+                    Ok(Ran { result, batch, out }) => {
+                        if m.spare_batches.len() < 4 {
+                            m.spare_batches.push(batch);
+                        }
+                        result?;
+                        out
+                    }
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                         return Err(DeviceError::ForwardTimeout {
                             batch: number,
@@ -231,6 +260,9 @@ impl DeviceHandle {
                 m.answered += 1;
                 if out.batch == number {
                     return Ok(out);
+                }
+                if self.spare.len() < 4 {
+                    self.spare.push(out);
                 }
             }
             return Err(DeviceError::NeverLaunched { batch: number });

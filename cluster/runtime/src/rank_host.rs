@@ -270,16 +270,11 @@ pub fn run_rank<C: Collective + ?Sized>(
                     rank,
                     source,
                 };
-                // The batch is the executor's launched one; read it back through a shared
-                // borrow, since a model backend also reads the executor's block tables.
-                if launch.is_some()
-                    && let Some(batch) = exec.launched()
-                {
+                // The batch carries all its forward needs (block tables, prompts): the
+                // device reads nothing of the executor.
+                if let Some(batch) = launch {
                     let forward_ns = time.map_or(0, |(_, device)| device);
-                    ports
-                        .device
-                        .launch(exec, batch, forward_ns)
-                        .map_err(device_err)?;
+                    ports.device.launch(batch, forward_ns).map_err(device_err)?;
                 }
                 let output = match await_output {
                     Some(n) => Some(ports.device.await_output(n).map_err(device_err)?),

@@ -43,7 +43,7 @@ pub fn build_rank(
 ) -> RankParts {
     let s = at.server as usize;
     let p = &fleet.servers[s];
-    let exec = RankExecutor::new(at.rank, p.config, &p.sizes, fleet.scenario.policy);
+    let mut exec = RankExecutor::new(at.rank, p.config, &p.sizes, fleet.scenario.policy);
     let (rank_model, model_codec) = match &opts.model {
         Some(m) => {
             let (rank, codec) = m.rank_model(p);
@@ -63,6 +63,8 @@ pub fn build_rank(
         None if opts.time_scale > 0.0 => DeviceHandle::modeled(),
         None => DeviceHandle::zero_cost(),
     };
+    // A real model reads each launched batch's block tables and prompts.
+    exec.set_forward_inputs(device.reads_forward_inputs());
     let mistag = opts
         .mismatch_tag_at
         .and_then(|(rank, it)| (s == 0 && rank == at.rank.index()).then_some(it));

@@ -100,7 +100,9 @@ impl SimServer {
         policy: lockstep_actors::policy::Policy,
         tokens: Box<dyn TokenSource>,
     ) -> Result<SimServer, lockstep_actors::config::ConfigError> {
-        let group = ServerGroup::new(planned.config, policy)?;
+        let mut group = ServerGroup::new(planned.config, policy)?;
+        // A real model reads each launched batch's block tables and prompts.
+        group.set_forward_inputs(tokens.reads_forward_inputs());
         let dp = planned.sizes.dp as usize;
         Ok(SimServer {
             name: planned.config.name.clone(),
