@@ -116,6 +116,9 @@ fn placement(stdout: &str, hosts: &Hosts) -> Vec<Vec<u32>> {
     by_host
 }
 
+/// What Open MPI prints when its TCP connection between two processes failed.
+const MPI_CONNECT_FAILED: &str = "Open MPI failed to TCP connect to a peer";
+
 /// Runs `text` across the hosts (preloaded, seed 3, with `--set` overrides), its
 /// report and mpirun's output.
 fn run_across(
@@ -129,10 +132,21 @@ fn run_across(
     let (args, json) = rank_args(text, sets, name);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let n = processes(&parse(text, sets));
-    let out = output_within(
+    let mut out = output_within(
         hosts.mpirun(hostfile, n, &bin, &args),
         Duration::from_secs(120),
     );
+    if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains(MPI_CONNECT_FAILED) {
+        // Open MPI's own TCP connect between two namespace hosts failed (seen once, over
+        // the user-space wire on a loaded machine): the rig's fault, not lockstep's,
+        // whose answer — the watchdog ending the run naming the stuck ranks — the
+        // cut-link test checks. One more try; a second failure fails the test.
+        eprintln!("{name}: Open MPI could not connect two hosts; running it once more");
+        out = output_within(
+            hosts.mpirun(hostfile, n, &bin, &args),
+            Duration::from_secs(120),
+        );
+    }
     assert!(
         out.status.success(),
         "mpirun failed ({}): {}\n{}",
