@@ -298,8 +298,9 @@ impl Front {
 
     /// Everything the front produced since the last turn, grouped as every host
     /// delivers it: per server its requests, then its control items (a full queue
-    /// refuses only requests); the generation-first notices, which cross the link
-    /// between the servers (a host sends each after its server's requests, so it never
+    /// refuses only requests); the generation-first notices, which stand for the gen
+    /// peer's answer and so cross the link between the servers (the front host holds
+    /// each for that link's time, and sends it after its server's requests, so it never
     /// overtakes the request it concerns); the messages for transceivers; the responses
     /// for the client. One rule for the simulator and the real front host.
     pub fn take_turn(&mut self) -> FrontTurn {

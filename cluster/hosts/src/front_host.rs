@@ -8,6 +8,8 @@
 //! implements — channels (threads), MPI messages, or the simulator's events in virtual
 //! time. The real drivers' blocking loop around it lives in `lockstep-runtime`.
 
+use std::collections::VecDeque;
+
 use lockstep_actors::front::{Front, FrontIn, ServerIngress};
 use lockstep_actors::ids::RankId;
 use lockstep_actors::request::IngressItem;
@@ -15,6 +17,7 @@ use lockstep_actors::vocab::Response;
 
 use crate::client::ClientItem;
 use crate::net::{Endpoint, Envelope, Net, NetError};
+use lockstep_plan::fleet::WireModel;
 use lockstep_plan::report::RankSummary;
 
 /// What reaches the front host.
@@ -52,6 +55,11 @@ pub struct FrontHost {
     ranks: usize,
     client_done: bool,
     lost: Option<String>,
+    /// A generation-first notice's time on the link between the servers (`None`: it
+    /// goes at once).
+    notice_ns: Option<u64>,
+    /// Notices on that link, in the order made: when each is due, its ctx server.
+    on_link: VecDeque<(u64, usize, IngressItem)>,
 }
 
 impl FrontHost {
@@ -65,6 +73,43 @@ impl FrontHost {
             ranks,
             client_done: false,
             lost: None,
+            notice_ns: None,
+            on_link: VecDeque::new(),
+        }
+    }
+
+    /// Generation-first notices take the link's time for a small message between the
+    /// servers (`WireModel::notice_ns`): they stand for the gen peer's answer to the ctx
+    /// server. Every driver with modeled time gives its wire model (the simulator at
+    /// scale 1); without one a notice goes at once.
+    pub fn with_notice_link(mut self, wire: Option<WireModel>) -> FrontHost {
+        self.notice_ns = wire.map(|w| w.notice_ns()).filter(|&ns| ns > 0);
+        self
+    }
+
+    /// When the next notice on the link is due ([`FrontHost::handle_timeout`]).
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.on_link.front().map(|&(due, _, _)| due)
+    }
+
+    /// Sends the notices due by `now`, each server's in one message.
+    pub fn handle_timeout(&mut self, now: u64, net: &dyn Net) {
+        let mut due: Vec<(usize, Vec<IngressItem>)> = Vec::new();
+        while let Some(&(at, server, _)) = self.on_link.front()
+            && at <= now
+        {
+            let (_, _, notice) = self.on_link.pop_front().expect("just seen");
+            if self.stopped[server] {
+                continue;
+            }
+            match due.iter_mut().find(|(s, _)| *s == server) {
+                Some((_, items)) => items.push(notice),
+                None => due.push((server, vec![notice])),
+            }
+        }
+        for (server, items) in due {
+            // A server that stopped meanwhile has nothing to do with them.
+            let _ = net.send(Endpoint::Ingress(server), Envelope::Ingress(items));
         }
     }
 
@@ -190,9 +235,7 @@ impl FrontHost {
                 );
                 self.lost = Some(reason);
             }
-            FrontInbound::Net(
-                other @ (Envelope::Ingress(_) | Envelope::PeerNotices(_) | Envelope::Peer(_)),
-            ) => {
+            FrontInbound::Net(other @ (Envelope::Ingress(_) | Envelope::Peer(_))) => {
                 tracing::warn!(?other, "the front got a message meant for a server");
             }
         }
@@ -227,11 +270,15 @@ impl FrontHost {
             // After the servers' requests, so a notice never overtakes the request it
             // concerns.
             for (server, notice) in turn.notices {
-                if !self.stopped[server] {
-                    let _ = net.send(
-                        Endpoint::Ingress(server),
-                        Envelope::PeerNotices(vec![notice]),
-                    );
+                if self.stopped[server] {
+                    continue;
+                }
+                match self.notice_ns {
+                    Some(ns) => self.on_link.push_back((now + ns, server, notice)),
+                    None => {
+                        let _ =
+                            net.send(Endpoint::Ingress(server), Envelope::Ingress(vec![notice]));
+                    }
                 }
             }
         }
@@ -338,22 +385,63 @@ mod tests {
         );
     }
 
+    fn items_to(sent: &[(Endpoint, Envelope)], server: usize) -> Vec<IngressItem> {
+        sent.iter()
+            .filter(|(to, _)| *to == Endpoint::Ingress(server))
+            .flat_map(|(_, e)| match e {
+                Envelope::Ingress(items) => items.clone(),
+                other => panic!("not an ingress message: {other:?}"),
+            })
+            .collect()
+    }
+
+    fn is_notice(item: &IngressItem) -> bool {
+        matches!(item, IngressItem::PeerReady(_))
+    }
+
     #[test]
-    fn a_generation_first_notice_goes_apart_and_after_its_servers_requests() {
+    fn without_a_link_a_generation_first_notice_goes_at_once_after_its_servers_requests() {
         let mut h = host(&[(Role::Ctx, true), (Role::Gen, false)]);
         let net = Outbox::default();
         h.handle(0, request(1), &net);
-        let sent = net.take();
-        let notice_at = sent
+        let to_ctx = items_to(&net.take(), 0);
+        let notice_at = to_ctx.iter().position(is_notice);
+        let request_at = to_ctx
             .iter()
-            .position(|(_, e)| matches!(e, Envelope::PeerNotices(_)));
-        let last_request_to_ctx = sent.iter().rposition(|(to, e)| {
-            *to == Endpoint::Ingress(0)
-                && matches!(e, Envelope::Ingress(items) if items.iter().any(|i| matches!(i, IngressItem::Request(_))))
-        });
-        match (notice_at, last_request_to_ctx) {
-            (Some(n), Some(r)) => assert!(n > r, "{sent:?}"),
-            _ => panic!("expected a request and a notice for the ctx server: {sent:?}"),
+            .rposition(|i| matches!(i, IngressItem::Request(_)));
+        match (notice_at, request_at) {
+            (Some(n), Some(r)) => assert!(n > r, "{to_ctx:?}"),
+            _ => panic!("expected a request and a notice for the ctx server: {to_ctx:?}"),
         }
+        assert_eq!(h.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_generation_first_notice_takes_the_links_time_for_a_small_message() {
+        let wire = WireModel {
+            latency_ns: 5_000.0,
+            bytes_per_ns: 64.0,
+            block_bytes: 1 << 20,
+            time_scale: 2.0,
+        };
+        // 5 us + 64 B at 64 B/ns, scaled by 2.
+        assert_eq!(wire.notice_ns(), 10_002);
+        let mut h = host(&[(Role::Ctx, true), (Role::Gen, false)]).with_notice_link(Some(wire));
+        let net = Outbox::default();
+        h.handle(100, request(1), &net);
+        let to_ctx = items_to(&net.take(), 0);
+        assert!(
+            to_ctx.iter().any(|i| matches!(i, IngressItem::Request(_))),
+            "the request goes at once: {to_ctx:?}"
+        );
+        assert!(!to_ctx.iter().any(is_notice), "{to_ctx:?}");
+        assert_eq!(h.poll_timeout(), Some(10_102));
+        h.handle_timeout(10_101, &net);
+        assert!(net.take().is_empty(), "not due yet");
+        h.handle_timeout(10_102, &net);
+        let to_ctx = items_to(&net.take(), 0);
+        assert_eq!(to_ctx.len(), 1);
+        assert!(is_notice(&to_ctx[0]), "{to_ctx:?}");
+        assert_eq!(h.poll_timeout(), None);
     }
 }

@@ -30,11 +30,6 @@ pub enum Endpoint {
 pub enum Envelope {
     /// → a server's ingress: items a reader sees all at once.
     Ingress(Vec<IngressItem>),
-    /// → a ctx server's ingress: generation-first notices naming each request's gen
-    /// peer (`IngressItem::PeerReady`). They stand for the gen peer's message to the ctx
-    /// server, so they cross the link between the servers (the simulator charges that
-    /// link's latency); a server reads them as control items.
-    PeerNotices(Vec<IngressItem>),
     /// → the front: responses gathered by a server's rank 0, one vector per rank.
     Responses {
         /// The server.

@@ -404,7 +404,17 @@ impl WireModel {
             }
             _ => 64,
         };
-        let ns = self.latency_ns + modeled as f64 / self.bytes_per_ns;
+        self.scaled(modeled)
+    }
+
+    /// The scaled wall time a small message without payload spends on the link between
+    /// two servers (a generation-first notice: the gen peer's answer to the ctx server).
+    pub fn notice_ns(&self) -> u64 {
+        self.scaled(64)
+    }
+
+    fn scaled(&self, bytes: u64) -> u64 {
+        let ns = self.latency_ns + bytes as f64 / self.bytes_per_ns;
         (ns * self.time_scale).round() as u64
     }
 }

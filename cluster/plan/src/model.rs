@@ -384,13 +384,6 @@ impl ModelConfig {
         )
     }
 
-    /// Modeled time of one message of `bytes` between ranks: bytes / bandwidth +
-    /// latency.
-    pub fn wire_ns(&self, bytes: u64) -> u64 {
-        let ns = bytes as f64 / self.link.bandwidth_gb_per_s + self.link.latency_us * 1_000.0;
-        ns.round().max(1.0) as u64
-    }
-
     /// Modeled latency of a message between the front and a server.
     pub fn control_ns(&self) -> u64 {
         (self.link.control_latency_us * 1_000.0).round() as u64

@@ -47,6 +47,16 @@ impl<'a> FrontLoop<'a> {
         }
     }
 
+    /// Generation-first notices take the link's time between the servers (the wire
+    /// model of a paced run; without one they go at once).
+    pub fn with_notice_link(
+        mut self,
+        wire: Option<lockstep_plan::fleet::WireModel>,
+    ) -> FrontLoop<'a> {
+        self.host = self.host.with_notice_link(wire);
+        self
+    }
+
     /// Keeps the ranks' live status on `board` (without one it is dropped).
     pub fn with_status(mut self, board: Option<StatusBoard>) -> FrontLoop<'a> {
         self.status = board;
@@ -97,12 +107,24 @@ impl<'a> FrontLoop<'a> {
     ) -> Result<FrontEnd, RuntimeError> {
         let _span = tracing::info_span!("front").entered();
         while !self.finished() {
-            let deadline = self
+            let quiet = self
                 .host
                 .client_done()
                 .then(|| Instant::now() + quiet_limit);
+            // Notices on the link are due at the host's deadline.
+            let link = self.host.poll_timeout().map(|ns| self.clock.instant(ns));
+            let deadline = match (quiet, link) {
+                (Some(q), Some(l)) => Some(q.min(l)),
+                (q, l) => q.or(l),
+            };
             match inbox.recv_until(deadline) {
                 Received::Message(m) => self.handle(m),
+                // The link's deadline, not the quiet bound's (sends what is due).
+                Received::TimedOut
+                    if link.is_some() && quiet.is_none_or(|q| Instant::now() < q) =>
+                {
+                    self.host.handle_timeout(self.clock.now_ns(), self.net);
+                }
                 Received::TimedOut | Received::Closed => {
                     let (summaries, ranks) = self.host.summaries_received();
                     return Err(RuntimeError::FrontStarved {

@@ -230,9 +230,7 @@ impl Inbox<IngressItem> for IngressInbox {
             }
             match probe_until(&self.peers, channel::INGRESS, deadline, || false) {
                 Some((from, bytes)) => match decode::<Envelope>(from, &bytes) {
-                    Ok(Envelope::Ingress(items) | Envelope::PeerNotices(items)) => {
-                        self.queued.extend(items)
-                    }
+                    Ok(Envelope::Ingress(items)) => self.queued.extend(items),
                     Ok(other) => tracing::warn!(?other, "not an ingress message"),
                     Err(e) => tracing::warn!("{e}"),
                 },
@@ -611,6 +609,7 @@ where
         to_client,
         clock,
     )
+    .with_notice_link(fleet.wire_model(opts.common.time_scale))
     .with_status(status);
     if opts.common.preload {
         // Every request goes out in the front's first turn: one ingress message per

@@ -5,12 +5,12 @@
 //! front. It never spells out the phase order: it answers whatever the executor asks
 //! ([`RankExecutor::poll`]).
 //!
-//! Waiting follows the executor's [`FetchMode`] (one rule for every driver): `Block`
-//! waits as long as it takes (§3.2); `Stalled` waits for the next input, and when the
-//! wait is bounded (work remains, nothing in flight) and nothing comes within the stall
-//! bound, rank 0 answers with a stall-out, which every rank turns into the deadlock's
-//! failures. While rank 0 waits it keeps the group alive ([`Collective::keep_alive`]), so
-//! its peers, waiting in the fetch broadcast, measure a stuck rank and not an idle one.
+//! How rank 0 reads its ingress, when a wait ends and when a forward launches is the
+//! rank host's policy that every driver runs ([`RankHost`], written once in
+//! `lockstep-hosts`): this loop blocks on the ingress as long as that policy says to
+//! wait, and sleeps until the launch time it gives. While rank 0 waits it keeps the
+//! group alive ([`Collective::keep_alive`]), so its peers, waiting in the fetch
+//! broadcast, measure a stuck rank and not an idle one.
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use lockstep_actors::executor::{
 };
 use lockstep_actors::invariants::Violation;
 use lockstep_actors::request::IngressItem;
-use lockstep_gpu::{AnalyticBackend, Backend};
+use lockstep_gpu::AnalyticBackend;
 use lockstep_transport::{Collective, Exchanged, exchange};
 
 use super::RuntimeError;
@@ -29,7 +29,7 @@ use super::net::{Endpoint, Envelope, Inbox, Net, Received};
 use super::status::StatusPublisher;
 use super::transceiver_host::{TransceiverEnd, TransceiverLink};
 use super::watchdog::Progress;
-use lockstep_hosts::stall::StallTimer;
+use lockstep_hosts::rank_host::{RankHost, Read};
 use lockstep_plan::report::{RankEnding, RankSummary};
 
 /// Modeled time in the real drivers: the host's step and the device's forward take the
@@ -40,12 +40,6 @@ pub struct Pacing {
     pub backend: AnalyticBackend,
     /// Wall seconds per modeled second.
     pub time_scale: f64,
-}
-
-impl Pacing {
-    fn scaled(&self, ns: u64) -> u64 {
-        (ns as f64 * self.time_scale).round() as u64
-    }
 }
 
 /// How a rank host runs.
@@ -168,9 +162,11 @@ pub fn run_rank<C: Collective + ?Sized>(
     let mut iterations = 0u64;
     let mut iteration_started = Instant::now();
     let mut publisher = opts.status_every.map(StatusPublisher::new);
-    // Modeled time: the iteration's start (its fetch), from which the host step counts.
-    let mut fetched_at = 0u64;
-    let mut stall = StallTimer::new(u64::try_from(opts.stall_bound.as_nanos()).unwrap_or(u64::MAX));
+    // The rank host's policy: rank 0's ingress reading and stall bound, the launch time.
+    let mut host = RankHost::new(
+        u64::try_from(opts.stall_bound.as_nanos()).unwrap_or(u64::MAX),
+        opts.pacing.map_or(1.0, |p| p.time_scale),
+    );
     // Every rank's batch shape, from the last vote: what the forward costs.
     let mut shapes = Vec::new();
     let coll_err = |source| RuntimeError::Collective {
@@ -239,7 +235,7 @@ pub fn run_rank<C: Collective + ?Sized>(
                 let is_fetch = matches!(result, Exchanged::Fetch(_));
                 exec.handle(result.input()).map_err(exe_err)?;
                 if is_fetch {
-                    fetched_at = ports.clock.now_ns();
+                    host.fetched(ports.clock.now_ns());
                 }
                 if let Exchanged::Votes(votes) = &result {
                     shapes.clear();
@@ -247,8 +243,7 @@ pub fn run_rank<C: Collective + ?Sized>(
                 }
             }
             Io::ReadIngress(mode) => {
-                let stall_ends_at = stall.on_read(mode, ports.clock.now_ns());
-                let read = read_ingress(&mut ports, coll, mode, stall_ends_at, &stall, opts);
+                let read = read_ingress(&mut ports, &mut host, coll, mode, opts);
                 exec.handle(Input::Ingress(read)).map_err(exe_err)?;
             }
             Io::Forward {
@@ -256,14 +251,12 @@ pub fn run_rank<C: Collective + ?Sized>(
                 await_output,
             } => {
                 // The server's iteration time, from every rank's shape: the same on
-                // every rank and in the simulator (the forward ends with the slowest
-                // rank's, whose collectives every rank waits for).
-                let time = opts.pacing.map(|p| {
-                    let t = p.backend.iteration_ns(&shapes, launch.is_some(), true);
-                    (p.scaled(t.host_ns), p.scaled(t.device_ns))
-                });
-                if let Some((host, _)) = time {
-                    ports.clock.sleep_until(fetched_at.saturating_add(host));
+                // every rank and in the simulator.
+                let time = opts
+                    .pacing
+                    .map(|p| host.forward_times(&p.backend, &shapes, launch.is_some()));
+                if let Some(t) = time {
+                    ports.clock.sleep_until(t.launch_at);
                 }
                 let device_err = |source| RuntimeError::Device {
                     server,
@@ -273,7 +266,7 @@ pub fn run_rank<C: Collective + ?Sized>(
                 // The batch carries all its forward needs (block tables, prompts): the
                 // device reads nothing of the executor.
                 if let Some(batch) = launch {
-                    let forward_ns = time.map_or(0, |(_, device)| device);
+                    let forward_ns = time.map_or(0, |t| t.forward_ns);
                     ports.device.launch(batch, forward_ns).map_err(device_err)?;
                 }
                 let output = match await_output {
@@ -352,51 +345,52 @@ pub fn run_rank<C: Collective + ?Sized>(
     Ok(run)
 }
 
-/// Rank 0 reads its ingress as the executor's mode says.
+/// Rank 0 reads its ingress as the executor's mode says: what has arrived goes to the
+/// rank host, and while it says to wait, the loop blocks on the ingress in slices,
+/// keeping the group alive between them.
 fn read_ingress<C: Collective + ?Sized>(
     ports: &mut RankPorts<'_>,
+    host: &mut RankHost,
     coll: &mut C,
     mode: FetchMode,
-    bound: Option<u64>,
-    stall: &StallTimer,
     opts: &RankOptions,
 ) -> FetchBatch {
     let clock = ports.clock;
-    let mut batch = FetchBatch::default();
     let Some(ingress) = ports.ingress.as_deref_mut() else {
-        batch.now_ns = clock.now_ns();
-        return batch;
+        // Only rank 0 reads the ingress; the others' reads are empty.
+        return FetchBatch {
+            now_ns: clock.now_ns(),
+            ..FetchBatch::default()
+        };
     };
-    if mode != FetchMode::Poll {
-        loop {
-            let slice = clock
-                .now_ns()
-                .saturating_add(opts.keep_alive_every.as_nanos() as u64);
-            let until = bound.map_or(slice, |b| b.min(slice));
-            match ingress.recv_until(Some(clock.instant(until))) {
-                Received::Message(item) => {
-                    batch.add(item);
-                    break;
-                }
-                Received::Closed => {
-                    // Nothing will ever come: behave as a shutdown.
-                    batch.shutdown = true;
-                    break;
-                }
-                Received::TimedOut => {
-                    if bound.is_some_and(|b| clock.now_ns() >= b) {
-                        batch.stalled_out = Some(stall.reason());
-                        break;
-                    }
-                    coll.keep_alive();
-                    ports.progress.alive(clock.now_ns());
-                }
-            }
+    let drain = |ingress: &mut dyn Inbox<IngressItem>, host: &mut RankHost| {
+        while let Some(item) = ingress.try_recv() {
+            host.deliver([item]);
         }
+    };
+    drain(ingress, host);
+    let stall_ends_at = match host.read(mode, clock.now_ns()) {
+        Read::Fetch(batch) => return batch,
+        Read::Wait { stall_ends_at } => stall_ends_at,
+    };
+    loop {
+        let slice = clock
+            .now_ns()
+            .saturating_add(opts.keep_alive_every.as_nanos() as u64);
+        let until = stall_ends_at.map_or(slice, |b| b.min(slice));
+        match ingress.recv_until(Some(clock.instant(until))) {
+            Received::Message(item) => {
+                host.deliver([item]);
+                drain(ingress, host);
+            }
+            // Nothing will ever come: behave as a shutdown.
+            Received::Closed => host.close(),
+            Received::TimedOut => {}
+        }
+        if let Some(batch) = host.poll_wait(clock.now_ns()) {
+            return batch;
+        }
+        coll.keep_alive();
+        ports.progress.alive(clock.now_ns());
     }
-    while let Some(item) = ingress.try_recv() {
-        batch.add(item);
-    }
-    batch.now_ns = clock.now_ns();
-    batch
 }

@@ -44,7 +44,7 @@ impl Net for ThreadNet {
         let closed = || NetError::Closed { endpoint: to };
         match (to, envelope) {
             (Endpoint::Front, e) => self.front.send(e).map_err(|_| closed()),
-            (Endpoint::Ingress(s), Envelope::Ingress(items) | Envelope::PeerNotices(items)) => {
+            (Endpoint::Ingress(s), Envelope::Ingress(items)) => {
                 let queue = self
                     .ingress
                     .get(s)
@@ -247,6 +247,7 @@ pub fn run_hosts<R>(
             to_client,
             clock,
         )
+        .with_notice_link(fleet.wire_model(opts.time_scale))
         .with_status(status);
         if opts.preload {
             // Every request reaches the servers' ingress before any rank runs: the first

@@ -113,6 +113,8 @@ enum Event {
     StallBound { server: usize, generation: u64 },
     /// A transceiver's deadline.
     TransceiverTimer { server: usize, rank: usize },
+    /// The front host's deadline: generation-first notices leave the link.
+    FrontTimer,
     /// Items reach a server's ingress.
     Ingress {
         server: usize,
@@ -129,6 +131,8 @@ const LIVELOCK_ITERATIONS: u64 = 2_000_000;
 
 struct Sim<'s, 'o> {
     fleet: Fleet<'s>,
+    /// The front host's timer: when, and its event.
+    front_timer: Option<(u64, u64)>,
     now: u64,
     seq: u64,
     queue: BinaryHeap<std::cmp::Reverse<(u64, u64)>>,
@@ -165,7 +169,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         };
         let mut server = SimServer::new(p, scenario.policy, tokens)?;
         server.log_enabled = opts.iter_log.is_some();
-        server.stall = lockstep_hosts::stall::StallTimer::new(opts.stall_bound_ns);
+        server.host = lockstep_hosts::rank_host::RankHost::new(opts.stall_bound_ns, 1.0);
         if p.config.role != lockstep_actors::config::Role::Agg {
             // With a model the ranks move its K/V; otherwise only sizes.
             let mut model_codecs = model_codecs.drain(..);
@@ -190,11 +194,14 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         servers.push(server);
     }
     let mut sim = Sim {
+        // Generation-first notices on the link as the real drivers time them (at scale 1).
         front: FrontHost::new(
             Front::new(&fleet.front_config()),
             fleet.servers.len(),
             fleet.ranks(),
-        ),
+        )
+        .with_notice_link(fleet.wire_model(1.0)),
+        front_timer: None,
         client: Client::new(workload),
         outbox: Outbox::default(),
         net: SimNet::new(&scenario.model),
@@ -332,8 +339,8 @@ impl Sim<'_, '_> {
                 if srv.state == (ServerState::Waiting { bounded: true })
                     && srv.stall_generation == generation
                 {
-                    let why = srv.stall.reason();
-                    self.resume(server, Some(why))?;
+                    // The bound passed: the read ends with the stall-out.
+                    self.resume(server, None)?;
                 }
             }
             Event::TransceiverTimer { server, rank } => {
@@ -348,11 +355,16 @@ impl Sim<'_, '_> {
                     self.front.bounced(now, server, items, &self.outbox);
                     self.after_front();
                 } else {
-                    self.servers[server].ingress.extend(items);
+                    self.servers[server].host.deliver(items);
                     self.wake(server)?;
                 }
             }
             Event::ToFront(envelope) => self.front_handles([FrontInbound::Net(envelope)]),
+            Event::FrontTimer => {
+                self.front_timer = None;
+                self.front.handle_timeout(now, &self.outbox);
+                self.deliver_sent();
+            }
         }
         Ok(())
     }
@@ -365,16 +377,20 @@ impl Sim<'_, '_> {
         Ok(())
     }
 
-    /// A waiting server reads its ingress (with a stall-out, if given) and runs on.
+    /// A waiting server's read ends, if its host says so (with a stall-out, if given),
+    /// and it runs on.
     fn resume(&mut self, s: usize, stalled_out: Option<String>) -> Result<(), SimError> {
         let now = self.now;
+        let resumed = self.servers[s]
+            .resume(now, stalled_out)
+            .map_err(|e| self.protocol(s, e))?;
+        if !resumed {
+            return Ok(());
+        }
         self.servers[s].stall_generation += 1;
         if let Some(seq) = self.servers[s].stall_timer.take() {
             self.cancel(seq);
         }
-        self.servers[s]
-            .fetch(now, stalled_out)
-            .map_err(|e| self.protocol(s, e))?;
         let step = self.servers[s].step(now, &self.backend);
         self.after_step(s, step)
     }
@@ -531,14 +547,12 @@ impl Sim<'_, '_> {
     /// client sends the instant a server's iteration ends reaches that server after its
     /// next iteration began, as it almost always does in the real drivers, where the
     /// client, the front and rank 0 race and rank 0's next fetch is a collective away)
-    /// — generation-first notices after the link's latency (they stand for the gen
-    /// peer's message), and transceivers' messages after the link's time for their
-    /// size.
+    /// — and transceivers' messages after the link's time for their size. The front
+    /// host's timer follows its next deadline.
     fn deliver_sent(&mut self) {
         let now = self.now;
         let mut ingress: Vec<(usize, Vec<IngressItem>)> = Vec::new();
         let mut peers = Vec::new();
-        let mut notices = Vec::new();
         for (to, envelope) in self.outbox.take() {
             match (to, envelope) {
                 (Endpoint::Ingress(server), Envelope::Ingress(items)) => {
@@ -548,9 +562,6 @@ impl Sim<'_, '_> {
                     }
                 }
                 (Endpoint::Transceiver(to), Envelope::Peer(message)) => peers.push((to, message)),
-                (Endpoint::Ingress(server), Envelope::PeerNotices(items)) => {
-                    notices.push((server, items))
-                }
                 (to, envelope) => {
                     tracing::warn!(?to, ?envelope, "the simulator has no such route");
                 }
@@ -573,11 +584,7 @@ impl Sim<'_, '_> {
         for (server, items) in ingress {
             self.push(now + control_ns, Event::Ingress { server, items });
         }
-        for (server, items) in notices {
-            // The gen peer's notice crosses the link between the servers.
-            let at = now + self.net.wire_ns(0);
-            self.push(at, Event::Ingress { server, items });
-        }
+        self.arm_front_timer();
     }
 
     /// Runs a transceiver host: its messages go onto the simulated network, its
@@ -597,10 +604,25 @@ impl Sim<'_, '_> {
                 // A request the rank no longer holds in transfer has nothing to apply.
                 let _ = self.servers[s].group.ranks_mut()[r].handle_transfer_event(e);
             }
-            self.servers[s].ingress.push_back(IngressItem::Wake);
+            self.servers[s].host.deliver([IngressItem::Wake]);
             self.wake(s)?;
         }
         Ok(())
+    }
+
+    /// The front host's timer at its next deadline (moved when the deadline moved).
+    fn arm_front_timer(&mut self) {
+        let due = self.front.poll_timeout();
+        if self.front_timer.map(|(at, _)| at) == due {
+            return;
+        }
+        if let Some((_, seq)) = self.front_timer.take() {
+            self.cancel(seq);
+        }
+        if let Some(at) = due {
+            let seq = self.push(at.max(self.now), Event::FrontTimer);
+            self.front_timer = Some((at, seq));
+        }
     }
 
     /// One timer per transceiver host, at its next deadline: a timer set for a

@@ -1,6 +1,6 @@
 //! The simulated network: every message between the front and a server takes the
-//! control link's latency; a generation-first notice, which stands for the gen peer's
-//! message, takes the link's latency between the servers. Messages between ranks'
+//! control link's latency (a generation-first notice too, once the front host lets it
+//! leave the link between the servers, as in the real drivers). Messages between ranks'
 //! transceivers go straight to the receiving transceiver host, which holds each on its
 //! modeled wire (latency plus size over bandwidth) as the real drivers' hosts do, and
 //! loses the KV the faults name as they do.
@@ -24,10 +24,5 @@ impl SimNet {
     /// A message between the front and a server.
     pub fn control_ns(&self) -> u64 {
         self.model.control_ns()
-    }
-
-    /// A message of `bytes` between ranks of different servers.
-    pub fn wire_ns(&self, bytes: u64) -> u64 {
-        self.model.wire_ns(bytes)
     }
 }

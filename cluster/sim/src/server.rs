@@ -1,15 +1,14 @@
 //! One simulated server: its ranks stepped through the iteration protocol in one thread
-//! ([`ServerGroup`]), its ingress queue, its ranks' transceivers, the device time model,
-//! and the accumulators its report needs.
+//! ([`ServerGroup`], the collectives computed in place), rank 0's host policy
+//! ([`RankHost`], which every driver runs: ingress into fetches, the stall bound, the
+//! forward's launch time), its ranks' transceivers, the device time model, and the
+//! accumulators its report needs.
 //!
-//! Time, as the real drivers spend it: an iteration starts with its fetch at `t0`; the
-//! host step takes the cost model's host time, so the batch launches at `t0 + host`; the
+//! Time, as the real drivers spend it ([`RankHost`] says when a batch launches): the
 //! device runs forwards one at a time in launch order ([`Device`]); the update happens
 //! when the awaited output is ready (this batch's without overlap, the previous one's
 //! with it) and the host step is done — that instant is when responses and KV sends
 //! leave the ranks, in every driver alike.
-
-use std::collections::VecDeque;
 
 use lockstep_actors::config::Role;
 use lockstep_actors::device::{Device, DeviceIn};
@@ -17,9 +16,8 @@ use lockstep_actors::executor::FetchBatch;
 use lockstep_actors::group::{GroupError, GroupNeed, ServerGroup, TokenSource};
 use lockstep_actors::ids::BatchNumber;
 use lockstep_actors::invariants::Violation;
-use lockstep_actors::request::IngressItem;
-use lockstep_gpu::{AnalyticBackend, Backend};
-use lockstep_hosts::stall::StallTimer;
+use lockstep_gpu::AnalyticBackend;
+use lockstep_hosts::rank_host::{RankHost, Read};
 use lockstep_hosts::transceiver_host::TransceiverHost;
 
 use lockstep_plan::fleet::PlannedServer;
@@ -69,21 +67,19 @@ pub struct SimServer {
     pub name: String,
     pub role: Role,
     pub max_batch_size: u32,
-    pub overlap: bool,
     pub group: ServerGroup,
-    pub ingress: VecDeque<IngressItem>,
+    /// Rank 0's host policy: the server's ingress, the stall bound, the launch time.
+    pub host: RankHost,
     /// Per rank (ctx and gen servers): the transceiver and its timer.
     pub transceivers: Vec<Option<(TransceiverHost, Option<TimerAt>)>>,
     pub state: ServerState,
-    /// The stall bound (the rule every driver's rank 0 applies), the stall timer's
-    /// generation and its event.
-    pub stall: StallTimer,
+    /// The stall timer's generation and its event.
     pub stall_generation: u64,
     pub stall_timer: Option<u64>,
     device: Device,
     next_forward: u64,
-    /// The running iteration's start, host and device time.
-    current: Option<(u64, u64, u64)>,
+    /// The running iteration's host and device time.
+    current: (u64, u64),
     tokens: Box<dyn TokenSource>,
     iterations: u64,
     busy_ns: u64,
@@ -108,17 +104,15 @@ impl SimServer {
             name: planned.config.name.clone(),
             role: planned.config.role,
             max_batch_size: planned.sizes.max_batch_size,
-            overlap: planned.sizes.overlap,
             group,
-            ingress: VecDeque::new(),
+            host: RankHost::new(u64::MAX, 1.0),
             transceivers: (0..dp).map(|_| None).collect(),
             state: ServerState::Busy,
-            stall: StallTimer::new(u64::MAX),
             stall_generation: 0,
             stall_timer: None,
             device: Device::new(),
             next_forward: 0,
-            current: None,
+            current: (0, 0),
             tokens,
             iterations: 0,
             busy_ns: 0,
@@ -136,20 +130,17 @@ impl SimServer {
         let _span = tracing::debug_span!("server", name = %self.name).entered();
         loop {
             match self.group.advance()? {
-                GroupNeed::ReadIngress(mode) => {
-                    use lockstep_actors::executor::FetchMode;
-                    let waits = mode != FetchMode::Poll;
-                    let stall_ends_at = self.stall.on_read(mode, now);
-                    if waits && self.ingress.is_empty() {
+                GroupNeed::ReadIngress(mode) => match self.host.read(mode, now) {
+                    Read::Fetch(batch) => self.begin(now, batch)?,
+                    Read::Wait { stall_ends_at } => {
                         self.state = ServerState::Waiting {
                             bounded: stall_ends_at.is_some(),
                         };
                         return Ok(Step::Waiting { stall_ends_at });
                     }
-                    self.fetch(now, None)?;
-                }
+                },
                 GroupNeed::Forward { forward_ran } => {
-                    let at = self.time_forward(now, forward_ran, backend);
+                    let at = self.time_forward(forward_ran, backend);
                     self.group.sample_launched(self.tokens.as_mut())?;
                     self.state = ServerState::Busy;
                     return Ok(Step::ProcessAt(at));
@@ -167,33 +158,41 @@ impl SimServer {
         }
     }
 
-    /// Rank 0 reads everything queued (and a stall-out, if the bound passed).
-    pub fn fetch(&mut self, now: u64, stalled_out: Option<String>) -> Result<(), GroupError> {
-        let mut batch = FetchBatch {
-            now_ns: now,
-            stalled_out,
-            ..FetchBatch::default()
+    /// A waiting rank 0's read ends: with what came, or with a stall-out once the
+    /// bound passed (`stalled_out` forces one: no event is left that could end the
+    /// wait). Whether it ended.
+    pub fn resume(&mut self, now: u64, stalled_out: Option<String>) -> Result<bool, GroupError> {
+        let batch = match stalled_out {
+            Some(reason) => self.host.stall_out(now, reason),
+            None => self.host.poll_wait(now),
         };
-        for item in self.ingress.drain(..) {
-            batch.add(item);
+        match batch {
+            Some(batch) => self.begin(now, batch).map(|()| true),
+            None => Ok(false),
         }
+    }
+
+    /// The iteration starts with its fetch.
+    fn begin(&mut self, now: u64, batch: FetchBatch) -> Result<(), GroupError> {
         self.state = ServerState::Busy;
-        self.current = Some((now, 0, 0));
+        self.host.fetched(now);
+        self.current = (0, 0);
         self.group.provide_ingress(batch)
     }
 
     /// The forward step's times: returns the process point.
-    fn time_forward(&mut self, now: u64, forward_ran: bool, backend: &AnalyticBackend) -> u64 {
-        let t0 = self.current.map_or(now, |c| c.0);
+    fn time_forward(&mut self, forward_ran: bool, backend: &AnalyticBackend) -> u64 {
+        let t0 = self.host.fetched_at();
         // Every rank's shape came with its vote: the time every driver computes.
-        let time = backend.iteration_ns(self.group.shapes(), forward_ran, self.overlap);
-        let launch_at = t0 + time.host_ns;
+        let time = self
+            .host
+            .forward_times(backend, self.group.shapes(), forward_ran);
         if forward_ran {
             self.device.handle(
-                launch_at,
+                time.launch_at,
                 DeviceIn::Launch {
                     batch: BatchNumber(self.next_forward),
-                    forward_ns: time.device_ns,
+                    forward_ns: time.forward_ns,
                 },
             );
             self.next_forward += 1;
@@ -202,10 +201,10 @@ impl SimServer {
         let ready = self.group.awaited()[0]
             .and_then(|n| self.device.ready_at(n))
             .unwrap_or(0);
-        // Every iteration takes some time, so virtual time always advances.
-        let at = launch_at.max(ready).max(t0 + 1_000);
-        self.current = Some((t0, time.host_ns, time.device_ns));
-        at
+        self.current = (time.host_ns, time.forward_ns);
+        // Every iteration takes some virtual time, so the clock always advances (wall
+        // time does that by itself in the real drivers).
+        time.launch_at.max(ready).max(t0 + 1_000)
     }
 
     /// The process point: hand the outputs back and finish the iteration.
@@ -217,7 +216,7 @@ impl SimServer {
             GroupNeed::IterationEnded => {}
             other => unreachable!("an iteration ends after its outputs, got {other:?}"),
         }
-        let (t0, _, _) = self.current.unwrap_or((now, 0, 0));
+        let t0 = self.host.fetched_at();
         self.iterations += 1;
         self.busy_ns += now.saturating_sub(t0);
         for ((report, rank), sampler) in self
@@ -239,7 +238,8 @@ impl SimServer {
 
     /// The iteration log's lines for the iteration that ended.
     pub fn log_lines(&self) -> Vec<IterLogLine> {
-        let (t0, host_ns, device_ns) = self.current.unwrap_or_default();
+        let (host_ns, device_ns) = self.current;
+        let t0 = self.host.fetched_at();
         self.group
             .reports()
             .map(|r| IterLogLine::new(&self.name, t0, host_ns, device_ns, &r.stats))
