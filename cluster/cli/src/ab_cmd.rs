@@ -30,6 +30,13 @@ pub(crate) struct AbArgs {
     /// `server.attention_dp_config.enable_balance=true`.
     #[arg(long, value_name = "KEY=VALUE")]
     treatment_set: Vec<String>,
+    /// The baseline's name in the table and the JSON (default: its preset and its own
+    /// overrides).
+    #[arg(long, value_name = "NAME")]
+    base_name: Option<String>,
+    /// The treatment's name (default: its preset and its own overrides).
+    #[arg(long, value_name = "NAME")]
+    treatment_name: Option<String>,
     /// Seed of both runs (wins over a `seed` in the scenario; default 0).
     #[arg(long)]
     seed: Option<u64>,
@@ -51,6 +58,8 @@ pub(crate) fn run(
         treatment,
         base_set,
         treatment_set,
+        base_name,
+        treatment_name,
         seed,
         json,
         slo,
@@ -73,7 +82,8 @@ pub(crate) fn run(
             .collect::<Vec<_>>()
             .join(" ")
     };
-    let (base, treatment) = (name(&base, &base_set), name(&treatment, &treatment_set));
+    let base = base_name.unwrap_or_else(|| name(&base, &base_set));
+    let treatment = treatment_name.unwrap_or_else(|| name(&treatment, &treatment_set));
     if let Some(slo) = &slo {
         a.apply_slo(slo);
         b.apply_slo(slo);

@@ -51,8 +51,16 @@ fn adp_balance_holds_the_same_iterations_in_the_simulator_and_the_threads_driver
     let (ba, bb) = (&a.servers[0].balance, &b.servers[0].balance);
     assert!(ba.held_iterations > 0, "{ba:?}");
     assert_eq!(
-        (ba.held_iterations, ba.timed_out_iterations, ba.measured_iterations),
-        (bb.held_iterations, bb.timed_out_iterations, bb.measured_iterations)
+        (
+            ba.held_iterations,
+            ba.timed_out_iterations,
+            ba.measured_iterations
+        ),
+        (
+            bb.held_iterations,
+            bb.timed_out_iterations,
+            bb.measured_iterations
+        )
     );
     assert_eq!(ba.mean_ratio, bb.mean_ratio);
     // Balance changed the run: not the same iterations as with it off.
