@@ -202,5 +202,30 @@ mod tests {
         assert_eq!(s[4].waiting, 5);
         assert_eq!(s[4].running, 4);
         assert_eq!(s[4].preemptions, 5);
+        // No tokens anywhere: no balance ratio.
+        assert_eq!(s[4].balance_ratio, None);
+    }
+
+    #[test]
+    fn a_server_point_carries_the_iterations_balance_ratio_and_the_tally_every_iteration() {
+        let mut a = Sampler::default();
+        for i in 0..3 {
+            // Two ranks carried 30 and 10 tokens: mean 20 over max 30.
+            let s = IterationStats {
+                started_ns: i * 100,
+                max_rank_tokens: 30,
+                total_rank_tokens: 40,
+                dp_ranks: 2,
+                ..stats(i)
+            };
+            a.record(&s, i * 100 + 60, 0);
+        }
+        let series = a.into_points();
+        let s = server_series([&series.points[..]]);
+        assert_eq!(s[1].balance_ratio, Some(20.0 / 30.0));
+        assert_eq!(series.balance.measured_iterations, 3);
+        assert_eq!(series.balance.busy_ns, 180);
+        // Each 60 ns iteration loses a third of its time to imbalance.
+        assert_eq!(series.balance.imbalance_ns, 60);
     }
 }

@@ -147,16 +147,24 @@ impl Report {
                 } else {
                     String::new()
                 };
+                // Without modeled forward time, iteration times are the control plane's
+                // alone: the ratio stands, a speed of light would not mean anything.
+                let sol = if self.time_base == TimeBase::ZeroCost {
+                    String::new()
+                } else {
+                    format!(
+                        "  speed of light {:.1} output tok/s vs {:.1} (gap {:.1}%, {:.3} s of {:.3} s lost to imbalance)",
+                        b.sol_output_tokens_per_s,
+                        b.output_tokens_per_s,
+                        b.sol_gap * 100.0,
+                        b.imbalance_time_s,
+                        b.span_s
+                    )
+                };
                 let _ = writeln!(
                     o,
-                    "  balance ratio {:.3} (mean of {} iterations)  speed of light {:.1} output tok/s vs {:.1} (gap {:.1}%, {:.3} s of {:.3} s lost to imbalance){held}",
-                    ratio,
-                    b.measured_iterations,
-                    b.sol_output_tokens_per_s,
-                    b.output_tokens_per_s,
-                    b.sol_gap * 100.0,
-                    b.imbalance_time_s,
-                    b.span_s
+                    "  balance ratio {:.3} (mean of {} iterations){sol}{held}",
+                    ratio, b.measured_iterations,
                 );
             }
             let kv = &s.kv;
