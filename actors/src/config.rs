@@ -24,6 +24,16 @@ pub enum ConfigError {
         /// Value given.
         value: i64,
     },
+    /// A count that may be zero is negative.
+    #[error("server `{server}`: `{field}` must be an integer >= 0, got {value}")]
+    Negative {
+        /// Server name.
+        server: String,
+        /// Key.
+        field: &'static str,
+        /// Value given.
+        value: i64,
+    },
     /// A size too large for the runtime's counters.
     #[error("server `{server}`: `{field}` = {value} is too large (at most {max})")]
     TooLarge {
@@ -168,11 +178,31 @@ pub enum RouterKind {
 }
 
 /// `attention_dp_config`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AttentionDpConfig {
     /// Which router.
     pub router: RouterKind,
+    /// TensorRT-LLM's ADP balance: hold context phases so that ranks start them together
+    /// (`executor/balance.rs`). Off by default, as in TensorRT-LLM.
+    pub enable_balance: bool,
+    /// Balance: how many iterations a context phase waits for every rank to have context
+    /// work (TensorRT-LLM's default, 50).
+    pub timeout_iters: i64,
+    /// Balance: once every rank has context work, how many more iterations contexts
+    /// accumulate before they run (TensorRT-LLM's default, 10).
+    pub batching_wait_iters: i64,
+}
+
+impl Default for AttentionDpConfig {
+    fn default() -> Self {
+        AttentionDpConfig {
+            router: RouterKind::default(),
+            enable_balance: false,
+            timeout_iters: 50,
+            batching_wait_iters: 10,
+        }
+    }
 }
 
 /// `cache_transceiver_config`.
@@ -364,6 +394,21 @@ fn positive(server: &str, field: &'static str, value: i64) -> Result<u32, Config
     Ok(value as u32)
 }
 
+/// A count that may be zero (an iteration count), capped like every size.
+fn non_negative(server: &str, field: &'static str, value: i64) -> Result<u32, ConfigError> {
+    if value < 0 {
+        return Err(ConfigError::Negative {
+            server: server.to_string(),
+            field,
+            value,
+        });
+    }
+    if value == 0 {
+        return Ok(0);
+    }
+    positive(server, field, value)
+}
+
 impl ServerConfig {
     /// Whether the overlap scheduler runs.
     pub fn overlap(&self) -> bool {
@@ -418,6 +463,13 @@ impl ServerConfig {
             });
         }
         let draft = self.max_draft_len as u32;
+        let adp = &self.attention_dp_config;
+        non_negative(name, "attention_dp_config.timeout_iters", adp.timeout_iters)?;
+        non_negative(
+            name,
+            "attention_dp_config.batching_wait_iters",
+            adp.batching_wait_iters,
+        )?;
         if let Some(ranks) = self.ranks {
             let ranks = positive(name, "ranks", ranks)?;
             if ranks != tp * pp {

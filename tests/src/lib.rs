@@ -332,6 +332,7 @@ impl SoloRank {
             responses_due: false,
             progressed: true,
             awaiting_transfer: false,
+            balance: Default::default(),
         };
         let mut fetched = Some(fetched);
         let mut forward_ran = false;

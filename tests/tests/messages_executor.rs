@@ -680,6 +680,10 @@ fn bad_inputs(asked: &Asked, dp: usize) -> Vec<Input<'static>> {
         responses_due: false,
         progressed: false,
         awaiting_transfer: false,
+        balance: lockstep_actors::executor::BalanceLoad {
+            context: 0,
+            generation: 0,
+        },
     }; 3];
     static BOGUS_FETCH: FetchBatch = FetchBatch {
         requests: Vec::new(),
@@ -1062,6 +1066,7 @@ fn a_kv_aware_server_adds_the_prefix_match_allgather_and_checks_its_width() {
     let cfg = ServerConfig {
         attention_dp_config: AttentionDpConfig {
             router: RouterKind::KvAware,
+            ..AttentionDpConfig::default()
         },
         ..server(2, false)
     };

@@ -66,6 +66,7 @@ impl RankExecutor {
     pub(super) fn on_fetch(&mut self, fetched: &FetchBatch) {
         self.replicated.shutdown |= fetched.shutdown;
         self.iter.now_ns = fetched.now_ns;
+        self.iter.stats.started_ns = fetched.now_ns;
         if let Some(why) = &fetched.stalled_out {
             self.stall_out(why);
         }
@@ -161,6 +162,12 @@ impl RankExecutor {
         for (spec, rank) in popped.drain(..).zip(&assignment.ranks) {
             // Replicated on every rank, whichever rank the request goes to.
             let peer_known = self.replicated.peer_known.remove(&spec.id);
+            // Every rank counts every rank's new context work alike (ADP balance).
+            if let Some(load) = self.iter.balance_loads.get_mut(rank.index())
+                && (peer_known || arrival_state == RequestState::ContextInit)
+            {
+                load.context += 1;
+            }
             if *rank == self.rank {
                 self.totals.routing_digest = crate::kv::mix(self.totals.routing_digest ^ spec.id.0);
                 let state = if peer_known {

@@ -148,6 +148,9 @@ pub struct RankState {
     /// input still to come, so a wait for it is not a deadlock.
     #[serde(default)]
     pub awaiting_transfer: bool,
+    /// ADP balance on: the rank's context and generation work (zero when off).
+    #[serde(default)]
+    pub balance: super::balance::BalanceLoad,
 }
 
 /// What rank 0 read from the ingress queue, broadcast to every rank (§3.2).

@@ -32,6 +32,7 @@
 //! [`protocol`] alone.
 
 mod admission;
+pub mod balance;
 mod checks;
 pub mod messages;
 pub mod protocol;
@@ -58,6 +59,7 @@ use crate::seats::SlotPool;
 use crate::vocab::{Response, TransferCommand, TransferEvent};
 
 pub use admission::idle_decision;
+pub use balance::{AdpBalance, BalanceDecision, BalanceLoad};
 pub use messages::*;
 pub use protocol::{Exchange, Input, Io, StopReason};
 pub use shape::BatchShape;
@@ -201,6 +203,11 @@ struct Iteration {
     status: TransferStatus,
     /// Every rank's load at the gather.
     loads: Vec<RankLoad>,
+    /// ADP balance on: every rank's context and generation work (the gather's, plus
+    /// what routing placed).
+    balance_loads: Vec<balance::BalanceLoad>,
+    /// This iteration's balance decision (replicated).
+    balance: balance::BalanceDecision,
     /// Requests popped from the waiting queue, to route.
     popped: Vec<RequestSpec>,
     /// `expected` of this iteration's routing.
@@ -277,6 +284,8 @@ pub struct RankExecutor {
     router: Router,
     capacity: CapacityScheduler,
     micro: MicroBatchScheduler,
+    /// ADP balance (`attention_dp_config.enable_balance`), replicated on every rank.
+    balance: Option<balance::AdpBalance>,
     /// Transfer events from the transceiver, applied at the next transfer phase.
     pending_transfer_events: Vec<TransferEvent>,
     /// Responses produced after the response gather (transfer failures), sent next time.
@@ -366,6 +375,7 @@ impl RankExecutor {
             router,
             capacity,
             micro,
+            balance: balance::AdpBalance::new(&server.attention_dp_config, sizes.max_batch_size),
             pending_transfer_events: Vec::new(),
             carried_responses: Vec::new(),
             progressed_last: true,

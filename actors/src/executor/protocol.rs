@@ -416,8 +416,15 @@ impl RankExecutor {
         it.responses.responses.append(&mut self.carried_responses);
         let counts = self.counts();
         self.iter.gathered = Some((counts, self.resident.active.len()));
+        self.iter.balance = super::BalanceDecision::Off;
+        let balance = if self.balance.is_some() {
+            super::BalanceLoad::of(&self.resident.active)
+        } else {
+            super::BalanceLoad::default()
+        };
         RankState {
             rank: self.rank,
+            balance,
             counts,
             responses_due,
             progressed: self.progressed_last,
@@ -438,10 +445,38 @@ impl RankExecutor {
                 requests: s.counts.routable,
                 prompt_tokens: s.counts.routable_prompt_tokens,
             }));
+        self.iter.balance_loads.clear();
+        if self.balance.is_some() {
+            self.iter
+                .balance_loads
+                .extend(all.iter().map(|s| s.balance));
+        }
         if self.rank.0 == 0 {
             Stage::ReadIngress(self.fetch_mode(all))
         } else {
             Stage::Fetch
+        }
+    }
+
+    /// ADP balance (`balance.rs`): whether this iteration's context work runs, from
+    /// every rank's load, the same decision on every rank. A held iteration counts as
+    /// progress: the next one is not the same (the wait's count moved on), and the wait
+    /// is bounded by its iteration counts.
+    fn decide_balance(&mut self) {
+        let Some(policy) = &mut self.balance else {
+            return;
+        };
+        let decision = policy.decide(&self.iter.balance_loads);
+        self.iter.balance = decision;
+        self.iter.stats.balance = decision;
+        self.iter.stats.balance_load = self
+            .iter
+            .balance_loads
+            .get(self.rank.index())
+            .copied()
+            .unwrap_or_default();
+        if decision.holds_context() {
+            self.iter.progressed = true;
         }
     }
 
@@ -476,6 +511,7 @@ impl RankExecutor {
 
     /// Pad (§6) and schedule (§4); this rank's vote.
     fn pad_and_schedule(&mut self, global: PadIntent) -> Stage {
+        self.decide_balance();
         let batch_size = self.pad_and_schedule_batch(global);
         let fatal = self.iter.violations.iter().any(|v| v.kind.is_fatal());
         let shape = self
@@ -509,6 +545,9 @@ impl RankExecutor {
         }
         let can_queue = votes.iter().all(|v| v.batch_size > 0);
         self.resolve_vote(can_queue);
+        self.iter
+            .stats
+            .record_rank_tokens(self.rank, votes.iter().map(|v| v.shape), can_queue);
         Stage::Forward
     }
 }

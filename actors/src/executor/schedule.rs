@@ -179,6 +179,10 @@ impl RankExecutor {
             &in_flight,
             &mut planned,
         );
+        // ADP balance holds this iteration's context work on every rank alike.
+        if self.iter.balance.holds_context() {
+            planned.retain(|e| !matches!(e.kind, EntryKind::Context { .. }));
+        }
         entries.reserve(planned.len());
         for e in &planned {
             if let Some(entry) = self.prepare_entry(e.index, e.kind) {

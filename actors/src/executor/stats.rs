@@ -4,6 +4,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::counts::RankCounts;
 use crate::ids::RankId;
+
+use super::balance::{BalanceDecision, BalanceLoad};
+use super::shape::BatchShape;
 use crate::invariants::Violation;
 
 use crate::vocab::TransferCommand;
@@ -15,6 +18,9 @@ pub struct IterationStats {
     pub iteration: u64,
     /// Rank.
     pub rank: RankId,
+    /// When the iteration started: rank 0's clock at its fetch (the same on every rank).
+    #[serde(default)]
+    pub started_ns: u64,
     /// Whether the fleet ran the forward (`can_queue`).
     pub forward_ran: bool,
     /// Real requests in the batch this rank scheduled (dummies separate), also in an
@@ -69,6 +75,131 @@ pub struct IterationStats {
     /// Something changed this iteration (a real forward, a response, an admission, a
     /// transfer started or ended, a promotion, a pause).
     pub progressed: bool,
+    /// Tokens this rank put into the forward (context chunk and generation tokens of
+    /// real entries; dummies are not work); 0 when the fleet skipped the forward.
+    #[serde(default)]
+    pub num_tokens: u32,
+    /// The most tokens any rank of the server put into this forward.
+    #[serde(default)]
+    pub max_rank_tokens: u32,
+    /// The tokens of every rank of the server together.
+    #[serde(default)]
+    pub total_rank_tokens: u64,
+    /// The server's DP ranks (the balance ratio's denominator).
+    #[serde(default)]
+    pub dp_ranks: u32,
+    /// What ADP balance decided this iteration (`off` when it is not enabled).
+    #[serde(default)]
+    pub balance: BalanceDecision,
+    /// This rank's context and generation work as ADP balance saw it (zero when off).
+    #[serde(default)]
+    pub balance_load: BalanceLoad,
+}
+
+/// Tokens one rank's batch puts into the forward: what the balance ratio compares.
+pub fn rank_tokens(shape: &BatchShape) -> u32 {
+    shape.ctx_tokens.saturating_add(shape.gen_tokens)
+}
+
+impl IterationStats {
+    /// Records every rank's tokens from the votes' shapes (in rank order); a skipped
+    /// forward ran nothing, anywhere.
+    pub fn record_rank_tokens(
+        &mut self,
+        me: RankId,
+        shapes: impl ExactSizeIterator<Item = BatchShape>,
+        forward_ran: bool,
+    ) {
+        self.dp_ranks = shapes.len() as u32;
+        self.num_tokens = 0;
+        self.max_rank_tokens = 0;
+        self.total_rank_tokens = 0;
+        if !forward_ran {
+            return;
+        }
+        for (i, shape) in shapes.enumerate() {
+            let tokens = rank_tokens(&shape);
+            if i == me.index() {
+                self.num_tokens = tokens;
+            }
+            self.max_rank_tokens = self.max_rank_tokens.max(tokens);
+            self.total_rank_tokens += u64::from(tokens);
+        }
+    }
+
+    /// The balance ratio of this iteration: the ranks' mean tokens over their maximum
+    /// (1 when every rank carried the same, 1/dp when one rank carried everything).
+    /// `None` when no rank carried any token (an idle or skipped iteration): there is no
+    /// imbalance to measure, so such iterations are left out of the mean and cost nothing
+    /// in the speed-of-light time.
+    pub fn balance_ratio(&self) -> Option<f64> {
+        if self.max_rank_tokens == 0 || self.dp_ranks == 0 {
+            return None;
+        }
+        Some(
+            self.total_rank_tokens as f64
+                / (f64::from(self.dp_ranks) * f64::from(self.max_rank_tokens)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(ctx_tokens: u32, gen_tokens: u32, dummies: u32) -> BatchShape {
+        BatchShape {
+            ctx_tokens,
+            gen_tokens,
+            dummies,
+            ..BatchShape::default()
+        }
+    }
+
+    #[test]
+    fn the_balance_ratio_of_a_hand_built_iteration_is_mean_over_max() {
+        // Four ranks: one prefills 1,000 tokens beside 3 decodes, two decode 4 and 2, one
+        // runs only a dummy (no real token).
+        let shapes = [
+            shape(1000, 3, 0),
+            shape(0, 4, 0),
+            shape(0, 2, 0),
+            shape(0, 0, 1),
+        ];
+        let mut s = IterationStats::default();
+        s.record_rank_tokens(RankId(1), shapes.into_iter(), true);
+        assert_eq!((s.num_tokens, s.max_rank_tokens), (4, 1003));
+        assert_eq!((s.total_rank_tokens, s.dp_ranks), (1009, 4));
+        // mean 1009 / 4 = 252.25, max 1003.
+        let want = 252.25 / 1003.0;
+        assert!((s.balance_ratio().unwrap() - want).abs() < 1e-12);
+        // Perfectly even: 1.
+        s.record_rank_tokens(
+            RankId(0),
+            [shape(5, 1, 0), shape(0, 6, 0)].into_iter(),
+            true,
+        );
+        assert_eq!(s.balance_ratio(), Some(1.0));
+    }
+
+    #[test]
+    fn an_iteration_without_tokens_or_forward_has_no_ratio() {
+        let mut s = IterationStats::default();
+        s.record_rank_tokens(
+            RankId(0),
+            [shape(0, 0, 1), shape(0, 0, 0)].into_iter(),
+            true,
+        );
+        assert_eq!(s.balance_ratio(), None);
+        // A skipped forward ran nothing, whatever the ranks scheduled.
+        s.record_rank_tokens(
+            RankId(0),
+            [shape(7, 0, 0), shape(0, 1, 0)].into_iter(),
+            false,
+        );
+        assert_eq!((s.num_tokens, s.max_rank_tokens, s.dp_ranks), (0, 0, 2));
+        assert_eq!(s.balance_ratio(), None);
+    }
 }
 
 /// One rank's output at the end of an iteration.

@@ -1,9 +1,11 @@
-//! `lockstep ab`: the scenario simulated under two policies, side by side with deltas.
+//! `lockstep ab`: the scenario simulated twice — under two policies, or two sets of
+//! `--base-set` / `--treatment-set` overrides (e.g. ADP balance off and on) — side by
+//! side with deltas.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use lockstep_plan::report::{Slo, ab_table};
+use lockstep_plan::report::{Report, Slo, ab_table};
 
 use crate::args::{ScenarioArgs, load};
 use crate::output::write_json;
@@ -20,6 +22,21 @@ pub(crate) struct AbArgs {
     /// Treatment preset.
     #[arg(long, default_value = "fixed", value_parser = ["fixed", "legacy"])]
     treatment: String,
+    /// `KEY=VALUE` applied to the baseline only, after `--set` (repeatable), e.g.
+    /// `server.attention_dp_config.enable_balance=false`.
+    #[arg(long, value_name = "KEY=VALUE")]
+    base_set: Vec<String>,
+    /// `KEY=VALUE` applied to the treatment only, after `--set` (repeatable), e.g.
+    /// `server.attention_dp_config.enable_balance=true`.
+    #[arg(long, value_name = "KEY=VALUE")]
+    treatment_set: Vec<String>,
+    /// The baseline's name in the table and the JSON (default: its preset and its own
+    /// overrides).
+    #[arg(long, value_name = "NAME")]
+    base_name: Option<String>,
+    /// The treatment's name (default: its preset and its own overrides).
+    #[arg(long, value_name = "NAME")]
+    treatment_name: Option<String>,
     /// Seed of both runs (wins over a `seed` in the scenario; default 0).
     #[arg(long)]
     seed: Option<u64>,
@@ -39,28 +56,34 @@ pub(crate) fn run(
         args,
         base,
         treatment,
+        base_set,
+        treatment_set,
+        base_name,
+        treatment_name,
         seed,
         json,
         slo,
     }: AbArgs,
 ) -> anyhow::Result<ExitCode> {
     let seed_or_0 = seed.unwrap_or(0);
-    let mut a = simulate(
-        &load(&args, Some(&base), seed)?,
-        seed_or_0,
-        None,
-        false,
-        10_000,
-        None,
-    )?;
-    let mut b = simulate(
-        &load(&args, Some(&treatment), seed)?,
-        seed_or_0,
-        None,
-        false,
-        10_000,
-        None,
-    )?;
+    let side = |preset: &str, sets: &[String]| -> anyhow::Result<Report> {
+        let mut scenario = load(&args, Some(preset), seed)?;
+        for s in sets {
+            scenario.apply_set(s)?;
+        }
+        simulate(&scenario, seed_or_0, None, false, 10_000, None)
+    };
+    let mut a = side(&base, &base_set)?;
+    let mut b = side(&treatment, &treatment_set)?;
+    // A side is named by its preset and its own overrides.
+    let name = |preset: &str, sets: &[String]| {
+        std::iter::once(preset)
+            .chain(sets.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let base = base_name.unwrap_or_else(|| name(&base, &base_set));
+    let treatment = treatment_name.unwrap_or_else(|| name(&treatment, &treatment_set));
     if let Some(slo) = &slo {
         a.apply_slo(slo);
         b.apply_slo(slo);

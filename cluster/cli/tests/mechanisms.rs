@@ -573,6 +573,68 @@ fn ab_prints_both_policies_with_the_legacy_vetoes_and_their_delta() {
 }
 
 #[test]
+fn ab_compares_adp_balance_off_and_on_with_a_set_for_one_side() {
+    let json =
+        std::env::temp_dir().join(format!("lockstep-ab-balance-{}.json", std::process::id()));
+    let o = lockstep(&[
+        "ab",
+        "examples/balance/short-prompts-long-outputs.toml",
+        "--base",
+        "fixed",
+        "--treatment",
+        "fixed",
+        "--treatment-set",
+        "server.attention_dp_config.enable_balance=true",
+        "--base-name",
+        "off",
+        "--treatment-name",
+        "on",
+        "--set",
+        "workload.num_requests=600",
+        "--set",
+        "workload.concurrency=256",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = stdout(&o);
+    assert!(
+        out.lines().next().unwrap().contains(" off ") && out.contains(" on "),
+        "{out}"
+    );
+    assert!(out.contains("agg0: balance ratio"), "{out}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(
+        (v["base_name"].as_str(), v["treatment_name"].as_str()),
+        (Some("off"), Some("on"))
+    );
+    // Only the treatment held context; both ran the same 600 requests.
+    let held = |side: &str| {
+        v[side]["servers"][0]["balance"]["held_iterations"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(held("base"), 0);
+    assert!(held("treatment") > 0);
+    let ratio = |side: &str| {
+        v[side]["servers"][0]["balance"]["mean_ratio"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        ratio("treatment") > ratio("base"),
+        "{} {}",
+        ratio("base"),
+        ratio("treatment")
+    );
+    for side in ["base", "treatment"] {
+        assert_eq!(v[side]["requests"]["completed"], 600);
+    }
+}
+
+#[test]
 fn overhead_reports_the_control_plane_next_to_its_floor() {
     let o = lockstep(&[
         "overhead",

@@ -176,8 +176,9 @@ fn series_points(html: &str, plot: &str) -> Vec<usize> {
 fn the_page_has_an_svg_per_plot_with_both_runs_and_no_external_url() {
     let runs = ab_reports();
     let html = render(&runs);
-    // Three CDFs, and per server: routing share, occupancy, KV usage, waiting queue.
-    assert_eq!(html.matches("<svg class=\"plot\"").count(), 3 + 4);
+    // Three CDFs, and per server: routing share, occupancy, KV usage, waiting queue,
+    // balance ratio over iterations.
+    assert_eq!(html.matches("<svg class=\"plot\"").count(), 3 + 5);
     let completed = runs[1].1.requests.completed as usize;
     assert_eq!(series_points(&html, "ttft CDF"), vec![completed, completed]);
     assert_eq!(series_points(&html, "e2e CDF").len(), 2);
@@ -193,12 +194,21 @@ fn the_page_has_an_svg_per_plot_with_both_runs_and_no_external_url() {
     let samples = runs[1].1.servers[0].timeseries.len();
     assert_eq!(series_points(&html, "agg0 kv usage")[1], samples);
     assert_eq!(series_points(&html, "agg0 waiting")[1], samples);
+    // The balance ratio where some rank carried tokens.
+    let ratios = runs[1].1.servers[0]
+        .timeseries
+        .iter()
+        .filter(|p| p.balance_ratio.is_some())
+        .count();
+    assert!(ratios > 0 && ratios <= samples);
+    assert_eq!(series_points(&html, "agg0 balance ratio")[1], ratios);
     assert!(html.matches("class=\"legend\"").count() >= 14);
     for axis in [
         "TTFT (ms)",
         "fraction of requests",
         "virtual time (s)",
         "rank",
+        "mean / max tokens across ranks",
     ] {
         assert!(html.contains(axis), "no axis label {axis}");
     }

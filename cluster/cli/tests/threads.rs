@@ -33,6 +33,42 @@ fn aggregated_runs_agree_exactly_on_iterations_forwards_routing_and_tokens() {
 }
 
 #[test]
+fn adp_balance_holds_the_same_iterations_in_the_simulator_and_the_threads_driver() {
+    // Every rank decides from what the gather and routing gave it: the same waits,
+    // iterations, routing and tokens under real collectives as in the simulator.
+    let s = parse(
+        &agg_text(4, true),
+        &[
+            "server.attention_dp_config.enable_balance=true",
+            "server.attention_dp_config.timeout_iters=6",
+            "server.attention_dp_config.batching_wait_iters=2",
+        ],
+    );
+    let a = simulate(&s);
+    let b = threads_run(&s, real_options());
+    assert_eq!(a.requests.completed, 80);
+    assert_eq!(agg_fingerprint(&a), agg_fingerprint(&b));
+    let (ba, bb) = (&a.servers[0].balance, &b.servers[0].balance);
+    assert!(ba.held_iterations > 0, "{ba:?}");
+    assert_eq!(
+        (
+            ba.held_iterations,
+            ba.timed_out_iterations,
+            ba.measured_iterations
+        ),
+        (
+            bb.held_iterations,
+            bb.timed_out_iterations,
+            bb.measured_iterations
+        )
+    );
+    assert_eq!(ba.mean_ratio, bb.mean_ratio);
+    // Balance changed the run: not the same iterations as with it off.
+    let off = simulate(&parse(&agg_text(4, true), &[]));
+    assert_ne!(agg_fingerprint(&off).0, agg_fingerprint(&a).0);
+}
+
+#[test]
 fn a_mismatched_collective_is_a_tag_error_naming_both_ranks_not_a_hang() {
     let s = parse(&agg_text(2, true), &[]);
     let r = threads_run(

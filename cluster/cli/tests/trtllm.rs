@@ -107,13 +107,11 @@ fn an_aggregated_config_imports_lists_what_it_does_not_model_and_simulates() {
     let out = tmp.file("agg.toml");
     let stderr = import_agg(&out);
     // Listed on stderr and kept in the scenario's header, never dropped silently.
-    for key in [
-        "cuda_graph_config",
-        "attention_dp_config.enable_balance",
-        "print_iter_log",
-    ] {
+    for key in ["cuda_graph_config", "print_iter_log"] {
         assert!(stderr.contains(&format!("not modeled: {key}")), "{stderr}");
     }
+    // ADP balance is modeled: imported, not listed.
+    assert!(!stderr.contains("attention_dp_config"), "{stderr}");
     let text = std::fs::read_to_string(&out).unwrap();
     assert!(text.contains("#   cuda_graph_config = "), "{text}");
     let s = Scenario::load(Path::new(&out)).unwrap();
@@ -122,6 +120,9 @@ fn an_aggregated_config_imports_lists_what_it_does_not_model_and_simulates() {
     assert_eq!(server.tensor_parallel_size, 2);
     assert!(server.enable_attention_dp && server.enable_chunked_prefill);
     assert_eq!(server.max_batch_size, 64);
+    let adp = &server.attention_dp_config;
+    assert!(adp.enable_balance);
+    assert_eq!((adp.timeout_iters, adp.batching_wait_iters), (60, 0));
     // 80 GiB - 16.06e9 B of BF16 weights - 2 GiB reserve, 85% of it, over 131,072 B.
     let gib = 1024.0 * 1024.0 * 1024.0;
     let want = ((80.0 * gib - 8_030_261_248.0 * 2.0 - 2.0 * gib) * 0.85 / 131_072.0) as i64;

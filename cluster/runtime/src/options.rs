@@ -108,9 +108,10 @@ pub(crate) fn real_report(
             for (_, ns) in &mut s.first_scheduled {
                 *ns = modeled(*ns);
             }
-            for p in &mut s.series {
+            for p in &mut s.series.points {
                 p.t_ns = modeled(p.t_ns);
             }
+            s.series.balance.map_times(modeled);
         }
         TimeBase::Modeled { time_scale }
     } else {

@@ -123,7 +123,12 @@ pub fn rank_summary(
             run.violation_count,
             run.series.into_points(),
         ),
-        Err(e) => (RankEnding::Failed(e.to_string()), Vec::new(), 0, Vec::new()),
+        Err(e) => (
+            RankEnding::Failed(e.to_string()),
+            Vec::new(),
+            0,
+            Default::default(),
+        ),
     };
     let mut summary = RankSummary::of(server, exec, violations, count, ending);
     summary.transfers = transfers.stats;

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use lockstep_actors::executor::IterationStats;
+use lockstep_actors::executor::{BalanceDecision, IterationStats};
 
 /// One line of the iteration log.
 #[derive(Debug, Clone, Serialize)]
@@ -57,6 +57,19 @@ pub struct IterLogLine {
     pub host_ns: u64,
     /// Forward time of the iteration, ns (server-wide).
     pub forward_ns: u64,
+    /// Tokens this rank carried in the forward (0 when it was skipped).
+    pub num_tokens: u32,
+    /// The most tokens any rank carried.
+    pub max_rank_tokens: u32,
+    /// Mean over max tokens across the server's ranks; `null` when none carried any.
+    pub balance_ratio: Option<f64>,
+    /// ADP balance's decision (`off` when not enabled).
+    pub balance: BalanceDecision,
+    /// ADP balance on: this rank's requests with a context phase to run, as the decision
+    /// saw them.
+    pub context_work: u32,
+    /// ADP balance on: this rank's requests in generation, as the decision saw them.
+    pub generation_work: u32,
 }
 
 impl IterLogLine {
@@ -94,6 +107,12 @@ impl IterLogLine {
             currank_total_requests: format!("{}/{}", s.routed_to_rank, s.routed_total),
             host_ns,
             forward_ns,
+            num_tokens: s.num_tokens,
+            max_rank_tokens: s.max_rank_tokens,
+            balance_ratio: s.balance_ratio(),
+            balance: s.balance,
+            context_work: s.balance_load.context,
+            generation_work: s.balance_load.generation,
         }
     }
 }

@@ -16,6 +16,8 @@ use rand_chacha::ChaCha8Rng;
 
 /// Salt mixed into the seed so the generator's stream differs from the workload's.
 const SALT: u64 = 0x5757_4152_4d00_0001;
+/// Salts the ADP balance knobs' own stream.
+const BALANCE_SALT: u64 = 0x4241_4c41_4e43_4501;
 
 /// The shipped request traces, lengths only: `(prompt, output)` per record in file
 /// order. `None` when the file is not there (a binary run away from its repository).
@@ -393,6 +395,20 @@ fn server(
         "router = \"{}\"",
         g.pick(&["balanced", "conversation", "kv_aware"])
     );
+    // ADP balance is drawn from a stream of its own, so every other draw — and so every
+    // scenario of a seed from before this knob, but for these lines — stays the same.
+    let mut balance = Gen {
+        rng: ChaCha8Rng::seed_from_u64(g.rng.clone().random::<u64>() ^ BALANCE_SALT),
+    };
+    if balance.chance(0.3) {
+        let _ = writeln!(out, "enable_balance = true");
+        let _ = writeln!(out, "timeout_iters = {}", balance.pick(&[0, 1, 2, 5, 50]));
+        let _ = writeln!(
+            out,
+            "batching_wait_iters = {}",
+            balance.pick(&[0, 1, 3, 10])
+        );
+    }
     if role != Role::Agg && (lossy || g.chance(0.8)) {
         out.push_str("\n[server.cache_transceiver_config]\n");
         if g.chance(0.6) {

@@ -161,6 +161,25 @@ fn summary_table(runs: &[(String, Report)]) -> String {
                     }
                 })
             });
+            row(
+                &format!(
+                    "{}: balance ratio; speed-of-light output tok/s (gap)",
+                    s.name
+                ),
+                &|r| {
+                    r.servers.get(i).map_or("n/a".into(), |s| {
+                        let b = &s.balance;
+                        match b.mean_ratio {
+                            Some(ratio) => format!(
+                                "{ratio:.3}; {:.1} ({:.1}%)",
+                                b.sol_output_tokens_per_s,
+                                b.sol_gap * 100.0
+                            ),
+                            None => "n/a".into(),
+                        }
+                    })
+                },
+            );
             row(&format!("{}: preemptions", s.name), &|r| {
                 r.servers
                     .get(i)
@@ -292,6 +311,30 @@ pub fn render(runs: &[(String, Report)]) -> String {
                 None,
             ),
         ));
+        // Over iterations, as TensorRT-LLM's ADP balance blog plots it; idle iterations
+        // (no token anywhere) have no ratio.
+        let by_iteration = series(&|r| {
+            r.servers.get(si).map_or(Vec::new(), |s| {
+                s.timeseries
+                    .iter()
+                    .filter_map(|p| p.balance_ratio.map(|b| (p.iteration as f64, b)))
+                    .collect()
+            })
+        });
+        if ranks > 1 {
+            plots.push((
+                format!("{server} balance ratio"),
+                line_plot(
+                    &Axes {
+                        title: format!("{server}: balance ratio"),
+                        x_label: "iteration".into(),
+                        y_label: "mean / max tokens across ranks".into(),
+                    },
+                    &by_iteration,
+                    Some((0.0, 1.0)),
+                ),
+            ));
+        }
     }
     let title = match runs {
         [(_, r)] => format!("lockstep report: {}", r.scenario),

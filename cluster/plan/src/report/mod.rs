@@ -3,6 +3,7 @@
 //! ([`table`]), computed from the client's records and the ranks' summaries
 //! ([`stats`]). Every driver assembles it the same way.
 
+pub mod balance;
 pub mod goodput;
 pub mod html;
 pub mod plot;

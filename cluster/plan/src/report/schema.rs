@@ -259,6 +259,38 @@ pub struct ServerReport {
     /// at iteration ends (fewer than 2,000 points, evenly spaced in iterations).
     #[serde(default)]
     pub timeseries: Vec<SeriesPoint>,
+    /// How evenly the ranks shared the forwards (balance ratio, speed of light).
+    #[serde(default)]
+    pub balance: BalanceReport,
+}
+
+/// A server's balance figures (TensorRT-LLM's ADP balance metrics; `report/balance.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct BalanceReport {
+    /// Iterations in which some rank carried tokens (the ratio's samples).
+    pub measured_iterations: u64,
+    /// Mean over those of the balance ratio (mean tokens over max tokens across ranks);
+    /// `null` when no iteration carried tokens.
+    pub mean_ratio: Option<f64>,
+    /// Σ iteration time, s (rank 0's clock, fetch to end).
+    pub busy_time_s: f64,
+    /// From the first iteration's start to the last one's end, s.
+    pub span_s: f64,
+    /// Σ iteration time × (1 − balance ratio), s: what perfect balance would save.
+    pub imbalance_time_s: f64,
+    /// Output tokens the server's ranks produced, per second of its span.
+    pub output_tokens_per_s: f64,
+    /// The same at the speed of light: every iteration perfectly balanced.
+    pub sol_output_tokens_per_s: f64,
+    /// `span / (span − imbalance)`.
+    pub sol_speedup: f64,
+    /// `1 − actual / speed of light`: the share of the speed-of-light throughput lost to
+    /// imbalance.
+    pub sol_gap: f64,
+    /// Iterations the balance policy held context work.
+    pub held_iterations: u64,
+    /// Iterations whose held context work ran because `timeout_iters` passed.
+    pub timed_out_iterations: u64,
 }
 
 /// One point of a server's time series.
@@ -278,6 +310,10 @@ pub struct SeriesPoint {
     pub running: u64,
     /// Preemptions so far, all ranks.
     pub preemptions: u64,
+    /// The iteration's balance ratio (mean over max tokens across ranks); `null` when no
+    /// rank carried a token.
+    #[serde(default)]
+    pub balance_ratio: Option<f64>,
 }
 
 /// Service-level objectives for goodput (`--slo ttft_ms=…,tpot_ms=…,e2e_ms=…`): a

@@ -1,6 +1,7 @@
-//! The time series of a server: KV usage, waiting queue, running requests and
-//! preemptions over time, sampled per iteration on each rank and decimated so a run of
-//! any length keeps fewer than [`MAX_POINTS`] points per rank (and per server).
+//! The time series of a server: KV usage, waiting queue, running requests, preemptions
+//! and the balance ratio over time, sampled per iteration on each rank and decimated so
+//! a run of any length keeps fewer than [`MAX_POINTS`] points per rank (and per server);
+//! beside it, the balance sums over every iteration ([`BalanceTally`]).
 
 use std::collections::BTreeMap;
 
@@ -8,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use lockstep_actors::executor::IterationStats;
 
+use super::balance::BalanceTally;
 use super::schema::SeriesPoint;
 
 /// A rank keeps at most this many samples: when it has this many, every other one is
@@ -31,6 +33,25 @@ pub struct RankSample {
     pub running: u32,
     /// Preemptions (MAX_UTILIZATION pauses) on this rank so far.
     pub preemptions: u64,
+    /// The most tokens any rank of the server carried this iteration.
+    #[serde(default)]
+    pub max_rank_tokens: u32,
+    /// Every rank's tokens together.
+    #[serde(default)]
+    pub total_rank_tokens: u64,
+    /// The server's DP ranks.
+    #[serde(default)]
+    pub dp_ranks: u32,
+}
+
+/// What a rank's sampler hands its summary: the decimated samples and the balance sums
+/// over every iteration.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RankSeries {
+    /// The samples kept, in iteration order.
+    pub points: Vec<RankSample>,
+    /// The balance sums.
+    pub balance: BalanceTally,
 }
 
 /// Samples every `stride`-th iteration (an iteration number divisible by it), halving
@@ -40,6 +61,7 @@ pub struct RankSample {
 pub struct Sampler {
     stride: u64,
     points: Vec<RankSample>,
+    balance: BalanceTally,
 }
 
 impl Default for Sampler {
@@ -47,6 +69,7 @@ impl Default for Sampler {
         Sampler {
             stride: 1,
             points: Vec::new(),
+            balance: BalanceTally::default(),
         }
     }
 }
@@ -55,6 +78,7 @@ impl Sampler {
     /// Records the iteration `stats` describes, ended at `t_ns`, with the rank's
     /// preemptions so far.
     pub fn record(&mut self, stats: &IterationStats, t_ns: u64, preemptions: u64) {
+        self.balance.record(stats, t_ns);
         if !stats.iteration.is_multiple_of(self.stride) {
             return;
         }
@@ -66,6 +90,9 @@ impl Sampler {
             waiting: stats.waiting,
             running: stats.num_scheduled_requests,
             preemptions,
+            max_rank_tokens: stats.max_rank_tokens,
+            total_rank_tokens: stats.total_rank_tokens,
+            dp_ranks: stats.dp_ranks,
         });
         if self.points.len() >= MAX_POINTS {
             self.stride *= 2;
@@ -74,49 +101,54 @@ impl Sampler {
         }
     }
 
-    /// The samples kept, in iteration order.
-    pub fn into_points(self) -> Vec<RankSample> {
-        self.points
+    /// The samples kept, in iteration order, and the balance sums.
+    pub fn into_points(self) -> RankSeries {
+        RankSeries {
+            points: self.points,
+            balance: self.balance,
+        }
     }
 }
 
 /// A server's series from its ranks' samples (in rank order): per sampled iteration,
 /// rank 0's time, the KV blocks and running requests summed over ranks, the waiting
-/// queue (replicated: the largest any rank saw), the preemptions summed.
+/// queue (replicated: the largest any rank saw), the preemptions summed, the balance
+/// ratio (server-wide on every rank: the first rank's).
 pub fn server_series<'a>(ranks: impl IntoIterator<Item = &'a [RankSample]>) -> Vec<SeriesPoint> {
-    let mut by_iteration: BTreeMap<u64, (u64, u64, u64, u32, u64, u64)> = BTreeMap::new();
+    let mut by_iteration: BTreeMap<u64, (SeriesPoint, u64)> = BTreeMap::new();
     for samples in ranks {
         for s in samples {
-            let e = by_iteration
-                .entry(s.iteration)
-                .or_insert((s.t_ns, 0, 0, 0, 0, 0));
-            e.1 += u64::from(s.kv_blocks_used);
-            e.2 += u64::from(s.kv_blocks_free);
-            e.3 = e.3.max(s.waiting);
-            e.4 += u64::from(s.running);
-            e.5 += s.preemptions;
+            let (p, free) = by_iteration.entry(s.iteration).or_insert_with(|| {
+                let tokens = IterationStats {
+                    max_rank_tokens: s.max_rank_tokens,
+                    total_rank_tokens: s.total_rank_tokens,
+                    dp_ranks: s.dp_ranks,
+                    ..IterationStats::default()
+                };
+                let point = SeriesPoint {
+                    iteration: s.iteration,
+                    t_s: s.t_ns as f64 / 1e9,
+                    balance_ratio: tokens.balance_ratio(),
+                    ..SeriesPoint::default()
+                };
+                (point, 0)
+            });
+            p.kv_blocks_used += u64::from(s.kv_blocks_used);
+            *free += u64::from(s.kv_blocks_free);
+            p.waiting = p.waiting.max(u64::from(s.waiting));
+            p.running += u64::from(s.running);
+            p.preemptions += s.preemptions;
         }
     }
     by_iteration
-        .into_iter()
-        .map(
-            |(iteration, (t, used, free, waiting, running, preemptions))| {
-                let total = used + free;
-                SeriesPoint {
-                    iteration,
-                    t_s: t as f64 / 1e9,
-                    kv_blocks_used: used,
-                    kv_usage: if total > 0 {
-                        used as f64 / total as f64
-                    } else {
-                        0.0
-                    },
-                    waiting: u64::from(waiting),
-                    running,
-                    preemptions,
-                }
-            },
-        )
+        .into_values()
+        .map(|(mut p, free)| {
+            let total = p.kv_blocks_used + free;
+            if total > 0 {
+                p.kv_usage = p.kv_blocks_used as f64 / total as f64;
+            }
+            p
+        })
         .collect()
 }
 
@@ -141,7 +173,7 @@ mod tests {
         for i in 0..1_000_000 {
             s.record(&stats(i), i * 10, 0);
         }
-        let p = s.into_points();
+        let p = s.into_points().points;
         assert!(p.len() < MAX_POINTS, "{} points", p.len());
         assert!(p.len() >= MAX_POINTS / 4, "{} points", p.len());
         let stride = p[1].iteration - p[0].iteration;
@@ -161,7 +193,7 @@ mod tests {
             a.record(&stats(i), i * 1_000_000_000, i);
             b.record(&stats(i), i * 1_000_000_000 + 7, 1);
         }
-        let (a, b) = (a.into_points(), b.into_points());
+        let (a, b) = (a.into_points().points, b.into_points().points);
         let s = server_series([&a[..], &b[..]]);
         assert_eq!(s.len(), 10);
         assert_eq!(s[4].t_s, 4.0);
@@ -170,5 +202,30 @@ mod tests {
         assert_eq!(s[4].waiting, 5);
         assert_eq!(s[4].running, 4);
         assert_eq!(s[4].preemptions, 5);
+        // No tokens anywhere: no balance ratio.
+        assert_eq!(s[4].balance_ratio, None);
+    }
+
+    #[test]
+    fn a_server_point_carries_the_iterations_balance_ratio_and_the_tally_every_iteration() {
+        let mut a = Sampler::default();
+        for i in 0..3 {
+            // Two ranks carried 30 and 10 tokens: mean 20 over max 30.
+            let s = IterationStats {
+                started_ns: i * 100,
+                max_rank_tokens: 30,
+                total_rank_tokens: 40,
+                dp_ranks: 2,
+                ..stats(i)
+            };
+            a.record(&s, i * 100 + 60, 0);
+        }
+        let series = a.into_points();
+        let s = server_series([&series.points[..]]);
+        assert_eq!(s[1].balance_ratio, Some(20.0 / 30.0));
+        assert_eq!(series.balance.measured_iterations, 3);
+        assert_eq!(series.balance.busy_ns, 180);
+        // Each 60 ns iteration loses a third of its time to imbalance.
+        assert_eq!(series.balance.imbalance_ns, 60);
     }
 }

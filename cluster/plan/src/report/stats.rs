@@ -9,7 +9,7 @@ use lockstep_actors::vocab::FailureKind;
 
 use super::records::ClientLog;
 use super::schema::*;
-use super::series::{RankSample, server_series};
+use super::series::{RankSeries, server_series};
 
 impl Percentiles {
     /// Linear interpolation between closest ranks (numpy's default); zeros when empty.
@@ -86,9 +86,10 @@ pub struct RankSummary {
     /// Each first scheduling here: (request id, ns on the server's rank 0 clock).
     #[serde(default)]
     pub first_scheduled: Vec<(u64, u64)>,
-    /// Samples for the server's time series (see [`super::series::Sampler`]).
+    /// Samples for the server's time series and the balance sums (see
+    /// [`super::series::Sampler`]).
     #[serde(default)]
-    pub series: Vec<RankSample>,
+    pub series: RankSeries,
 }
 
 impl RankSummary {
@@ -117,7 +118,7 @@ impl RankSummary {
                 .iter()
                 .map(|&(id, ns)| (id.0, ns))
                 .collect(),
-            series: Vec::new(),
+            series: RankSeries::default(),
         }
     }
 }
@@ -242,7 +243,12 @@ pub fn server_report(
             }
         })
         .collect();
-    let timeseries = server_series(ranks.iter().map(|r| &r.series[..]));
+    let timeseries = server_series(ranks.iter().map(|r| &r.series.points[..]));
+    let output_tokens = ranks.iter().map(|r| r.totals.output_tokens).sum();
+    let balance = ranks
+        .first()
+        .map(|r| r.series.balance.report(output_tokens))
+        .unwrap_or_default();
     let times = Percentiles::of(&mut durations_ms);
     transfers.mean_ms = times.mean;
     transfers.p99_ms = times.p99;
@@ -268,6 +274,7 @@ pub fn server_report(
         violation_count,
         preemptions: ranks.iter().map(|r| r.totals.preemptions).sum(),
         timeseries,
+        balance,
     }
 }
 

@@ -135,6 +135,38 @@ impl Report {
             if s.preemptions > 0 {
                 let _ = writeln!(o, "  preemptions {}", s.preemptions);
             }
+            let b = &s.balance;
+            if s.dp > 1
+                && let Some(ratio) = b.mean_ratio
+            {
+                let held = if b.held_iterations > 0 || b.timed_out_iterations > 0 {
+                    format!(
+                        "  context held {} iterations, timed out {}",
+                        b.held_iterations, b.timed_out_iterations
+                    )
+                } else {
+                    String::new()
+                };
+                // Without modeled forward time, iteration times are the control plane's
+                // alone: the ratio stands, a speed of light would not mean anything.
+                let sol = if self.time_base == TimeBase::ZeroCost {
+                    String::new()
+                } else {
+                    format!(
+                        "  speed of light {:.1} output tok/s vs {:.1} (gap {:.1}%, {:.3} s of {:.3} s lost to imbalance)",
+                        b.sol_output_tokens_per_s,
+                        b.output_tokens_per_s,
+                        b.sol_gap * 100.0,
+                        b.imbalance_time_s,
+                        b.span_s
+                    )
+                };
+                let _ = writeln!(
+                    o,
+                    "  balance ratio {:.3} (mean of {} iterations){sol}{held}",
+                    ratio, b.measured_iterations,
+                );
+            }
             let kv = &s.kv;
             if kv.reuse_hits > 0 {
                 let looked_up = kv.reuse_hits + kv.allocations;
@@ -343,6 +375,18 @@ pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: 
             if shares.is_empty() { 0.0 } else { max - min }
         };
         row(&format!("{n}: routing share spread"), spread(a), spread(b));
+        let ratio = |s: &ServerReport| s.balance.mean_ratio.unwrap_or(f64::NAN);
+        row(&format!("{n}: balance ratio"), ratio(a), ratio(b));
+        row(
+            &format!("{n}: speed-of-light output tok/s"),
+            a.balance.sol_output_tokens_per_s,
+            b.balance.sol_output_tokens_per_s,
+        );
+        row(
+            &format!("{n}: speed-of-light gap"),
+            a.balance.sol_gap,
+            b.balance.sol_gap,
+        );
         row(
             &format!("{n}: violations"),
             a.violation_count as f64,

@@ -222,6 +222,18 @@ fn server_mapping(
         );
         put(&mut t, "cache_transceiver_config", Value::Mapping(ct));
     }
+    let adp = &s.attention_dp_config;
+    if s.enable_attention_dp && adp.enable_balance {
+        let mut a = Mapping::new();
+        put(&mut a, "enable_balance", true.into());
+        put(&mut a, "timeout_iters", adp.timeout_iters.into());
+        put(
+            &mut a,
+            "batching_wait_iters",
+            adp.batching_wait_iters.into(),
+        );
+        put(&mut t, "attention_dp_config", Value::Mapping(a));
+    }
     if s.max_draft_len > 0 {
         let mut spec = Mapping::new();
         put(&mut spec, "max_draft_len", s.max_draft_len.into());
@@ -234,7 +246,7 @@ fn server_mapping(
         ("hybrid_model", s.hybrid_model != d.hybrid_model),
         (
             "attention_dp_config.router",
-            s.attention_dp_config != d.attention_dp_config,
+            s.attention_dp_config.router != d.attention_dp_config.router,
         ),
         ("slot_pools", s.slot_pools != d.slot_pools),
         (

@@ -346,6 +346,10 @@ fn server_config(g: &Group, index: u64, max_tokens: i64) -> ServerConfig {
     if let Some(t) = y.kv_transfer_timeout_ms {
         s.cache_transceiver_config.kv_transfer_timeout_ms = t;
     }
+    let adp = &mut s.attention_dp_config;
+    adp.enable_balance = y.enable_balance.unwrap_or(adp.enable_balance);
+    adp.timeout_iters = y.timeout_iters.unwrap_or(adp.timeout_iters);
+    adp.batching_wait_iters = y.batching_wait_iters.unwrap_or(adp.batching_wait_iters);
     s
 }
 

@@ -50,6 +50,12 @@ pub struct ServerYaml {
     pub kv_transfer_timeout_ms: Option<i64>,
     /// `speculative_config.max_draft_len` (or MTP's `num_nextn_predict_layers`).
     pub max_draft_len: Option<i64>,
+    /// `attention_dp_config.enable_balance`.
+    pub enable_balance: Option<bool>,
+    /// `attention_dp_config.timeout_iters`.
+    pub timeout_iters: Option<i64>,
+    /// `attention_dp_config.batching_wait_iters`.
+    pub batching_wait_iters: Option<i64>,
 }
 
 /// Reads keys out of a mapping, naming `prefix.key` and the file in errors and
@@ -158,12 +164,17 @@ impl KeyReader<'_> {
         s.max_draft_len = draft.or(mtp);
         self.rest(spec, &spec_prefix);
 
-        // Attention-DP balancing and the MoE backend shape kernels and waits that the
-        // cost model does not see: listed, not dropped.
-        for table in ["attention_dp_config", "moe_config"] {
-            let t = self.table(&mut map, prefix, table)?;
-            self.rest(t, &join(prefix, table));
-        }
+        let adp_prefix = join(prefix, "attention_dp_config");
+        let mut adp = self.table(&mut map, prefix, "attention_dp_config")?;
+        s.enable_balance = self.take(&mut adp, &adp_prefix, "enable_balance")?;
+        s.timeout_iters = self.take(&mut adp, &adp_prefix, "timeout_iters")?;
+        s.batching_wait_iters = self.take(&mut adp, &adp_prefix, "batching_wait_iters")?;
+        self.rest(adp, &adp_prefix);
+
+        // The MoE backend shapes kernels the cost model does not see: listed, not
+        // dropped.
+        let moe = self.table(&mut map, prefix, "moe_config")?;
+        self.rest(moe, &join(prefix, "moe_config"));
         self.rest(map, prefix);
         Ok(s)
     }
