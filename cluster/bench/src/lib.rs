@@ -7,7 +7,17 @@
 //! - [`sse`]: the streamed answer, event by event;
 //! - [`exchange`]: one request, sent and measured;
 //! - [`summary`]: vLLM's result lines from a report;
-//! - here: the options, the server check, and the driver that plays the workload.
+//! - here: the options, the server check, the `ignore_eos` probe, and the driver that
+//!   plays the workload.
+//!
+//! Before any request: the prompt ids are settled ([`request::PromptIds`]: from
+//! `--tokenizer` and `--prompt-ids`, a range that does not fit the tokenizer's vocabulary
+//! being an error naming both), then `GET /v1/models` checks the server (and names the
+//! model), then, under [`IgnoreEos::Auto`], one probe request of one prompt token and one
+//! output token with vLLM's `ignore_eos` and `min_tokens` asks whether the server takes
+//! them: a 4xx answer whose text names either field means it does not (OpenAI's own API
+//! answers 400 `Unrecognized request argument supplied: ignore_eos`), and the run's
+//! requests go without both; any other answer keeps them. The probe is not measured.
 //!
 //! The driver mirrors the real drivers' client ([`lockstep_runtime::client`]): one task
 //! owns the [`Workload`], releases each arrival when it is due (in scaled wall time),
@@ -24,6 +34,7 @@ pub mod sse;
 pub mod summary;
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -40,6 +51,7 @@ use lockstep_plan::report::{
 };
 use lockstep_plan::scenario::Scenario;
 use lockstep_plan::workload::Workload;
+use request::{BodyRules, PromptIds, PromptIdsError};
 
 /// How long the server check (`GET /v1/models`) may take at most.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -64,6 +76,40 @@ pub struct BenchOptions {
     pub request_timeout: Duration,
     /// The workload's seed (a seed in the scenario wins, as in `sim`).
     pub seed: u64,
+    /// A `tokenizer.json` (or a directory holding one) whose vocabulary prompt ids are
+    /// drawn from.
+    pub tokenizer: Option<PathBuf>,
+    /// The inclusive range prompt ids are drawn from (`None`: the whole tokenizer
+    /// vocabulary, or [`request::TOKEN_ID_MIN`]`..=`[`request::TOKEN_ID_MAX`]
+    /// without a tokenizer).
+    pub prompt_ids: Option<(u32, u32)>,
+    /// Whether vLLM's `ignore_eos` and `min_tokens` are sent.
+    pub ignore_eos: IgnoreEos,
+}
+
+/// Whether requests carry vLLM's `ignore_eos: true` and `min_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IgnoreEos {
+    /// Probe the server once before the run; send them unless it refuses them.
+    #[default]
+    Auto,
+    /// Always (a server that refuses them fails every request).
+    On,
+    /// Never (a real model may stop before the asked output length).
+    Off,
+}
+
+/// What a benchmark gave: the report, and what the requests carried.
+#[derive(Debug)]
+pub struct BenchRun {
+    /// As `sim` and `run` write.
+    pub report: Report,
+    /// Whether the requests carried `ignore_eos` and `min_tokens`.
+    pub ignore_eos: bool,
+    /// Under [`IgnoreEos::Auto`], the probe's answer when the server refused them.
+    pub ignore_eos_refused: Option<String>,
+    /// The least and largest prompt id, and how many ids prompts are drawn from.
+    pub prompt_ids: (u32, u32, usize),
 }
 
 /// Why a benchmark could not run.
@@ -96,6 +142,9 @@ pub enum BenchError {
     /// The scenario cannot be played.
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// The prompt ids cannot be drawn (`--tokenizer`, `--prompt-ids`).
+    #[error(transparent)]
+    PromptIds(#[from] PromptIdsError),
     /// The HTTP client or the async runtime could not start.
     #[error("starting the HTTP client: {0}")]
     Start(String),
@@ -137,14 +186,30 @@ pub fn base_url(url: &str) -> Result<reqwest::Url, BenchError> {
     Ok(u)
 }
 
+/// The ids prompts are drawn from, as `opts` says (no server asked).
+pub fn prompt_ids(opts: &BenchOptions) -> Result<PromptIds, PromptIdsError> {
+    match (&opts.tokenizer, opts.prompt_ids) {
+        (Some(path), range) => PromptIds::from_tokenizer(path, range),
+        (None, Some((min, max))) => PromptIds::range(min, max),
+        (None, None) => Ok(PromptIds::default()),
+    }
+}
+
+/// Whether an answer to the probe says that the server refuses vLLM's `ignore_eos` or
+/// `min_tokens`: a 4xx whose text names either.
+pub fn refuses_ignore_eos(status: u16, text: &str) -> bool {
+    (400..500).contains(&status) && (text.contains("ignore_eos") || text.contains("min_tokens"))
+}
+
 /// Plays `scenario`'s workload against the server at `opts.url` and reports. `progress`
 /// is told (requests ended, requests in all) as requests end.
 pub fn run(
     scenario: &Scenario,
     opts: &BenchOptions,
     progress: Option<&mut dyn FnMut(u64, u64)>,
-) -> Result<Report, BenchError> {
+) -> Result<BenchRun, BenchError> {
     let base = base_url(&opts.url)?;
+    let ids = prompt_ids(opts)?;
     let fleet = Fleet::plan(scenario, opts.seed)?;
     let workload = fleet.workload()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -182,17 +247,59 @@ pub fn run(
                 })?,
             api_key: opts.api_key.clone(),
         };
+        let (lo, hi) = ids.bounds();
+        let prompt_ids = (lo, hi, ids.len());
+        let mut rules = BodyRules {
+            model,
+            tokens_per_block: fleet.tokens_per_block,
+            prompt_ids: ids,
+            ignore_eos: opts.ignore_eos != IgnoreEos::Off,
+        };
+        let mut ignore_eos_refused = None;
+        if opts.ignore_eos == IgnoreEos::Auto {
+            ignore_eos_refused = probe_ignore_eos(&client, &target, opts, &rules).await;
+            rules.ignore_eos = ignore_eos_refused.is_none();
+        }
+        let ignore_eos = rules.ignore_eos;
         let driver = Driver {
             client,
             target,
-            model,
+            rules,
             endpoint: opts.endpoint,
-            tokens_per_block: fleet.tokens_per_block,
             time_scale: opts.time_scale.max(0.0),
             timeout: opts.request_timeout,
         };
-        Ok(driver.play(scenario, fleet.seed, workload, progress).await)
+        let report = driver.play(scenario, fleet.seed, workload, progress).await;
+        Ok(BenchRun {
+            report,
+            ignore_eos,
+            ignore_eos_refused,
+            prompt_ids,
+        })
     })
+}
+
+/// One request of one prompt token and one output token carrying `ignore_eos` and
+/// `min_tokens`: the server's answer (`HTTP 400: …`) when it refuses them, else `None`.
+async fn probe_ignore_eos(
+    client: &reqwest::Client,
+    target: &Target,
+    opts: &BenchOptions,
+    rules: &BodyRules,
+) -> Option<String> {
+    let spec = lockstep_actors::request::RequestSpec::new(0, 1, 1);
+    let body = request::request_body(&spec, opts.endpoint, rules);
+    let mut req = client
+        .post(target.url.clone())
+        .json(&body)
+        .timeout(PROBE_TIMEOUT.min(opts.request_timeout));
+    if let Some(k) = &target.api_key {
+        req = req.bearer_auth(k);
+    }
+    let resp = req.send().await.ok()?;
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    refuses_ignore_eos(status, &text).then(|| sse::http_error_reason(status, &text))
 }
 
 /// Checks that the server answers HTTP (`GET /v1/models`); its first model's id, or why
@@ -237,9 +344,8 @@ async fn probe(
 struct Driver {
     client: reqwest::Client,
     target: Target,
-    model: String,
+    rules: BodyRules,
     endpoint: Endpoint,
-    tokens_per_block: u32,
     time_scale: f64,
     timeout: Duration,
 }
@@ -289,12 +395,7 @@ impl Driver {
                 let Some(a) = workload.pop_due(t) else {
                     break;
                 };
-                let body = request::request_body(
-                    &a.spec,
-                    self.endpoint,
-                    &self.model,
-                    self.tokens_per_block,
-                );
+                let body = request::request_body(&a.spec, self.endpoint, &self.rules);
                 let id = a.spec.id;
                 if tasks.is_empty() {
                     // The stall bound counts from the oldest request in flight.
@@ -438,6 +539,17 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn only_a_client_error_naming_the_extension_refuses_it() {
+        let openai = r#"{"error":{"message":"Unrecognized request argument supplied: ignore_eos","type":"invalid_request_error"}}"#;
+        assert!(refuses_ignore_eos(400, openai));
+        assert!(refuses_ignore_eos(422, "extra field: min_tokens"));
+        assert!(!refuses_ignore_eos(200, openai), "a success takes them");
+        assert!(!refuses_ignore_eos(500, openai), "not a client error");
+        assert!(!refuses_ignore_eos(401, "missing or wrong API key"));
+        assert!(!refuses_ignore_eos(400, "prompt: token id 9000 is outside"));
     }
 
     #[test]

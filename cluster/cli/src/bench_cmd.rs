@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use lockstep_bench::{BenchOptions, Endpoint};
+use lockstep_bench::{BenchOptions, Endpoint, IgnoreEos};
 use lockstep_plan::report::Slo;
 
 use crate::args::{ScenarioArgs, finite_non_negative, load};
@@ -46,6 +46,18 @@ pub(crate) struct BenchArgs {
     /// past it.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     request_timeout_s: u64,
+    /// Draw prompt token ids from this tokenizer's vocabulary, clear of its added and
+    /// special tokens: a `tokenizer.json`, or a model directory holding one.
+    #[arg(long, value_name = "PATH")]
+    tokenizer: Option<PathBuf>,
+    /// Draw prompt token ids from MIN..=MAX (default: the whole --tokenizer vocabulary,
+    /// or 1000-30000 without one); with --tokenizer it must fit the vocabulary.
+    #[arg(long, value_name = "MIN-MAX", value_parser = lockstep_bench::request::parse_range)]
+    prompt_ids: Option<(u32, u32)>,
+    /// Send vLLM's `ignore_eos` and `min_tokens`: `auto` probes the server with one
+    /// request first and leaves both out where it refuses them.
+    #[arg(long, value_parser = ["auto", "on", "off"], default_value = "auto")]
+    ignore_eos: String,
     /// No progress bar (there is none either when stderr is not a terminal).
     #[arg(long)]
     no_progress: bool,
@@ -64,6 +76,9 @@ pub(crate) fn run(
         json,
         slo,
         request_timeout_s,
+        tokenizer,
+        prompt_ids,
+        ignore_eos,
         no_progress,
     }: BenchArgs,
 ) -> anyhow::Result<ExitCode> {
@@ -81,6 +96,13 @@ pub(crate) fn run(
             time_scale,
             request_timeout: std::time::Duration::from_secs(request_timeout_s),
             seed: seed.unwrap_or(0),
+            tokenizer,
+            prompt_ids,
+            ignore_eos: match ignore_eos.as_str() {
+                "on" => IgnoreEos::On,
+                "off" => IgnoreEos::Off,
+                _ => IgnoreEos::Auto,
+            },
         },
         seed,
         json.as_deref(),
@@ -107,10 +129,18 @@ fn bench_command(
             b.set_position(done);
         }
     };
-    let mut report = lockstep_bench::run(&scenario, &opts, Some(&mut tick))?;
+    let run = lockstep_bench::run(&scenario, &opts, Some(&mut tick))?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    if let Some(why) = &run.ignore_eos_refused {
+        eprintln!(
+            "note: the server refused vLLM's ignore_eos ({why}); requests went without \
+             ignore_eos and min_tokens, so a real model may stop before the asked output \
+             length (--ignore-eos on|off to choose)"
+        );
+    }
+    let mut report = run.report;
     if let Some(slo) = slo {
         report.apply_slo(slo);
     }
