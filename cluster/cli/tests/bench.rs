@@ -269,8 +269,9 @@ fn a_server_answering_errors_fails_every_request_with_the_reason() {
 }
 
 /// A fake OpenAI server on a free port: `/v1/models` names `fake`; the n-th completion
-/// (from 1) gets `answer(n)` as a complete HTTP response. One request per connection.
-fn fake_server(answer: fn(u32) -> String) -> String {
+/// (from 1, the `--ignore-eos auto` probe included) with body `b` gets `answer(n, b)` as
+/// a complete HTTP response. One request per connection.
+fn fake_server(answer: fn(u32, &str) -> String) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     std::thread::spawn(move || {
@@ -300,7 +301,7 @@ fn fake_server(answer: fn(u32) -> String) -> String {
                 )
             } else {
                 n += 1;
-                answer(n)
+                answer(n, &String::from_utf8_lossy(&body))
             };
             let _ = conn.write_all(reply.as_bytes());
         }
@@ -320,7 +321,7 @@ fn sse_response(events: &[&str]) -> String {
 fn the_usage_count_wins_and_a_stream_without_done_fails() {
     // Requests 1 and 2: three chunks of text, then a usage of 5 tokens and [DONE].
     // Requests 3 and 4: two chunks, and the stream ends without [DONE].
-    let url = fake_server(|n| {
+    let url = fake_server(|n, _| {
         let text = r#"{"choices":[{"index":0,"text":" w","finish_reason":null}]}"#;
         if n <= 2 {
             sse_response(&[
@@ -339,6 +340,9 @@ fn the_usage_count_wins_and_a_stream_without_done_fails() {
         "--url",
         &url,
         "--no-progress",
+        // No probe: the fake counts only the workload's requests.
+        "--ignore-eos",
+        "on",
         "--json",
         json.to_str().unwrap(),
         "--set",
@@ -365,4 +369,162 @@ fn the_usage_count_wins_and_a_stream_without_done_fails() {
     );
     // Two inter-token samples per completed request (three chunks of text each).
     assert_eq!(report.latency_ms.itl.samples, 4);
+}
+
+/// A streamed answer of two tokens with its usage.
+fn two_tokens() -> String {
+    let text = r#"{"choices":[{"index":0,"text":" w","finish_reason":null}]}"#;
+    sse_response(&[
+        text,
+        text,
+        r#"{"choices":[],"usage":{"prompt_tokens":16,"completion_tokens":2}}"#,
+        "[DONE]",
+    ])
+}
+
+/// An OpenAI-style 400 naming `field`.
+fn refused(field: &str) -> String {
+    let b = format!(
+        r#"{{"error":{{"message":"Unrecognized request argument supplied: {field}","type":"invalid_request_error","param":null,"code":null}}}}"#
+    );
+    format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{b}",
+        b.len()
+    )
+}
+
+/// `bench` of four requests of two output tokens against `url`, with `extra`; its
+/// output and report.
+fn bench_four(url: &str, name: &str, extra: &[&str]) -> (Output, Report) {
+    let json = temp(name);
+    let _ = std::fs::remove_file(&json);
+    let mut args = vec![
+        "--url",
+        url,
+        "--no-progress",
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    for s in [
+        "workload.num_requests=4",
+        "workload.concurrency=2",
+        "workload.input_len=16",
+        "workload.output_len=2",
+    ] {
+        args.extend(["--set", s]);
+    }
+    let scenario = example_path("agg-dp2-binding.toml");
+    args.push(&scenario);
+    let out = bench(&args);
+    let report = read_report(&json);
+    (out, report)
+}
+
+#[test]
+fn ignore_eos_auto_leaves_it_out_only_where_the_server_refuses_it() {
+    // As OpenAI's API: a 400 naming the vLLM extension.
+    let refusing = fake_server(|_, body| {
+        if body.contains("ignore_eos") || body.contains("min_tokens") {
+            refused("ignore_eos")
+        } else {
+            two_tokens()
+        }
+    });
+    let (out, report) = bench_four(&refusing, "bench-eos-auto.json", &[]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(report.requests.completed, 4, "{:?}", report.per_request);
+    assert!(
+        stderr.contains("note: the server refused vLLM's ignore_eos")
+            && stderr.contains("HTTP 400: Unrecognized request argument supplied: ignore_eos"),
+        "{stderr}"
+    );
+    // `off` sends neither field and says nothing.
+    let (out, report) = bench_four(&refusing, "bench-eos-off.json", &["--ignore-eos", "off"]);
+    assert!(out.status.success() && !text(&out.stderr).contains("note:"));
+    assert_eq!(report.requests.completed, 4);
+    // `on` sends them anyway: every request fails with the server's reason.
+    let (out, report) = bench_four(&refusing, "bench-eos-on.json", &["--ignore-eos", "on"]);
+    assert!(!out.status.success());
+    assert_eq!(report.requests.failed, 4);
+    assert!(report.per_request.iter().all(|d| {
+        d.failure.as_deref() == Some("HTTP 400: Unrecognized request argument supplied: ignore_eos")
+    }));
+    // A server that takes them (here: one that needs them) gets them under auto.
+    let taking = fake_server(|_, body| {
+        if body.contains(r#""ignore_eos":true"#) && body.contains("min_tokens") {
+            two_tokens()
+        } else {
+            refused("wanted ignore_eos and min_tokens")
+        }
+    });
+    let (out, report) = bench_four(&taking, "bench-eos-taken.json", &[]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(report.requests.completed, 4, "{:?}", report.per_request);
+    assert!(!stderr.contains("note:"), "{stderr}");
+}
+
+/// Against `lockstep serve --model` with the tiny random model (a vocabulary of 512, the
+/// CPU backend): the default ids (1000..=30000) lie outside it and every request fails
+/// with the server's reason; `--tokenizer` draws them inside and every request
+/// completes; a `--prompt-ids` range past the vocabulary is an error naming both
+/// numbers before any request (the URL is never reached).
+#[test]
+fn prompt_ids_come_from_the_tokenizer_and_a_range_must_fit_it() {
+    use lockstep_gpu::model::{InitOptions, write_random_model};
+    let dir = std::env::temp_dir().join(format!("lockstep-bench-vocab-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    write_random_model(&dir, &InitOptions::default()).expect("init");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let server = Server::start("model/agg-tiny.toml", &["--model", &dir_arg]);
+    let (out, report) = bench_four(&server.url, "bench-vocab-default.json", &[]);
+    assert!(!out.status.success());
+    assert_eq!(report.requests.failed, 4, "{:?}", report.per_request);
+    for d in &report.per_request {
+        let why = d.failure.as_deref().unwrap_or("");
+        assert!(
+            why.starts_with("HTTP 400") && why.contains("outside the model's vocabulary of 512"),
+            "{why}"
+        );
+    }
+    let (out, report) = bench_four(
+        &server.url,
+        "bench-vocab-tokenizer.json",
+        &["--tokenizer", &dir_arg],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(report.requests.completed, 4, "{:?}", report.per_request);
+    assert!(report.per_request.iter().all(|d| d.output_tokens == 2));
+    drop(server);
+    // The range checked before anything is sent: nothing listens at this URL.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    for (range, extra) in [("1000-30000", None), ("100-512", Some("0..=511"))] {
+        let out = bench(&[
+            "--url",
+            &url,
+            "--no-progress",
+            "--tokenizer",
+            &dir_arg,
+            "--prompt-ids",
+            range,
+            &example_path("agg-dp2-binding.toml"),
+        ]);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            stderr.contains(&format!("--prompt-ids {range} does not fit the vocabulary"))
+                && stderr.contains("512 ids")
+                && extra.is_none_or(|e| stderr.contains(e)),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("cannot reach"), "{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
