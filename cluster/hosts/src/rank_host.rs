@@ -82,11 +82,6 @@ impl RankHost {
         self.closed = true;
     }
 
-    /// Whether items wait to be read.
-    pub fn has_queued(&self) -> bool {
-        !self.queued.is_empty()
-    }
-
     /// The executor asks for the ingress in `mode` at `now`. `Poll` takes what is there;
     /// `Block` and `Stalled` take it too when there is something, and otherwise wait.
     pub fn read(&mut self, mode: FetchMode, now: u64) -> Read {

@@ -109,8 +109,8 @@ impl Default for SimOptions<'_> {
 enum Event {
     /// A server's iteration reaches its process point.
     Process(usize),
-    /// A server's stall bound passes (if its stall is still the same one).
-    StallBound { server: usize, generation: u64 },
+    /// A waiting server's stall bound passes.
+    StallBound { server: usize },
     /// A transceiver's deadline.
     TransceiverTimer { server: usize, rank: usize },
     /// The front host's deadline: generation-first notices leave the link.
@@ -334,14 +334,11 @@ impl Sim<'_, '_> {
                 let step = self.servers[s].process(now);
                 self.after_step(s, step)?;
             }
-            Event::StallBound { server, generation } => {
-                let srv = &self.servers[server];
-                if srv.state == (ServerState::Waiting { bounded: true })
-                    && srv.stall_generation == generation
-                {
-                    // The bound passed: the read ends with the stall-out.
-                    self.resume(server, None)?;
-                }
+            Event::StallBound { server } => {
+                // Only the waiting read's timer is live (ending a wait cancels it): the
+                // host ends the read with the stall-out.
+                self.servers[server].stall_timer = None;
+                self.resume(server, None)?;
             }
             Event::TransceiverTimer { server, rank } => {
                 if let Some((_, timer)) = &mut self.servers[server].transceivers[rank] {
@@ -387,7 +384,6 @@ impl Sim<'_, '_> {
         if !resumed {
             return Ok(());
         }
-        self.servers[s].stall_generation += 1;
         if let Some(seq) = self.servers[s].stall_timer.take() {
             self.cancel(seq);
         }
@@ -405,19 +401,10 @@ impl Sim<'_, '_> {
             match step.map_err(|e| self.protocol(s, e))? {
                 Step::Waiting { stall_ends_at } => {
                     if let Some(at) = stall_ends_at {
-                        let srv = &mut self.servers[s];
-                        srv.stall_generation += 1;
-                        let generation = srv.stall_generation;
                         if let Some(old) = self.servers[s].stall_timer.take() {
                             self.cancel(old);
                         }
-                        let seq = self.push(
-                            at.max(self.now),
-                            Event::StallBound {
-                                server: s,
-                                generation,
-                            },
-                        );
+                        let seq = self.push(at.max(self.now), Event::StallBound { server: s });
                         self.servers[s].stall_timer = Some(seq);
                     }
                     return Ok(());

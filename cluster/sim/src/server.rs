@@ -73,8 +73,7 @@ pub struct SimServer {
     /// Per rank (ctx and gen servers): the transceiver and its timer.
     pub transceivers: Vec<Option<(TransceiverHost, Option<TimerAt>)>>,
     pub state: ServerState,
-    /// The stall timer's generation and its event.
-    pub stall_generation: u64,
+    /// The waiting read's stall-bound event.
     pub stall_timer: Option<u64>,
     device: Device,
     next_forward: u64,
@@ -108,7 +107,6 @@ impl SimServer {
             host: RankHost::new(u64::MAX, 1.0),
             transceivers: (0..dp).map(|_| None).collect(),
             state: ServerState::Busy,
-            stall_generation: 0,
             stall_timer: None,
             device: Device::new(),
             next_forward: 0,
