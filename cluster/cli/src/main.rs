@@ -114,7 +114,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", error_text(&e));
+            output::print_error(&error_text(&e));
             ExitCode::FAILURE
         }
     }

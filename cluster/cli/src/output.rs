@@ -8,6 +8,15 @@ use anyhow::Context;
 
 use lockstep_plan::report::Report;
 
+/// Prints `error: TEXT` on stderr in one write: `eprintln!` writes its pieces apart, and
+/// under mpirun, whose processes share one forwarded stderr, another process's line can
+/// land between `error: ` and the text.
+pub(crate) fn print_error(text: &str) {
+    use std::io::Write as _;
+    let line = format!("error: {text}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
 /// The exit status says how the run ended, so scripts need not parse the report:
 /// 0 every request completed (or failed with a reason the report gives), 1 the run
 /// itself failed (a collective error, a lost device or rank), 2 the fleet crashed (a

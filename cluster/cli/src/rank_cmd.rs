@@ -82,12 +82,11 @@ fn rank_command(
             if front.abandoned {
                 // Lost ranks: finalising would wait for them. Exit now, non-zero;
                 // mpirun ends the rest of the job.
-                eprintln!(
-                    "error: {}",
+                crate::output::print_error(
                     report
                         .outcome_detail
                         .as_deref()
-                        .unwrap_or("lost part of the fleet")
+                        .unwrap_or("lost part of the fleet"),
                 );
                 use std::io::Write as _;
                 let _ = std::io::stdout().flush();
@@ -97,7 +96,7 @@ fn rank_command(
         }
         Ok(None) => Ok(ExitCode::SUCCESS),
         Err(e) => {
-            eprintln!("error: {e}");
+            crate::output::print_error(&e.to_string());
             // A failing rank must not leave its peers waiting in a collective.
             std::process::exit(2);
         }
