@@ -5,7 +5,9 @@
 //! bandwidth, loss by request). Same seed and input → identical report (but for
 //! `wall_time_s`).
 //!
-//! Events are ordered by `(time, insertion sequence)`. A server runs its protocol until
+//! Events are ordered by time and, within an instant, by [`Phase`], then by the
+//! participant they belong to, then as they were scheduled: the rule the real drivers'
+//! ordered mode follows too, so it can reproduce a run. A server runs its protocol until
 //! it needs time to pass (its iteration's process point) or an input (its rank 0 waits:
 //! idle, or stalled because its last iteration changed nothing); an input wakes it. A
 //! bounded stall that lasts past the stall bound ends the server's work as deadlocked,
@@ -104,6 +106,29 @@ impl Default for SimOptions<'_> {
     }
 }
 
+/// The order of events within one instant (then by participant): every server's
+/// process point first (its outputs are sent and its next fetch reads what had arrived
+/// before this instant), then the front (what the servers sent it), then the
+/// transceivers (the commands and messages of this instant), then deliveries to the
+/// servers' ingress, and last the waiting servers' reads, which see everything that
+/// arrived up to and including this instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    /// A server's iteration reaches its process point.
+    Process,
+    /// The front handles what reached it.
+    Front,
+    /// A transceiver host runs.
+    Transceiver,
+    /// Items reach a server's ingress.
+    Delivery,
+    /// A waiting server's read ends (an input came, or its stall bound passed).
+    Resume,
+}
+
+/// An event's place in the queue: time, phase, participant, then insertion order.
+type EventKey = (u64, Phase, u32, u64);
+
 /// Something that happens at a virtual time.
 #[derive(Debug)]
 enum Event {
@@ -111,6 +136,9 @@ enum Event {
     Process(usize),
     /// A waiting server's stall bound passes.
     StallBound { server: usize },
+    /// A waiting server got an input this instant: its read ends after every delivery
+    /// of the instant.
+    Resume { server: usize },
     /// A transceiver's deadline.
     TransceiverTimer { server: usize, rank: usize },
     /// The front host's deadline: generation-first notices leave the link.
@@ -135,7 +163,7 @@ struct Sim<'s, 'o> {
     front_timer: Option<(u64, u64)>,
     now: u64,
     seq: u64,
-    queue: BinaryHeap<std::cmp::Reverse<(u64, u64)>>,
+    queue: BinaryHeap<std::cmp::Reverse<EventKey>>,
     events: BTreeMap<u64, Event>,
     servers: Vec<SimServer>,
     /// The front's host and the client: the same hosts the real drivers run.
@@ -230,9 +258,38 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
 impl Sim<'_, '_> {
     fn push(&mut self, at: u64, e: Event) -> u64 {
         self.seq += 1;
-        self.queue.push(std::cmp::Reverse((at, self.seq)));
+        let (phase, who) = self.place(&e);
+        self.queue
+            .push(std::cmp::Reverse((at, phase, who, self.seq)));
         self.events.insert(self.seq, e);
         self.seq
+    }
+
+    /// An event's phase and participant within its instant ([`Phase`]).
+    fn place(&self, e: &Event) -> (Phase, u32) {
+        match e {
+            Event::Process(s) => (Phase::Process, *s as u32),
+            Event::ToFront(
+                Envelope::Responses { server, .. } | Envelope::ServerStopped { server },
+            ) => (Phase::Front, *server),
+            Event::ToFront(_) | Event::FrontTimer => (Phase::Front, u32::MAX),
+            Event::TransceiverTimer { server, rank } => {
+                (Phase::Transceiver, self.transceiver_index(*server, *rank))
+            }
+            Event::Ingress { server, .. } => (Phase::Delivery, *server as u32),
+            Event::StallBound { server } | Event::Resume { server } => {
+                (Phase::Resume, *server as u32)
+            }
+        }
+    }
+
+    /// A transceiver's place among all of them: by server, then by rank.
+    fn transceiver_index(&self, server: usize, rank: usize) -> u32 {
+        let before: usize = self.servers[..server]
+            .iter()
+            .map(|s| s.transceivers.len())
+            .sum();
+        (before + rank) as u32
     }
 
     /// Cancels a scheduled event (its queue entry is skipped, and moves no clock).
@@ -242,7 +299,7 @@ impl Sim<'_, '_> {
 
     /// The time of the next live event, dropping cancelled entries on the way.
     fn next_event_time(&mut self) -> Option<u64> {
-        while let Some(&std::cmp::Reverse((at, seq))) = self.queue.peek() {
+        while let Some(&std::cmp::Reverse((at, _, _, seq))) = self.queue.peek() {
             if self.events.contains_key(&seq) {
                 return Some(at);
             }
@@ -307,7 +364,7 @@ impl Sim<'_, '_> {
                 self.front_handles(arrivals);
                 continue;
             }
-            let Some(std::cmp::Reverse((_, seq))) = self.queue.pop() else {
+            let Some(std::cmp::Reverse((_, _, _, seq))) = self.queue.pop() else {
                 continue;
             };
             let Some(event) = self.events.remove(&seq) else {
@@ -340,6 +397,11 @@ impl Sim<'_, '_> {
                 self.servers[server].stall_timer = None;
                 self.resume(server, None)?;
             }
+            Event::Resume { server } => {
+                if matches!(self.servers[server].state, ServerState::Waiting { .. }) {
+                    self.resume(server, None)?;
+                }
+            }
             Event::TransceiverTimer { server, rank } => {
                 if let Some((_, timer)) = &mut self.servers[server].transceivers[rank] {
                     *timer = None;
@@ -353,7 +415,7 @@ impl Sim<'_, '_> {
                     self.after_front();
                 } else {
                     self.servers[server].host.deliver(items);
-                    self.wake(server)?;
+                    self.wake(server);
                 }
             }
             Event::ToFront(envelope) => self.front_handles([FrontInbound::Net(envelope)]),
@@ -366,12 +428,12 @@ impl Sim<'_, '_> {
         Ok(())
     }
 
-    /// An input reached server `s`: a waiting rank 0 reads it now.
-    fn wake(&mut self, s: usize) -> Result<(), SimError> {
+    /// An input reached server `s`: a waiting rank 0 reads at the end of this instant,
+    /// with whatever else reaches it in the instant.
+    fn wake(&mut self, s: usize) {
         if matches!(self.servers[s].state, ServerState::Waiting { .. }) {
-            self.resume(s, None)?;
+            self.push(self.now, Event::Resume { server: s });
         }
-        Ok(())
     }
 
     /// A waiting server's read ends, if its host says so (with a stall-out, if given),
@@ -497,7 +559,9 @@ impl Sim<'_, '_> {
                     t.handle(now, TransceiverIn::Command(c));
                 }
             }
-            self.pump(s, rank)?;
+            // The host runs in this instant's transceiver phase, after every server's
+            // process point.
+            self.run_transceiver_now(s, rank);
         }
         Ok(())
     }
@@ -592,9 +656,28 @@ impl Sim<'_, '_> {
                 let _ = self.servers[s].group.ranks_mut()[r].handle_transfer_event(e);
             }
             self.servers[s].host.deliver([IngressItem::Wake]);
-            self.wake(s)?;
+            self.wake(s);
         }
         Ok(())
+    }
+
+    /// A transceiver host runs in this instant's transceiver phase (its timer moves
+    /// to now).
+    fn run_transceiver_now(&mut self, s: usize, r: usize) {
+        let now = self.now;
+        let Some((_, timer)) = &mut self.servers[s].transceivers[r] else {
+            return;
+        };
+        if timer.is_some_and(|(at, _)| at == now) {
+            return;
+        }
+        if let Some((_, seq)) = timer.take() {
+            self.cancel(seq);
+        }
+        let seq = self.push(now, Event::TransceiverTimer { server: s, rank: r });
+        if let Some((_, timer)) = &mut self.servers[s].transceivers[r] {
+            *timer = Some((now, seq));
+        }
     }
 
     /// The front host's timer at its next deadline (moved when the deadline moved).
