@@ -13,7 +13,9 @@
 
 use std::collections::VecDeque;
 
+use lockstep_actors::device::{Device, DeviceIn};
 use lockstep_actors::executor::{BatchShape, FetchBatch, FetchMode};
+use lockstep_actors::ids::BatchNumber;
 use lockstep_actors::request::IngressItem;
 use lockstep_gpu::Backend;
 
@@ -56,7 +58,13 @@ pub struct RankHost {
     fetched_at: u64,
     /// Driver time per modeled nanosecond.
     time_scale: f64,
+    /// The modeled device: forwards one at a time, in launch order.
+    device: Device,
 }
+
+/// Every iteration takes at least this long in modeled time, so the clock always
+/// advances (wall time does that by itself in the real drivers' paced runs).
+pub const MIN_ITERATION_NS: u64 = 1_000;
 
 impl RankHost {
     /// A rank host whose bounded stalls end after `stall_bound_ns` and whose modeled
@@ -69,6 +77,7 @@ impl RankHost {
             waiting: None,
             fetched_at: 0,
             time_scale,
+            device: Device::new(),
         }
     }
 
@@ -162,6 +171,37 @@ impl RankHost {
             forward_ns: self.scaled(time.device_ns),
             host_ns,
         }
+    }
+
+    /// Launches the iteration's forward (`launched`: its batch number) on the modeled
+    /// device and says when the iteration reaches its process point, where the update
+    /// runs and responses and KV sends leave: the awaited output is ready (this batch's
+    /// without overlap, the previous one's with it) and the host step is done, and at
+    /// least [`MIN_ITERATION_NS`] after the fetch. Where virtual time is all there is
+    /// (the simulator, an ordered real run) this is when the iteration ends.
+    pub fn process_point(
+        &mut self,
+        times: &ForwardTimes,
+        launched: Option<BatchNumber>,
+        awaited: Option<BatchNumber>,
+    ) -> u64 {
+        // Outputs ready by the fetch are behind us.
+        self.device.handle_timeout(self.fetched_at);
+        while self.device.poll_out().is_some() {}
+        if let Some(batch) = launched {
+            self.device.handle(
+                times.launch_at,
+                DeviceIn::Launch {
+                    batch,
+                    forward_ns: times.forward_ns,
+                },
+            );
+        }
+        let ready = awaited.and_then(|n| self.device.ready_at(n)).unwrap_or(0);
+        times
+            .launch_at
+            .max(ready)
+            .max(self.fetched_at + MIN_ITERATION_NS)
     }
 
     fn scaled(&self, ns: u64) -> u64 {

@@ -11,7 +11,6 @@
 //! leave the ranks, in every driver alike.
 
 use lockstep_actors::config::Role;
-use lockstep_actors::device::{Device, DeviceIn};
 use lockstep_actors::executor::FetchBatch;
 use lockstep_actors::group::{GroupError, GroupNeed, ServerGroup, TokenSource};
 use lockstep_actors::ids::BatchNumber;
@@ -75,7 +74,6 @@ pub struct SimServer {
     pub state: ServerState,
     /// The waiting read's stall-bound event.
     pub stall_timer: Option<u64>,
-    device: Device,
     next_forward: u64,
     /// The running iteration's host and device time.
     current: (u64, u64),
@@ -108,7 +106,6 @@ impl SimServer {
             transceivers: (0..dp).map(|_| None).collect(),
             state: ServerState::Busy,
             stall_timer: None,
-            device: Device::new(),
             next_forward: 0,
             current: (0, 0),
             tokens,
@@ -180,35 +177,22 @@ impl SimServer {
 
     /// The forward step's times: returns the process point.
     fn time_forward(&mut self, forward_ran: bool, backend: &AnalyticBackend) -> u64 {
-        let t0 = self.host.fetched_at();
         // Every rank's shape came with its vote: the time every driver computes.
         let time = self
             .host
             .forward_times(backend, self.group.shapes(), forward_ran);
-        if forward_ran {
-            self.device.handle(
-                time.launch_at,
-                DeviceIn::Launch {
-                    batch: BatchNumber(self.next_forward),
-                    forward_ns: time.forward_ns,
-                },
-            );
+        let launched = forward_ran.then(|| {
             self.next_forward += 1;
-        }
-        // Every rank awaits the same batch (they launch in lockstep): its forward's end.
-        let ready = self.group.awaited()[0]
-            .and_then(|n| self.device.ready_at(n))
-            .unwrap_or(0);
+            BatchNumber(self.next_forward - 1)
+        });
         self.current = (time.host_ns, time.forward_ns);
-        // Every iteration takes some virtual time, so the clock always advances (wall
-        // time does that by itself in the real drivers).
-        time.launch_at.max(ready).max(t0 + 1_000)
+        // Every rank awaits the same batch (they launch in lockstep).
+        self.host
+            .process_point(&time, launched, self.group.awaited()[0])
     }
 
     /// The process point: hand the outputs back and finish the iteration.
     pub fn process(&mut self, now: u64) -> Result<Step, GroupError> {
-        self.device.handle_timeout(now);
-        while self.device.poll_out().is_some() {}
         self.group.provide_outputs()?;
         match self.group.advance()? {
             GroupNeed::IterationEnded => {}
