@@ -102,6 +102,12 @@ pub(crate) struct RealArgs {
     /// for cross-driver comparisons).
     #[arg(long)]
     pub(crate) preload: bool,
+    /// Run the hosts in the simulator's order of events, in modeled time, without
+    /// sleeping (threads; needs --preload): which fetch reads a handoff and which
+    /// iteration sees a KV transfer's completion follow the time model, so the run does
+    /// what `sim --preload` does, request by request, however busy the machine.
+    #[arg(long, requires = "preload")]
+    pub(crate) ordered: bool,
     /// Write the report as JSON (the front process under mpirun).
     #[arg(long, value_name = "PATH")]
     pub(crate) json: Option<PathBuf>,
@@ -141,6 +147,7 @@ impl RealArgs {
             seed,
             time_scale: self.time_scale,
             preload: self.preload,
+            ordered: self.ordered,
             stall_bound: std::time::Duration::from_millis(self.stall_timeout_ms),
             collective_timeout: std::time::Duration::from_millis(self.timeout_ms),
             model: self.model.load(seed)?,

@@ -13,6 +13,7 @@ mod by_id;
 pub mod client;
 pub mod front_host;
 pub mod net;
+pub mod order;
 pub mod rank_host;
 pub mod stall;
 pub mod status;

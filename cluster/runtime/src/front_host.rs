@@ -18,6 +18,8 @@ use super::RuntimeError;
 use super::clock::{Clock, WallClock};
 use super::net::{Envelope, Inbox, Net, Received};
 use super::status::StatusBoard;
+use crate::ordered::{Item, Sequencer, Turn};
+use lockstep_hosts::order::Party;
 
 /// The front host in wall time, over a real [`Net`].
 pub struct FrontLoop<'a> {
@@ -77,6 +79,11 @@ impl<'a> FrontLoop<'a> {
     /// Handles several inputs, then sends what they produced together: a server's rank
     /// 0 reads one batch (the preloaded requests reach every first fetch whole).
     pub fn handle_all(&mut self, inputs: impl IntoIterator<Item = FrontInbound>) {
+        self.handle_all_at(self.clock.now_ns(), inputs);
+    }
+
+    /// [`FrontLoop::handle_all`] at `now` (an ordered run's modeled time).
+    pub fn handle_all_at(&mut self, now: u64, inputs: impl IntoIterator<Item = FrontInbound>) {
         let status = &self.status;
         let inputs = inputs.into_iter().filter_map(|input| match input {
             FrontInbound::Net(Envelope::Status(s)) => {
@@ -87,7 +94,7 @@ impl<'a> FrontLoop<'a> {
             }
             other => Some(other),
         });
-        self.host.handle_all(self.clock.now_ns(), inputs, self.net);
+        self.host.handle_all(now, inputs, self.net);
         let responses = self.host.take_for_client();
         if !responses.is_empty()
             && let Some(c) = &self.to_client
@@ -137,6 +144,55 @@ impl<'a> FrontLoop<'a> {
             }
         }
         // Closing the client's channel ends the client.
+        self.to_client = None;
+        Ok(self.host.into_end())
+    }
+
+    /// Runs in an ordered run ([`crate::ordered`]) until nothing is left to do: in its
+    /// turns, at modeled time, it handles the servers' messages one at a time, in order,
+    /// and sends the notices due on the link; then it collects the ranks' summaries,
+    /// which come over `direct` (a quiet spell of `quiet_limit` is an error naming what
+    /// is missing).
+    pub fn run_ordered(
+        mut self,
+        sequencer: &Sequencer,
+        direct: &mut dyn Inbox<FrontInbound>,
+        quiet_limit: Duration,
+    ) -> Result<FrontEnd, RuntimeError> {
+        let _span = tracing::info_span!("front", ordered = true).entered();
+        let ended = loop {
+            match sequencer.wait_turn(Party::Front, None) {
+                Ok(Turn::Granted(now)) => {
+                    match sequencer.take_first(Party::Front, now) {
+                        Some(Item::Front(envelope)) => {
+                            self.handle_all_at(now, [FrontInbound::Net(envelope)]);
+                        }
+                        Some(other) => tracing::warn!(?other, "not for the front"),
+                        None => self.host.handle_timeout(now, self.net),
+                    }
+                    sequencer.end(Party::Front, self.host.poll_timeout());
+                }
+                Ok(Turn::Quiet | Turn::Gone) => break Ok(()),
+                Ok(Turn::Slice | Turn::StallOut(_)) => {}
+                Err(e) => break Err(e),
+            }
+        };
+        sequencer.leave(Party::Front);
+        ended?;
+        while !self.finished() {
+            match direct.recv_until(Some(Instant::now() + quiet_limit)) {
+                Received::Message(m) => self.handle(m),
+                Received::TimedOut | Received::Closed => {
+                    let (summaries, ranks) = self.host.summaries_received();
+                    return Err(RuntimeError::FrontStarved {
+                        waited_ms: quiet_limit.as_millis() as u64,
+                        running_servers: self.host.running_servers(),
+                        summaries,
+                        ranks,
+                    });
+                }
+            }
+        }
         self.to_client = None;
         Ok(self.host.into_end())
     }

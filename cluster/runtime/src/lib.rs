@@ -21,6 +21,7 @@ pub mod front_host;
 pub mod mpi;
 pub mod net;
 mod options;
+pub mod ordered;
 pub mod overhead;
 pub mod rank_host;
 pub mod rank_setup;
@@ -61,6 +62,9 @@ pub enum RuntimeError {
         /// The error.
         source: lockstep_actors::executor::ExecutorError,
     },
+    /// An ordered run's turn never came (a host stuck holding it).
+    #[error(transparent)]
+    Ordered(#[from] ordered::TurnStuck),
     /// The device failed.
     #[error("server {server} rank {rank}: device: {source}")]
     Device {

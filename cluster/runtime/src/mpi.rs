@@ -773,6 +773,7 @@ fn run_server_rank(
             device: &mut device,
             clock: &clock,
             progress: &progress,
+            ordered: None,
         },
         &options,
     );

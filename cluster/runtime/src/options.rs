@@ -25,6 +25,9 @@ pub struct RealOptions {
     /// Deliver every request before the ranks start (arrivals at iteration boundaries:
     /// the schedule is then independent of thread timing, for cross-driver equality).
     pub preload: bool,
+    /// Run the hosts in the simulator's order of events, in modeled time
+    /// ([`crate::ordered`]; threads only, with `preload`, unpaced).
+    pub ordered: bool,
     /// Fault injection (tests): this rank of the first server tags its gather wrongly at
     /// this iteration.
     pub mismatch_tag_at: Option<(usize, u64)>,
@@ -62,6 +65,7 @@ impl Default for RealOptions {
             collective_timeout: Duration::from_secs(30),
             ingress_capacity: 1 << 16,
             preload: false,
+            ordered: false,
             mismatch_tag_at: None,
             lose_kv_blocks_every: None,
             stall_bound: Duration::from_secs(10),

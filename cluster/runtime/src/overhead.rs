@@ -303,6 +303,7 @@ fn control_run<C: Collective>(
             device: &mut device,
             clock: &clock,
             progress: &progress,
+            ordered: None,
         },
         &RankOptions {
             max_iterations: Some(warmup + iterations),

@@ -29,6 +29,8 @@ use super::net::{Endpoint, Envelope, Inbox, Net, Received};
 use super::status::StatusPublisher;
 use super::transceiver_host::{TransceiverEnd, TransceiverLink};
 use super::watchdog::Progress;
+use crate::ordered::{Item, Sequencer, Turn};
+use lockstep_hosts::order::{Party, Phase, ServerNext};
 use lockstep_hosts::rank_host::{RankHost, Read};
 use lockstep_plan::report::{RankEnding, RankSummary};
 
@@ -89,6 +91,18 @@ pub struct RankPorts<'a> {
     pub clock: &'a WallClock,
     /// Published for the watchdog.
     pub progress: &'a Progress,
+    /// An ordered run's turns ([`crate::ordered`]): time is modeled, nothing sleeps,
+    /// and rank 0 reads and runs its iterations in its server's turns.
+    pub ordered: Option<OrderedRank<'a>>,
+}
+
+/// A rank's part in an ordered run.
+#[derive(Clone, Copy)]
+pub struct OrderedRank<'a> {
+    /// The run's turns.
+    pub sequencer: &'a Sequencer,
+    /// The cost model: every iteration's modeled time.
+    pub backend: AnalyticBackend,
 }
 
 /// What a rank host reports when its loop ends.
@@ -172,6 +186,9 @@ pub fn run_rank<C: Collective + ?Sized>(
         u64::try_from(opts.stall_bound.as_nanos()).unwrap_or(u64::MAX),
         opts.pacing.map_or(1.0, |p| p.time_scale),
     );
+    let ordered = ports.ordered;
+    // In an ordered run: the modeled time of this rank's iteration's process point.
+    let mut modeled_now = 0u64;
     // Every rank's batch shape, from the last vote: what the forward costs.
     let mut shapes = Vec::new();
     let coll_err = |source| RuntimeError::Collective {
@@ -237,10 +254,16 @@ pub fn run_rank<C: Collective + ?Sized>(
                 if let Exchanged::States(all) = &result {
                     ports.progress.gathered(&all[rank], exec.waiting().len());
                 }
-                let is_fetch = matches!(result, Exchanged::Fetch(_));
+                let fetched_at = match &result {
+                    // Ordered: the modeled time rank 0 fetched at, broadcast with it.
+                    Exchanged::Fetch(batch) if ordered.is_some() => Some(batch.now_ns),
+                    Exchanged::Fetch(_) => Some(ports.clock.now_ns()),
+                    _ => None,
+                };
                 exec.handle(result.input()).map_err(exe_err)?;
-                if is_fetch {
-                    host.fetched(ports.clock.now_ns());
+                if let Some(at) = fetched_at {
+                    host.fetched(at);
+                    modeled_now = at;
                 }
                 if let Exchanged::Votes(votes) = &result {
                     shapes.clear();
@@ -248,7 +271,12 @@ pub fn run_rank<C: Collective + ?Sized>(
                 }
             }
             Io::ReadIngress(mode) => {
-                let read = read_ingress(&mut ports, &mut host, coll, mode, opts);
+                let read = match ordered {
+                    Some(o) => {
+                        read_ingress_ordered(&mut ports, o.sequencer, &mut host, coll, mode, opts)?
+                    }
+                    None => read_ingress(&mut ports, &mut host, coll, mode, opts),
+                };
                 exec.handle(Input::Ingress(read)).map_err(exe_err)?;
             }
             Io::Forward {
@@ -257,9 +285,23 @@ pub fn run_rank<C: Collective + ?Sized>(
             } => {
                 // The server's iteration time, from every rank's shape: the same on
                 // every rank and in the simulator.
-                let time = opts
-                    .pacing
-                    .map(|p| host.forward_times(&p.backend, &shapes, launch.is_some()));
+                let time = match ordered {
+                    Some(o) => {
+                        // The iteration's process point, in modeled time: rank 0 takes
+                        // its server's turn there; the other ranks wait for it, so the
+                        // transfer events applied below are those the order gave by
+                        // then.
+                        let t = host.forward_times(&o.backend, &shapes, launch.is_some());
+                        let at = host.process_point(&t, launch.map(|b| b.number), await_output);
+                        wait_for_process_point(o.sequencer, server, rank, at)?;
+                        modeled_now = at;
+                        // Nothing sleeps: a forward costs no wall time.
+                        None
+                    }
+                    None => opts
+                        .pacing
+                        .map(|p| host.forward_times(&p.backend, &shapes, launch.is_some())),
+                };
                 if let Some(t) = time {
                     ports.clock.sleep_until(t.launch_at);
                 }
@@ -291,7 +333,13 @@ pub fn run_rank<C: Collective + ?Sized>(
                 if let Some(link) = ports.transfers
                     && !report.transfer_commands.is_empty()
                 {
-                    link.send_commands(&report.transfer_commands);
+                    match ordered {
+                        // In this turn, for the transceiver's turn of this instant.
+                        Some(o) => {
+                            post_commands(o.sequencer, server, rank, &report.transfer_commands)
+                        }
+                        None => link.send_commands(&report.transfer_commands),
+                    }
                 }
                 for v in &report.violations {
                     run.violation_count += 1;
@@ -302,7 +350,10 @@ pub fn run_rank<C: Collective + ?Sized>(
                 iterations += 1;
                 drop(iteration_span);
                 iteration_span = tracing::debug_span!("iteration", n = iterations).entered();
-                let now = ports.clock.now_ns();
+                let now = match ordered {
+                    Some(_) => modeled_now,
+                    None => ports.clock.now_ns(),
+                };
                 run.series.record(&report.stats, now, preemptions);
                 ports.progress.iteration_done(iterations, now);
                 if let Some(status) = publisher
@@ -397,5 +448,119 @@ fn read_ingress<C: Collective + ?Sized>(
         }
         coll.keep_alive();
         ports.progress.alive(clock.now_ns());
+    }
+}
+
+/// Ordered: the iteration reaches its process point at `at`. Rank 0 ends its server's
+/// turn and waits for the next, which comes there; the other ranks wait until the
+/// run's order has reached it.
+fn wait_for_process_point(
+    sequencer: &Sequencer,
+    server: usize,
+    rank: usize,
+    at: u64,
+) -> Result<(), RuntimeError> {
+    if rank != 0 {
+        return Ok(sequencer.wait_reached((at, Phase::Process, server as u32))?);
+    }
+    sequencer.end_server(server, ServerNext::Busy(at));
+    loop {
+        match sequencer.wait_turn(Party::Server(server as u32), None)? {
+            Turn::Granted(_) => return Ok(()),
+            other => tracing::warn!(server, ?other, "a busy server's turn, unexpectedly"),
+        }
+    }
+}
+
+/// Ordered: a rank's transfer commands go to its transceiver, which runs them in this
+/// instant's transceiver phase.
+fn post_commands(
+    sequencer: &Sequencer,
+    server: usize,
+    rank: usize,
+    commands: &[lockstep_actors::vocab::TransferCommand],
+) {
+    let me = sequencer.transceiver(lockstep_actors::vocab::KvAddress {
+        server: server as u32,
+        rank: lockstep_actors::ids::RankId(rank as u32),
+    });
+    for c in commands {
+        // A transceiver that left has nothing to do with it.
+        let _ = sequencer.post(
+            me,
+            0,
+            (Phase::Process, server as u32),
+            Item::Transceiver(lockstep_actors::transceiver::TransceiverIn::Command(
+                c.clone(),
+            )),
+        );
+    }
+}
+
+/// Ordered: rank 0 reads its ingress in its server's turn. A read at a process point
+/// sees what arrived before that instant; if it must wait, the turn ends, and the next
+/// comes with an input (which sees everything that arrived in its instant), with the
+/// stall bound, or when nothing in the run could end the wait (a stall-out).
+fn read_ingress_ordered<C: Collective + ?Sized>(
+    ports: &mut RankPorts<'_>,
+    sequencer: &Sequencer,
+    host: &mut RankHost,
+    coll: &mut C,
+    mode: FetchMode,
+    opts: &RankOptions,
+) -> Result<FetchBatch, RuntimeError> {
+    let server = ports.server;
+    let me = Party::Server(server as u32);
+    let deliver = |host: &mut RankHost, items: Vec<Item>| {
+        for item in items {
+            if let Item::Ingress(items) = item {
+                host.deliver(items);
+            }
+        }
+    };
+    if ports.ingress.is_none() {
+        // Only rank 0 reads the ingress.
+        return Ok(FetchBatch {
+            now_ns: host.fetched_at(),
+            ..FetchBatch::default()
+        });
+    }
+    if !sequencer.holds(me) {
+        // The first read, at the run's start: in the server's first turn.
+        wait_for_process_point(sequencer, server, 0, 0)?;
+    }
+    let now = sequencer.now();
+    deliver(host, sequencer.take(me, now, false));
+    let stall_ends_at = match host.read(mode, now) {
+        Read::Fetch(batch) => return Ok(batch),
+        Read::Wait { stall_ends_at } => stall_ends_at,
+    };
+    sequencer.end_server(server, ServerNext::Waiting { stall_ends_at });
+    loop {
+        match sequencer.wait_turn(me, Some(opts.keep_alive_every))? {
+            Turn::Slice => {
+                coll.keep_alive();
+                ports.progress.alive(ports.clock.now_ns());
+            }
+            Turn::Granted(at) => {
+                deliver(host, sequencer.take(me, at, true));
+                if let Some(batch) = host.poll_wait(at) {
+                    return Ok(batch);
+                }
+                sequencer.end_server(server, ServerNext::Waiting { stall_ends_at });
+            }
+            Turn::StallOut(at) => {
+                if let Some(batch) = host.stall_out(at, "no event can make progress".into()) {
+                    return Ok(batch);
+                }
+            }
+            Turn::Quiet | Turn::Gone => {
+                // Nothing will ever come: behave as a shutdown.
+                host.close();
+                if let Some(batch) = host.poll_wait(sequencer.now()) {
+                    return Ok(batch);
+                }
+            }
+        }
     }
 }

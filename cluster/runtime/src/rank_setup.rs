@@ -76,7 +76,8 @@ pub fn build_rank(
         lose: opts
             .lose_kv_blocks_every
             .or(fleet.scenario.faults.lost_transfer_every),
-        wire: fleet.wire_model(opts.time_scale),
+        // An ordered run's time is modeled, at scale 1.
+        wire: fleet.wire_model(if opts.ordered { 1.0 } else { opts.time_scale }),
     }
 }
 

@@ -19,14 +19,19 @@ use super::{RealOptions, real_report};
 use crate::client::{ClientItem, ClientLoop};
 use crate::faults::MisTagged;
 use crate::front_host::{FrontEnd, FrontInbound, FrontLoop};
-use crate::rank_host::{RankOptions, RankPorts, run_rank};
+use crate::ordered::{OrderedNet, Sequencer};
+use crate::rank_host::{OrderedRank, RankOptions, RankPorts, run_rank};
 use crate::rank_setup::{RankParts, build_rank, end_rank, rank_options};
 use crate::status::StatusBoard;
-use crate::transceiver_host::{TransceiverInput, TransceiverLink, run_transceiver};
+use crate::transceiver_host::{
+    TransceiverInput, TransceiverLink, run_transceiver, run_transceiver_ordered,
+};
 use crate::watchdog::Progress;
 use crate::{
     Endpoint, Envelope, Inbox, Net, NetError, QueueInbox, Received, RuntimeError, WallClock,
 };
+use lockstep_gpu::AnalyticBackend;
+use lockstep_hosts::order::Party;
 use lockstep_plan::fleet::Fleet;
 use lockstep_plan::report::Report;
 use lockstep_plan::scenario::Scenario;
@@ -237,22 +242,39 @@ pub fn run_hosts<R>(
     };
     let rank_options = rank_options(fleet, opts, opts.collective_timeout / 4, status.is_some());
     let quiet_limit = opts.collective_timeout.max(opts.stall_bound) * 2;
+    // An ordered run: the hosts take turns in the simulator's order, in modeled time.
+    let sequencer = opts.ordered.then(|| {
+        let dp: Vec<u32> = fleet.servers.iter().map(|p| p.sizes.dp).collect();
+        Sequencer::new(&dp, fleet.scenario.model.control_ns(), quiet_limit)
+    });
+    let sequencer = sequencer.as_ref();
+    let front_net = sequencer.map(|s| OrderedNet::front(s, &net));
+    let front_net: &dyn Net = match &front_net {
+        Some(n) => n,
+        None => &net,
+    };
+    let backend = AnalyticBackend::new(fleet.profile.coefficients);
+    let wire_scale = if opts.ordered { 1.0 } else { opts.time_scale };
 
     let (end, client_result) = std::thread::scope(|scope| {
         let mut front = FrontLoop::new(
             Front::new(&fleet.front_config()),
             fleet.servers.len(),
             fleet.ranks(),
-            &net,
+            front_net,
             to_client,
             clock,
         )
-        .with_notice_link(fleet.wire_model(opts.time_scale))
+        .with_notice_link(fleet.wire_model(wire_scale))
         .with_status(status);
         if opts.preload {
             // Every request reaches the servers' ingress before any rank runs: the first
-            // fetch sees them all, as in the other drivers.
-            front.handle_all(client_rx.try_iter().map(FrontInbound::Client));
+            // fetch sees them all, as in the other drivers (an ordered run's at time 0).
+            let items = client_rx.try_iter().map(FrontInbound::Client);
+            match sequencer {
+                Some(_) => front.handle_all_at(0, items),
+                None => front.handle_all(items),
+            }
         }
         let mut front_inbox = FrontInbox {
             client: client_rx,
@@ -261,7 +283,10 @@ pub fn run_hosts<R>(
         };
         let front_thread = std::thread::Builder::new()
             .name("front".into())
-            .spawn_scoped(scope, move || front.run(&mut front_inbox, quiet_limit))
+            .spawn_scoped(scope, move || match sequencer {
+                Some(s) => front.run_ordered(s, &mut front_inbox, quiet_limit),
+                None => front.run(&mut front_inbox, quiet_limit),
+            })
             .map_err(|source| RuntimeError::Spawn {
                 what: "the front".into(),
                 source,
@@ -296,6 +321,7 @@ pub fn run_hosts<R>(
                             clock,
                             options: rank_options,
                             scope,
+                            ordered: sequencer.map(|sequencer| OrderedRank { sequencer, backend }),
                         })
                     })
                     .map_err(|source| RuntimeError::Spawn {
@@ -330,6 +356,8 @@ struct RankThread<'scope, 'env> {
     clock: WallClock,
     options: &'scope RankOptions,
     scope: &'scope std::thread::Scope<'scope, 'env>,
+    /// An ordered run's turns.
+    ordered: Option<OrderedRank<'scope>>,
 }
 
 /// One rank: its transceiver thread, its device, its loop; at the end its summary to
@@ -345,6 +373,7 @@ fn rank_thread(t: RankThread<'_, '_>) {
         clock,
         options,
         scope,
+        ordered,
     } = t;
     let RankParts {
         mut exec,
@@ -365,8 +394,15 @@ fn rank_thread(t: RankThread<'_, '_>) {
         });
         let spawned = std::thread::Builder::new()
             .name(format!("transceiver-{server}-{rank}"))
-            .spawn_scoped(scope, move || {
-                run_transceiver(
+            .spawn_scoped(scope, move || match ordered {
+                Some(o) => {
+                    run_transceiver_ordered(transceiver, o.sequencer, &events_tx, net, lose, wire)
+                        .unwrap_or_else(|e| {
+                            tracing::error!(server, %rank, "transceiver: {e}");
+                            Default::default()
+                        })
+                }
+                None => run_transceiver(
                     transceiver,
                     &mut ChannelInbox(inbox),
                     net,
@@ -374,7 +410,7 @@ fn rank_thread(t: RankThread<'_, '_>) {
                     &clock,
                     lose,
                     wire,
-                )
+                ),
             });
         match spawned {
             Ok(h) => transceiver_thread = Some(h),
@@ -382,14 +418,21 @@ fn rank_thread(t: RankThread<'_, '_>) {
         }
     }
     let progress = Progress::default();
+    // An ordered run's responses and end wait in the sequencer for the front's turn.
+    let ordered_net = ordered.map(|o| OrderedNet::server(o.sequencer, server, net));
+    let rank_net: &dyn Net = match &ordered_net {
+        Some(n) => n,
+        None => net,
+    };
     let ports = RankPorts {
         server,
         ingress: ingress.as_mut().map(|i| i as &mut dyn Inbox<IngressItem>),
-        net,
+        net: rank_net,
         transfers: link.as_ref(),
         device: &mut device,
         clock: &clock,
         progress: &progress,
+        ordered,
     };
     let mut coll = MisTagged {
         inner: &mut member,
@@ -410,10 +453,22 @@ fn rank_thread(t: RankThread<'_, '_>) {
         i.0.close();
     }
     if let Some(l) = &link {
-        l.stop();
+        match ordered {
+            Some(o) => o.sequencer.leave(o.sequencer.transceiver(KvAddress {
+                server: server as u32,
+                rank,
+            })),
+            None => l.stop(),
+        }
     }
     let end = transceiver_thread
         .and_then(|h| h.join().ok())
         .unwrap_or_default();
-    end_rank(net, server, &exec, outcome, end);
+    end_rank(rank_net, server, &exec, outcome, end);
+    if let Some(o) = ordered
+        && rank.0 == 0
+    {
+        // After its server's stop is on its way to the front.
+        o.sequencer.leave(Party::Server(server as u32));
+    }
 }

@@ -15,6 +15,7 @@ use lockstep_hosts::transceiver_host::TransceiverHost;
 use super::clock::WallClock;
 use super::net::{Endpoint, Envelope, Inbox, Net, Received};
 use crate::Clock;
+use crate::ordered::{Item, OrderedNet, Sequencer, Turn, TurnStuck};
 use lockstep_plan::fleet::WireModel;
 
 /// What reaches a transceiver host.
@@ -103,5 +104,50 @@ pub fn run_transceiver(
         if stop {
             return host.end();
         }
+    }
+}
+
+/// Runs a transceiver host in an ordered run ([`crate::ordered`]) until it leaves the
+/// run: in its turns, at modeled time, it takes the commands and messages of the
+/// instant, runs, hands its events to the rank and wakes its server.
+pub fn run_transceiver_ordered(
+    transceiver: Transceiver,
+    sequencer: &Sequencer,
+    events: &Sender<TransferEvent>,
+    direct: &dyn Net,
+    lose_kv_every: Option<u64>,
+    wire: Option<WireModel>,
+) -> Result<TransceiverEnd, TurnStuck> {
+    let mut host = TransceiverHost::new(transceiver, lose_kv_every, wire);
+    let at = host.address();
+    let me = sequencer.transceiver(at);
+    let net = OrderedNet::transceiver(sequencer, at, direct);
+    let server = at.server as usize;
+    let _span = tracing::info_span!("transceiver", server, rank = at.rank.index()).entered();
+    let mut out = Vec::new();
+    loop {
+        let now = match sequencer.wait_turn(me, None)? {
+            Turn::Granted(now) => now,
+            Turn::Gone => return Ok(host.end()),
+            Turn::Slice | Turn::StallOut(_) | Turn::Quiet => continue,
+        };
+        for item in sequencer.take(me, now, true) {
+            if let Item::Transceiver(input) = item {
+                host.handle(now, input);
+            }
+        }
+        let woke = host.run(now, &net, &mut out);
+        for event in out.drain(..) {
+            // A rank that ended has nothing to apply.
+            let _ = events.send(event);
+        }
+        if woke {
+            // After the events, as in every driver.
+            let _ = net.send(
+                Endpoint::Ingress(server),
+                Envelope::Ingress(vec![IngressItem::Wake]),
+            );
+        }
+        sequencer.end(me, host.poll_timeout());
     }
 }

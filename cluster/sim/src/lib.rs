@@ -5,7 +5,7 @@
 //! bandwidth, loss by request). Same seed and input → identical report (but for
 //! `wall_time_s`).
 //!
-//! Events are ordered by time and, within an instant, by [`Phase`], then by the
+//! Events are ordered by time and, within an instant, by phase (`lockstep_hosts::order`), then by the
 //! participant they belong to, then as they were scheduled: the rule the real drivers'
 //! ordered mode follows too, so it can reproduce a run. A server runs its protocol until
 //! it needs time to pass (its iteration's process point) or an input (its rank 0 waits:
@@ -36,6 +36,7 @@ use lockstep_gpu::AnalyticBackend;
 use lockstep_hosts::client::Client;
 use lockstep_hosts::front_host::{FrontHost, FrontInbound};
 use lockstep_hosts::net::{Endpoint, Envelope};
+use lockstep_hosts::order::Phase;
 use lockstep_hosts::transceiver_host::TransceiverHost;
 
 use lockstep_plan::fleet::{Fleet, PlanError};
@@ -104,26 +105,6 @@ impl Default for SimOptions<'_> {
             model: None,
         }
     }
-}
-
-/// The order of events within one instant (then by participant): every server's
-/// process point first (its outputs are sent and its next fetch reads what had arrived
-/// before this instant), then the front (what the servers sent it), then the
-/// transceivers (the commands and messages of this instant), then deliveries to the
-/// servers' ingress, and last the waiting servers' reads, which see everything that
-/// arrived up to and including this instant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Phase {
-    /// A server's iteration reaches its process point.
-    Process,
-    /// The front handles what reached it.
-    Front,
-    /// A transceiver host runs.
-    Transceiver,
-    /// Items reach a server's ingress.
-    Delivery,
-    /// A waiting server's read ends (an input came, or its stall bound passed).
-    Resume,
 }
 
 /// An event's place in the queue: time, phase, participant, then insertion order.

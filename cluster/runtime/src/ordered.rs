@@ -1,0 +1,332 @@
+//! An ordered real run (`--ordered`): the real hosts — every rank over its real
+//! collective, every transceiver moving real bytes, the front — take turns in the
+//! simulator's order of events ([`lockstep_hosts::order`]), in modeled time, one turn at
+//! a time. A message between hosts is stamped with the modeled time it arrives (the
+//! control link's latency, as the simulator charges it) and waits in the [`Sequencer`]
+//! until its receiver's turn. So which fetch reads a handoff and which iteration sees a
+//! KV transfer's completion follow the time model, not the threads' scheduling: a busy
+//! machine changes how long the run takes, never what it does.
+//!
+//! Nothing sleeps: time is virtual. Only the threads driver runs in order.
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use lockstep_actors::request::IngressItem;
+use lockstep_actors::transceiver::TransceiverIn;
+use lockstep_actors::vocab::KvAddress;
+use lockstep_hosts::order::{OrderError, Party, Phase, Place, ServerNext, Turns};
+
+use crate::{Endpoint, Envelope, Net, NetError};
+
+/// What waits in the sequencer for its receiver's turn.
+#[derive(Debug)]
+pub enum Item {
+    /// Into a server's ingress.
+    Ingress(Vec<IngressItem>),
+    /// To the front.
+    Front(Envelope),
+    /// To a transceiver: a command of its rank, or a peer's message.
+    Transceiver(TransceiverIn),
+}
+
+/// How a wait for a turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// The turn is ours, at this modeled time.
+    Granted(u64),
+    /// The wall-time slice passed first (a waiting rank 0 keeps its group alive).
+    Slice,
+    /// Nothing in the run can end this server's wait: it stalls out, holding the turn,
+    /// at this time.
+    StallOut(u64),
+    /// Nothing is left to do for anyone (the front ends its loop).
+    Quiet,
+    /// We have left the run.
+    Gone,
+}
+
+/// No turn changed hands for this long (wall time): a host is stuck.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "ordered run: {waiting:?} waited {waited_ms} ms for its turn while {holder:?} held it and nothing moved"
+)]
+pub struct TurnStuck {
+    /// Who waited.
+    pub waiting: Party,
+    /// Who held the turn (`None`: nobody did).
+    pub holder: Option<Party>,
+    /// How long.
+    pub waited_ms: u64,
+}
+
+/// The turns of an ordered run, shared by its threads.
+pub struct Sequencer {
+    turns: Mutex<Turns<Item>>,
+    changed: Condvar,
+    /// A message between the front and a server, in modeled time.
+    control_ns: u64,
+    /// Each server's first transceiver's place among all of them.
+    first_transceiver: Vec<u32>,
+    /// No turn changing hands for this long is an error.
+    stuck_after: Duration,
+}
+
+impl Sequencer {
+    /// The turns of a fleet whose servers have these data-parallel sizes; `control_ns`
+    /// between the front and a server.
+    pub fn new(dp: &[u32], control_ns: u64, stuck_after: Duration) -> Sequencer {
+        let mut first_transceiver = Vec::with_capacity(dp.len());
+        let mut all = 0u32;
+        for &n in dp {
+            first_transceiver.push(all);
+            all += n;
+        }
+        Sequencer {
+            turns: Mutex::new(Turns::new(dp.len(), all as usize)),
+            changed: Condvar::new(),
+            control_ns,
+            first_transceiver,
+            stuck_after,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Turns<Item>> {
+        self.turns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A rank's transceiver as a party (the simulator's order: server by server).
+    pub fn transceiver(&self, at: KvAddress) -> Party {
+        let first = self
+            .first_transceiver
+            .get(at.server as usize)
+            .copied()
+            .unwrap_or(u32::MAX);
+        Party::Transceiver(first.saturating_add(at.rank.0))
+    }
+
+    /// The time of the turn running.
+    pub fn now(&self) -> u64 {
+        self.lock().now()
+    }
+
+    /// Whether `p` holds the turn.
+    pub fn holds(&self, p: Party) -> bool {
+        self.lock().holder() == Some(p)
+    }
+
+    /// Waits for `me`'s turn; `slice`: give up after this much wall time with
+    /// [`Turn::Slice`].
+    pub fn wait_turn(&self, me: Party, slice: Option<Duration>) -> Result<Turn, TurnStuck> {
+        let started = Instant::now();
+        let slice_ends = slice.map(|s| started + s);
+        let mut turns = self.lock();
+        let mut last_change = (turns.last(), turns.holder(), Instant::now());
+        loop {
+            if turns.is_gone(me) {
+                return Ok(Turn::Gone);
+            }
+            if turns.holder().is_none() {
+                match turns.next() {
+                    Some((p, _)) if p == me => {
+                        let stalled = matches!(me, Party::Server(_)) && turns.place(me).is_none();
+                        let at = turns.begin(me);
+                        // A server's other ranks wait for its turn to begin.
+                        self.changed.notify_all();
+                        return Ok(if stalled {
+                            Turn::StallOut(at)
+                        } else {
+                            Turn::Granted(at)
+                        });
+                    }
+                    Some(_) => self.changed.notify_all(),
+                    None => {
+                        if turns.stall_out_waiting() {
+                            self.changed.notify_all();
+                            continue;
+                        }
+                        if me == Party::Front {
+                            return Ok(Turn::Quiet);
+                        }
+                    }
+                }
+            }
+            let now = Instant::now();
+            if slice_ends.is_some_and(|e| now >= e) {
+                return Ok(Turn::Slice);
+            }
+            let seen = (turns.last(), turns.holder());
+            if seen != (last_change.0, last_change.1) {
+                last_change = (seen.0, seen.1, now);
+            } else if now.duration_since(last_change.2) > self.stuck_after {
+                return Err(TurnStuck {
+                    waiting: me,
+                    holder: turns.holder(),
+                    waited_ms: now.duration_since(last_change.2).as_millis() as u64,
+                });
+            }
+            let mut wait = Duration::from_millis(50);
+            if let Some(e) = slice_ends {
+                wait = wait.min(e.saturating_duration_since(now));
+            }
+            turns = self
+                .changed
+                .wait_timeout(turns, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Waits until the run's order has reached `place` (a server's other ranks, at
+    /// their iteration's process point, whose turn their rank 0 takes).
+    pub fn wait_reached(&self, place: Place) -> Result<(), TurnStuck> {
+        let mut turns = self.lock();
+        let mut since = Instant::now();
+        let mut seen = turns.last();
+        while turns.last().is_none_or(|l| l < place) {
+            if turns.last() != seen {
+                seen = turns.last();
+                since = Instant::now();
+            } else if since.elapsed() > self.stuck_after {
+                return Err(TurnStuck {
+                    waiting: Party::Server(place.2),
+                    holder: turns.holder(),
+                    waited_ms: since.elapsed().as_millis() as u64,
+                });
+            }
+            turns = self
+                .changed
+                .wait_timeout(turns, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// The inputs of `p` that arrived before `upto` (`inclusive`: at `upto` too).
+    pub fn take(&self, p: Party, upto: u64, inclusive: bool) -> Vec<Item> {
+        self.lock().take(p, upto, inclusive)
+    }
+
+    /// The first input of `p`, if it arrived by `upto`.
+    pub fn take_first(&self, p: Party, upto: u64) -> Option<Item> {
+        self.lock().take_first(p, upto)
+    }
+
+    /// Server `s` ends its turn.
+    pub fn end_server(&self, s: usize, next: ServerNext) {
+        self.lock().end_server(s as u32, next);
+        self.changed.notify_all();
+    }
+
+    /// The front or a transceiver ends its turn, with its next deadline.
+    pub fn end(&self, p: Party, deadline: Option<u64>) {
+        self.lock().end(p, deadline);
+        self.changed.notify_all();
+    }
+
+    /// `p` leaves the run.
+    pub fn leave(&self, p: Party) {
+        self.lock().leave(p);
+        self.changed.notify_all();
+    }
+
+    /// Sends `item` to `to`, arriving `delay_ns` after now.
+    pub fn post(
+        &self,
+        to: Party,
+        delay_ns: u64,
+        from: (Phase, u32),
+        item: Item,
+    ) -> Result<(), OrderError> {
+        let mut turns = self.lock();
+        let at = turns.now().saturating_add(delay_ns);
+        turns.post(to, at, from, item)
+    }
+}
+
+/// A host's [`Net`] in an ordered run: what it sends waits in the sequencer, stamped
+/// with its arrival time, except what no decision depends on (rank summaries and
+/// statuses), which goes over `direct` at once.
+pub struct OrderedNet<'a> {
+    sequencer: &'a Sequencer,
+    /// The sender's phase and place (the order among inputs that arrive together).
+    from: (Phase, u32),
+    direct: &'a dyn Net,
+}
+
+impl<'a> OrderedNet<'a> {
+    /// The front's net.
+    pub fn front(sequencer: &'a Sequencer, direct: &'a dyn Net) -> OrderedNet<'a> {
+        // Its items reach a server's ingress in the deliveries' phase.
+        OrderedNet {
+            sequencer,
+            from: (Phase::Delivery, 0),
+            direct,
+        }
+    }
+
+    /// Server `server`'s ranks' net (their responses, their end).
+    pub fn server(sequencer: &'a Sequencer, server: usize, direct: &'a dyn Net) -> OrderedNet<'a> {
+        OrderedNet {
+            sequencer,
+            from: (Phase::Process, server as u32),
+            direct,
+        }
+    }
+
+    /// A transceiver's net (peer messages, and the wake-up of its server).
+    pub fn transceiver(
+        sequencer: &'a Sequencer,
+        at: KvAddress,
+        direct: &'a dyn Net,
+    ) -> OrderedNet<'a> {
+        let Party::Transceiver(me) = sequencer.transceiver(at) else {
+            unreachable!("a transceiver's party")
+        };
+        OrderedNet {
+            sequencer,
+            from: (Phase::Transceiver, me),
+            direct,
+        }
+    }
+}
+
+impl Net for OrderedNet<'_> {
+    fn send(&self, to: Endpoint, envelope: Envelope) -> Result<(), NetError> {
+        let s = self.sequencer;
+        let (party, delay, item) = match (to, envelope) {
+            (Endpoint::Front, e @ Envelope::Responses { server, .. })
+            | (Endpoint::Front, e @ Envelope::ServerStopped { server }) => {
+                // Inputs that reach the front together: by server.
+                let item = Item::Front(e);
+                return s
+                    .post(Party::Front, s.control_ns, (Phase::Front, server), item)
+                    .map_err(|_| NetError::Closed { endpoint: to });
+            }
+            (Endpoint::Front, e) => return self.direct.send(to, e),
+            (Endpoint::Ingress(server), Envelope::Ingress(items)) => {
+                // A transceiver's wake-up reaches its own server at once.
+                let delay = if self.from.0 == Phase::Transceiver {
+                    0
+                } else {
+                    s.control_ns
+                };
+                (Party::Server(server as u32), delay, Item::Ingress(items))
+            }
+            (Endpoint::Transceiver(at), Envelope::Peer(message)) => (
+                s.transceiver(at),
+                // The receiving host holds it on its modeled wire.
+                0,
+                Item::Transceiver(TransceiverIn::Message(message)),
+            ),
+            (Endpoint::Ingress(_) | Endpoint::Transceiver(_), _) => {
+                return Err(NetError::Unknown { endpoint: to });
+            }
+        };
+        s.post(party, delay, self.from, item).map_err(|e| match e {
+            OrderError::Gone(_) => NetError::Closed { endpoint: to },
+            OrderError::Unknown(_) => NetError::Unknown { endpoint: to },
+        })
+    }
+}
