@@ -112,6 +112,8 @@ pub struct Turns<T> {
     holder: Option<Party>,
     /// The place of the turn granted last (places only grow).
     last: Option<Place>,
+    /// Each server's last turn.
+    last_of_server: Vec<Option<Place>>,
     /// Servers to stall out, in order: nothing could end their waits.
     backstop: Vec<u32>,
     now: u64,
@@ -128,6 +130,7 @@ impl<T> Turns<T> {
             transceivers: (0..transceivers).map(|_| Slot::new(None)).collect(),
             holder: None,
             last: None,
+            last_of_server: vec![None; servers],
             backstop: Vec::new(),
             now: 0,
             sent: 0,
@@ -163,6 +166,11 @@ impl<T> Turns<T> {
     /// The place of the turn granted last.
     pub fn last(&self) -> Option<Place> {
         self.last
+    }
+
+    /// Server `s`'s last turn.
+    pub fn last_of_server(&self, s: u32) -> Option<Place> {
+        self.last_of_server.get(s as usize).copied().flatten()
     }
 
     /// Whether `p` left the run.
@@ -276,6 +284,9 @@ impl<T> Turns<T> {
         self.holder = Some(p);
         self.now = place.0;
         self.last = Some(self.last.map_or(place, |l| l.max(place)));
+        if let Party::Server(s) = p {
+            self.last_of_server[s as usize] = Some(place);
+        }
         place.0
     }
 

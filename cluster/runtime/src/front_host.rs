@@ -160,6 +160,8 @@ impl<'a> FrontLoop<'a> {
         quiet_limit: Duration,
     ) -> Result<FrontEnd, RuntimeError> {
         let _span = tracing::info_span!("front", ordered = true).entered();
+        // What the preloaded requests left on the link is due at the host's deadline.
+        sequencer.end(Party::Front, self.host.poll_timeout());
         let ended = loop {
             match sequencer.wait_turn(Party::Front, None) {
                 Ok(Turn::Granted(now)) => {

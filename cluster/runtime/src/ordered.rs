@@ -177,19 +177,24 @@ impl Sequencer {
         }
     }
 
-    /// Waits until the run's order has reached `place` (a server's other ranks, at
-    /// their iteration's process point, whose turn their rank 0 takes).
-    pub fn wait_reached(&self, place: Place) -> Result<(), TurnStuck> {
+    /// A server's other ranks, at their iteration's process point: waits until its
+    /// rank 0 takes the server's next turn after the fetch at `fetched_at` (that
+    /// process point; every rank of a server has the same), and says when it is.
+    pub fn wait_server_turn_after(&self, server: usize, fetched_at: u64) -> Result<u64, TurnStuck> {
+        let s = server as u32;
+        let fetch: Place = (fetched_at, Phase::Resume, s);
         let mut turns = self.lock();
         let mut since = Instant::now();
         let mut seen = turns.last();
-        while turns.last().is_none_or(|l| l < place) {
+        // A server whose rank 0 left takes no more turns (its group ends on its own).
+        while turns.last_of_server(s).is_none_or(|l| l <= fetch) && !turns.is_gone(Party::Server(s))
+        {
             if turns.last() != seen {
                 seen = turns.last();
                 since = Instant::now();
             } else if since.elapsed() > self.stuck_after {
                 return Err(TurnStuck {
-                    waiting: Party::Server(place.2),
+                    waiting: Party::Server(s),
                     holder: turns.holder(),
                     waited_ms: since.elapsed().as_millis() as u64,
                 });
@@ -200,7 +205,7 @@ impl Sequencer {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        Ok(())
+        Ok(turns.now())
     }
 
     /// The inputs of `p` that arrived before `upto` (`inclusive`: at `upto` too).

@@ -293,8 +293,14 @@ pub fn run_rank<C: Collective + ?Sized>(
                         // then.
                         let t = host.forward_times(&o.backend, &shapes, launch.is_some());
                         let at = host.process_point(&t, launch.map(|b| b.number), await_output);
-                        wait_for_process_point(o.sequencer, server, rank, at)?;
-                        modeled_now = at;
+                        modeled_now = if rank == 0 {
+                            wait_for_process_point(o.sequencer, server, at)?;
+                            at
+                        } else {
+                            // Rank 0's process point (its awaited output may differ).
+                            o.sequencer
+                                .wait_server_turn_after(server, host.fetched_at())?
+                        };
                         // Nothing sleeps: a forward costs no wall time.
                         None
                     }
@@ -451,18 +457,13 @@ fn read_ingress<C: Collective + ?Sized>(
     }
 }
 
-/// Ordered: the iteration reaches its process point at `at`. Rank 0 ends its server's
-/// turn and waits for the next, which comes there; the other ranks wait until the
-/// run's order has reached it.
+/// Ordered: rank 0's iteration reaches its process point at `at`: it ends its
+/// server's turn and waits for the next, which comes there.
 fn wait_for_process_point(
     sequencer: &Sequencer,
     server: usize,
-    rank: usize,
     at: u64,
 ) -> Result<(), RuntimeError> {
-    if rank != 0 {
-        return Ok(sequencer.wait_reached((at, Phase::Process, server as u32))?);
-    }
     sequencer.end_server(server, ServerNext::Busy(at));
     loop {
         match sequencer.wait_turn(Party::Server(server as u32), None)? {
@@ -527,7 +528,7 @@ fn read_ingress_ordered<C: Collective + ?Sized>(
     }
     if !sequencer.holds(me) {
         // The first read, at the run's start: in the server's first turn.
-        wait_for_process_point(sequencer, server, 0, 0)?;
+        wait_for_process_point(sequencer, server, 0)?;
     }
     let now = sequencer.now();
     deliver(host, sequencer.take(me, now, false));

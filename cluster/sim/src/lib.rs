@@ -147,6 +147,8 @@ struct Sim<'s, 'o> {
     queue: BinaryHeap<std::cmp::Reverse<EventKey>>,
     events: BTreeMap<u64, Event>,
     servers: Vec<SimServer>,
+    /// Each server's first transceiver's place among all of them.
+    first_transceiver: Vec<u32>,
     /// The front's host and the client: the same hosts the real drivers run.
     front: FrontHost,
     client: Client,
@@ -220,6 +222,14 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         seq: 0,
         queue: BinaryHeap::new(),
         events: BTreeMap::new(),
+        first_transceiver: servers
+            .iter()
+            .scan(0u32, |all, s| {
+                let first = *all;
+                *all += s.transceivers.len() as u32;
+                Some(first)
+            })
+            .collect(),
         servers,
         outcome: None,
         iterations_without_response: 0,
@@ -266,11 +276,7 @@ impl Sim<'_, '_> {
 
     /// A transceiver's place among all of them: by server, then by rank.
     fn transceiver_index(&self, server: usize, rank: usize) -> u32 {
-        let before: usize = self.servers[..server]
-            .iter()
-            .map(|s| s.transceivers.len())
-            .sum();
-        (before + rank) as u32
+        self.first_transceiver[server] + rank as u32
     }
 
     /// Cancels a scheduled event (its queue entry is skipped, and moves no clock).
