@@ -1,0 +1,126 @@
+//! An ordered threads run (`--ordered`) against the simulator: the real hosts, taking
+//! turns in the simulator's order of events in modeled time, do exactly what the
+//! simulator does — every request's tokens and failure, and every server's iterations,
+//! forwards and routing, gen servers included (which an unordered run leaves to thread
+//! timing) — on aggregated and disaggregated fleets, with lost KV, generation-first
+//! transfers, the legacy policy and a control link with latency.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use lockstep_plan::report::Report;
+use lockstep_plan::scenario::Scenario;
+use lockstep_runtime::RealOptions;
+
+fn ordered() -> RealOptions {
+    RealOptions {
+        ordered: true,
+        ..real_options()
+    }
+}
+
+/// Everything a run does, but its times: each request's outcome, each server's
+/// iterations, forwards, routing and transfers.
+fn fingerprint(r: &Report) -> (String, Vec<String>) {
+    (
+        format!(
+            "{:?}",
+            r.per_request
+                .iter()
+                .map(|d| (d.id, d.output_tokens, &d.token_digest, &d.failure))
+                .collect::<Vec<_>>()
+        ),
+        r.servers
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}: iterations {} forwards {} vetoed {} routing {:?} transfers {} lost {}",
+                    s.name,
+                    s.iterations,
+                    s.forward_iterations,
+                    s.vetoed_iterations,
+                    s.ranks
+                        .iter()
+                        .map(|k| k.routing_digest.as_str())
+                        .collect::<Vec<_>>(),
+                    s.transfers.count,
+                    s.transfers.lost,
+                )
+            })
+            .collect(),
+    )
+}
+
+fn assert_agree(s: &Scenario, what: &str) -> Report {
+    let a = simulate(s);
+    let b = threads_run(s, ordered());
+    assert_eq!(fingerprint(&a), fingerprint(&b), "{what}");
+    b
+}
+
+#[test]
+fn an_ordered_run_does_what_the_simulator_does_on_every_server_of_a_disaggregated_fleet() {
+    // Two ctx and two gen servers; with a slow control link (5 ms) every message's arrival
+    // time matters (a read that took one early would change the run).
+    for sets in [&[][..], &["model.link.control_latency_us=5000"][..]] {
+        let r = assert_agree(&parse(&disagg_text(60), sets), &format!("{sets:?}"));
+        assert_eq!(r.requests.completed, 60);
+        let transfers = multi_token_requests(&r);
+        let receives: u64 = r.servers[2..].iter().map(|s| s.transfers.count).sum();
+        assert_eq!(receives, transfers);
+        // The gen servers took work: their routing is part of what agrees.
+        for s in &r.servers[2..] {
+            assert!(s.ranks.iter().map(|k| k.routed_requests).sum::<u64>() > 0);
+        }
+    }
+}
+
+#[test]
+fn an_ordered_run_agrees_with_lost_kv_generation_first_and_the_legacy_policy() {
+    let sets = ["workload.num_requests=60", "workload.concurrency=60"];
+    for extra in [
+        "faults.lost_transfer_every=3",
+        "server.ctx0.cache_transceiver_config.generation_first=true",
+        "server.gen0.cache_transceiver_config.kv_transfer_timeout_ms=1",
+    ] {
+        let s = example("disagg-small.toml", &[sets[0], sets[1], extra]);
+        let r = assert_agree(&s, extra);
+        if extra.starts_with("faults") {
+            assert!(r.requests.failed > 0, "the wire lost KV");
+        }
+    }
+    let mut legacy = example("disagg-small.toml", &sets);
+    legacy.policy = lockstep_actors::policy::Policy::LEGACY;
+    assert_agree(&legacy, "legacy");
+}
+
+#[test]
+fn an_ordered_aggregated_run_agrees_exactly() {
+    for (dp, overlap) in [(4, true), (2, false)] {
+        let r = assert_agree(&parse(&agg_text(dp, overlap), &[]), &format!("dp {dp}"));
+        assert_eq!(r.requests.completed, 80);
+    }
+}
+
+#[test]
+fn ordered_is_refused_where_it_cannot_hold() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_lockstep"))
+            .args(["run", "examples/disagg-small.toml"])
+            .args(args)
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .output()
+            .expect("lockstep runs")
+    };
+    let without_preload = run(&["--ordered"]);
+    assert!(!without_preload.status.success());
+    assert!(String::from_utf8_lossy(&without_preload.stderr).contains("--preload"));
+    let paced = run(&["--ordered", "--preload", "--time-scale", "0.5"]);
+    assert!(!paced.status.success());
+    assert!(String::from_utf8_lossy(&paced.stderr).contains("--time-scale 0.5"));
+    let mpi = run(&["--ordered", "--preload", "--driver", "mpi"]);
+    assert!(!mpi.status.success());
+    assert!(String::from_utf8_lossy(&mpi.stderr).contains("--driver threads"));
+}
