@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Cross-driver determinism under CPU load: the tests that say sim and threads (and MPI,
-# when its build is there) agree request by request, run RUNS times in a row while
-# BURNERS CPU-bound processes compete for the cores; plus the CLI comparison that first
-# showed the disagreement (disagg-small, 60 requests, --preload), sim against threads,
-# request by request on (id, output tokens, token digest, failure).
+# when its build is there) agree request by request, and the ordered run's tests
+# (`run --ordered`: the real hosts in the simulator's order of events), run RUNS times
+# in a row while BURNERS CPU-bound processes compete for the cores; plus the CLI
+# comparison that first showed the disagreement (disagg-small, 60 requests, --preload),
+# sim against threads, request by request on (id, output tokens, token digest,
+# failure): with --ordered it must agree; without it the count of requests that differ
+# is printed as a figure (thread timing decides which fetch reads a handoff there).
 #
 #   scripts/cross-driver-under-load.sh [RUNS=20] [BURNERS=3]
 #
@@ -28,6 +31,13 @@ for l in sys.stdin:
     except ValueError: continue
     if m.get("reason")=="compiler-artifact" and m.get("target",{}).get("name")=="threads" and m.get("executable"): print(m["executable"])' | tail -1)
 if [ -z "$threads_test" ]; then echo "could not build the threads test binary" >&2; exit 1; fi
+ordered_test=$(cargo test -q -p lockstep --test ordered --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    try: m=json.loads(l)
+    except ValueError: continue
+    if m.get("reason")=="compiler-artifact" and m.get("target",{}).get("name")=="ordered" and m.get("executable"): print(m["executable"])' | tail -1)
+if [ -z "$ordered_test" ]; then echo "could not build the ordered test binary" >&2; exit 1; fi
 
 mpi_test=""
 if [ -n "${LOCKSTEP_MPI_BIN:-}" ] && [ -x "${LOCKSTEP_MPI_BIN}" ] && command -v mpirun >/dev/null; then
@@ -62,6 +72,11 @@ threads_tests=(
   disaggregated_runs_agree_on_tokens_over_two_ctx_and_two_gen_servers
   lost_kv_fails_exactly_the_requests_whose_kv_the_wire_lost_in_both_drivers
 )
+ordered_tests=(
+  an_ordered_run_does_what_the_simulator_does_on_every_server_of_a_disaggregated_fleet
+  an_ordered_run_agrees_with_lost_kv_generation_first_and_the_legacy_policy
+  an_ordered_aggregated_run_agrees_exactly
+)
 mpi_tests=(
   mpi_aggregated_runs_agree_exactly_with_the_simulator_at_2_and_4_ranks
   mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_servers
@@ -89,16 +104,34 @@ for i in $(seq "$runs"); do
     ok=0
     what+=("threads tests FAILED: $(grep -E '^test .* FAILED|^test result' "$log_dir/threads.log" | tr '\n' ' ')")
   fi
-  if "$bin" run --driver threads --preload examples/disagg-small.toml "${set_args[@]}" \
-    --json "$log_dir/threads.json" >/dev/null 2>"$log_dir/run.err"; then
-    outcomes "$log_dir/threads.json" >"$log_dir/threads.txt"
-    # Requests of the sim run whose outcome threads did not reproduce (missing ones count).
-    differ=$(diff "$log_dir/sim.txt" "$log_dir/threads.txt" | grep -c '^<')
-    if [ "$differ" -eq 0 ]; then what+=("disagg-small: 60 of 60 agree"); else ok=0; what+=("disagg-small: $differ of 60 DIFFER"); fi
+  if all_passed "$log_dir/ordered.log" "${#ordered_tests[@]}" \
+    "$ordered_test" --exact --test-threads=1 "${ordered_tests[@]}"; then
+    what+=("ordered tests ok")
   else
     ok=0
-    what+=("disagg-small run FAILED: $(tail -1 "$log_dir/run.err")")
+    what+=("ordered tests FAILED: $(grep -E '^test .* FAILED|^test result' "$log_dir/ordered.log" | tr '\n' ' ')")
   fi
+  for mode in ordered unordered; do
+    flags=()
+    [ "$mode" = ordered ] && flags=(--ordered)
+    if "$bin" run --driver threads --preload "${flags[@]}" examples/disagg-small.toml "${set_args[@]}" \
+      --json "$log_dir/threads.json" >/dev/null 2>"$log_dir/run.err"; then
+      outcomes "$log_dir/threads.json" >"$log_dir/threads.txt"
+      # Requests of the sim run whose outcome threads did not reproduce (missing ones count).
+      differ=$(diff "$log_dir/sim.txt" "$log_dir/threads.txt" | grep -c '^<')
+      if [ "$differ" -eq 0 ]; then
+        what+=("disagg-small $mode: 60 of 60 agree")
+      elif [ "$mode" = ordered ]; then
+        ok=0
+        what+=("disagg-small ordered: $differ of 60 DIFFER")
+      else
+        what+=("disagg-small unordered: $differ of 60 differ")
+      fi
+    else
+      ok=0
+      what+=("disagg-small $mode run FAILED: $(tail -1 "$log_dir/run.err")")
+    fi
+  done
   if [ -n "$mpi_test" ]; then
     if all_passed "$log_dir/mpi.log" "${#mpi_tests[@]}" \
       "$mpi_test" --ignored --exact --test-threads=1 "${mpi_tests[@]}"; then

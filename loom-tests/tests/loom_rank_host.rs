@@ -115,6 +115,7 @@ fn rank_thread(
             device: &mut device,
             clock: &clock,
             progress: &progress,
+            ordered: None,
         };
         let run = run_rank(&mut exec, &mut member, ports, &RankOptions::default())
             .expect("the rank host ran");

@@ -361,7 +361,10 @@ pub fn run_rank<C: Collective + ?Sized>(
                     None => ports.clock.now_ns(),
                 };
                 run.series.record(&report.stats, now, preemptions);
-                ports.progress.iteration_done(iterations, now);
+                // Signs of life are wall time, also in an ordered run.
+                ports
+                    .progress
+                    .iteration_done(iterations, ports.clock.now_ns());
                 if let Some(status) = publisher
                     .as_mut()
                     .and_then(|p| p.after_iteration(server, exec))
