@@ -81,6 +81,7 @@ mpi_tests=(
   mpi_aggregated_runs_agree_exactly_with_the_simulator_at_2_and_4_ranks
   mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_servers
   mpi_lost_kv_fails_exactly_the_requests_the_simulator_fails
+  mpi_ordered_runs_do_what_the_simulator_does_on_every_server
 )
 # Runs a test binary on exactly the named tests; true when all of them ran and passed.
 all_passed() {

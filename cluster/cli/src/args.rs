@@ -103,7 +103,7 @@ pub(crate) struct RealArgs {
     #[arg(long)]
     pub(crate) preload: bool,
     /// Run the hosts in the simulator's order of events, in modeled time, without
-    /// sleeping (threads; needs --preload): which fetch reads a handoff and which
+    /// sleeping (needs --preload): which fetch reads a handoff and which
     /// iteration sees a KV transfer's completion follow the time model, so the run does
     /// what `sim --preload` does, request by request, however busy the machine.
     #[arg(long, requires = "preload")]

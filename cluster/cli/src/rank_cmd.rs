@@ -61,11 +61,6 @@ fn rank_command(
             Some((r.parse()?, it.parse()?))
         }
     };
-    if real.ordered {
-        anyhow::bail!(
-            "--ordered runs under --driver threads; the MPI driver has no ordered mode yet"
-        );
-    }
     let opts = MpiOptions {
         common: RealOptions {
             mismatch_tag_at: mismatch,

@@ -31,19 +31,14 @@ pub(crate) fn run(
         mpirun,
     }: RunArgs,
 ) -> anyhow::Result<ExitCode> {
-    if driver == Driver::Mpi {
-        if real.ordered {
-            anyhow::bail!(
-                "--ordered runs under --driver threads; the MPI driver has no ordered mode yet"
-            );
-        }
-        return relaunch_under_mpirun(&args, &real, &mpirun);
-    }
     if real.ordered && real.time_scale > 0.0 {
         anyhow::bail!(
             "--ordered runs in modeled time without sleeping: --time-scale {} has nothing to pace",
             real.time_scale
         );
+    }
+    if driver == Driver::Mpi {
+        return relaunch_under_mpirun(&args, &real, &mpirun);
     }
     let scenario = load(&args, real.policy.as_deref(), real.seed)?;
     let mut report = lockstep_runtime::threads::run(&scenario, &real.options()?)?;

@@ -57,6 +57,28 @@ fn mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_
 
 #[test]
 #[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_ordered_runs_do_what_the_simulator_does_on_every_server() {
+    // The front process holds the order; every rank process's hosts take their turns
+    // by calls to it. Two ctx and two gen servers, once with a slow control link and
+    // lost KV, so arrival times and failures both matter.
+    let bin = mpi_bin();
+    let text = disagg_text(60);
+    for sets in [
+        &[][..],
+        &[
+            "model.link.control_latency_us=5000",
+            "faults.lost_transfer_every=5",
+        ][..],
+    ] {
+        let mpi = mpi_report_with(&bin, &text, sets, "disagg-ordered", &["--ordered"]);
+        let sim = simulate(&parse(&text, sets));
+        assert_eq!(whole_fingerprint(&mpi), whole_fingerprint(&sim), "{sets:?}");
+        assert!(mpi.servers[2..].iter().all(|s| s.transfers.count > 0));
+    }
+}
+
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
 fn mpi_lost_kv_fails_exactly_the_requests_the_simulator_fails() {
     let bin = mpi_bin();
     let sets = [

@@ -10,13 +10,15 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 /// The order of events within one instant (then by participant): every server's
 /// process point first (its outputs are sent and its next fetch reads what had arrived
 /// before this instant), then the front (what the servers sent it), then the
 /// transceivers (the commands and messages of this instant), then deliveries to the
 /// servers' ingress, and last the waiting servers' reads, which see everything that
 /// arrived up to and including this instant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Phase {
     /// A server's iteration reaches its process point.
     Process,
@@ -34,7 +36,7 @@ pub enum Phase {
 pub type Place = (u64, Phase, u32);
 
 /// A participant of an ordered run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Party {
     /// A server (its rank 0 takes the turns; its other ranks follow in collectives).
     Server(u32),
@@ -46,7 +48,7 @@ pub enum Party {
 }
 
 /// What a server does next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ServerNext {
     /// Its next turn is at this time: the process point of the iteration it runs (or,
     /// at the start, its first read).
@@ -94,7 +96,7 @@ impl<T> Slot<T> {
 }
 
 /// Why an input could not be sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum OrderError {
     /// The participant has left the run.
     #[error("{0:?} has left the run")]

@@ -18,8 +18,11 @@ use super::RuntimeError;
 use super::clock::{Clock, WallClock};
 use super::net::{Envelope, Inbox, Net, Received};
 use super::status::StatusBoard;
-use crate::ordered::{Item, Sequencer, Turn};
+use crate::ordered::{Item, Order, Sequencer, Turn};
 use lockstep_hosts::order::Party;
+
+/// How often an ordered run's front looks at what comes outside the order.
+const DIRECT_EVERY: Duration = Duration::from_millis(5);
 
 /// The front host in wall time, over a real [`Net`].
 pub struct FrontLoop<'a> {
@@ -163,7 +166,10 @@ impl<'a> FrontLoop<'a> {
         // What the preloaded requests left on the link is due at the host's deadline.
         sequencer.end(Party::Front, self.host.poll_timeout());
         let ended = loop {
-            match sequencer.wait_turn(Party::Front, None) {
+            // In slices: between turns the ranks' summaries (and, under MPI, the
+            // liveness check) come over `direct`, which must not wait for the end (a
+            // large summary can hold up its sender's later calls).
+            match sequencer.wait_turn(Party::Front, Some(DIRECT_EVERY)) {
                 Ok(Turn::Granted(now)) => {
                     match sequencer.take_first(Party::Front, now) {
                         Some(Item::Front(envelope)) => {
@@ -175,7 +181,16 @@ impl<'a> FrontLoop<'a> {
                     sequencer.end(Party::Front, self.host.poll_timeout());
                 }
                 Ok(Turn::Quiet | Turn::Gone) => break Ok(()),
-                Ok(Turn::Slice | Turn::StallOut(_)) => {}
+                Ok(Turn::Slice) => {
+                    while let Received::Message(m) = direct.recv_until(Some(Instant::now())) {
+                        self.handle(m);
+                    }
+                    if self.finished() {
+                        // The fleet was lost.
+                        break Ok(());
+                    }
+                }
+                Ok(Turn::StallOut(_)) => {}
                 Err(e) => break Err(e),
             }
         };

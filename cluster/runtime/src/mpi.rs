@@ -33,12 +33,19 @@ use super::{RealOptions, real_report};
 use crate::client::{ClientItem, ClientLoop};
 use crate::faults::MisTagged;
 use crate::front_host::{FrontEnd, FrontInbound, FrontLoop};
-use crate::rank_host::{RankPorts, run_rank};
+use crate::ordered::{
+    Item, Order, OrderedNet, Sequencer, Turn, TurnStuck, first_transceivers, transceiver_party,
+};
+use crate::rank_host::{OrderedRank, RankPorts, run_rank};
 use crate::rank_setup::{RankParts, build_rank, end_rank, rank_options};
 use crate::status::StatusBoard;
-use crate::transceiver_host::{TransceiverInput, TransceiverLink, run_transceiver};
+use crate::transceiver_host::{
+    TransceiverInput, TransceiverLink, run_transceiver, run_transceiver_ordered,
+};
 use crate::watchdog::{Progress, watch};
 use crate::{Clock, Endpoint, Envelope, Inbox, Net, NetError, Received, RuntimeError, WallClock};
+use lockstep_gpu::AnalyticBackend;
+use lockstep_hosts::order::{OrderError, Party, Phase as OrderPhase, ServerNext};
 use lockstep_plan::fleet::Fleet;
 use lockstep_plan::report::Report;
 use lockstep_plan::scenario::Scenario;
@@ -60,6 +67,14 @@ mod channel {
     pub const ALIVE: i32 = 105;
     /// a rank's watchdog → the front: this rank is stuck (its watchdog's description).
     pub const STUCK: i32 = 106;
+    /// An ordered run: a rank's main thread → the front's sequencer, a call.
+    pub const ORDER_RANK: i32 = 107;
+    /// An ordered run: a transceiver thread → the front's sequencer, a call.
+    pub const ORDER_TRANSCEIVER: i32 = 108;
+    /// The front's sequencer → a rank's main thread: the answer.
+    pub const ORDER_RANK_ANSWER: i32 = 109;
+    /// The front's sequencer → a transceiver thread: the answer.
+    pub const ORDER_TRANSCEIVER_ANSWER: i32 = 110;
 }
 
 /// Options of one process.
@@ -264,6 +279,221 @@ impl Inbox<TransceiverInput> for TransceiverInbox {
                 Ok(_) | Err(_) => Received::TimedOut,
             },
             None => Received::TimedOut,
+        }
+    }
+}
+
+/// An ordered run's call to the front process's sequencer ([`Order`]'s methods).
+#[derive(Debug, Serialize, serde::Deserialize)]
+enum OrderCall {
+    Now,
+    Holds(Party),
+    WaitTurn(Party, Option<u64>),
+    WaitServerTurnAfter(usize, u64),
+    Take(Party, u64, bool),
+    EndServer(usize, ServerNext),
+    End(Party, Option<u64>),
+    Leave(Party),
+    Post(Party, u64, (OrderPhase, u32), Item),
+}
+
+/// The sequencer's answer to an [`OrderCall`].
+#[derive(Debug, Serialize, serde::Deserialize)]
+enum OrderAnswer {
+    Now(u64),
+    Holds(bool),
+    Turn(Result<Turn, TurnStuck>),
+    At(Result<u64, TurnStuck>),
+    Items(Vec<Item>),
+    Done,
+    Posted(Result<(), OrderError>),
+}
+
+fn answer(order: &Sequencer, call: OrderCall) -> OrderAnswer {
+    match call {
+        OrderCall::Now => OrderAnswer::Now(order.now()),
+        OrderCall::Holds(p) => OrderAnswer::Holds(order.holds(p)),
+        OrderCall::WaitTurn(p, slice_ms) => {
+            OrderAnswer::Turn(order.wait_turn(p, slice_ms.map(Duration::from_millis)))
+        }
+        OrderCall::WaitServerTurnAfter(s, at) => {
+            OrderAnswer::At(order.wait_server_turn_after(s, at))
+        }
+        OrderCall::Take(p, upto, inclusive) => OrderAnswer::Items(order.take(p, upto, inclusive)),
+        OrderCall::EndServer(s, next) => {
+            order.end_server(s, next);
+            OrderAnswer::Done
+        }
+        OrderCall::End(p, deadline) => {
+            order.end(p, deadline);
+            OrderAnswer::Done
+        }
+        OrderCall::Leave(p) => {
+            order.leave(p);
+            OrderAnswer::Done
+        }
+        OrderCall::Post(to, delay, from, item) => {
+            OrderAnswer::Posted(order.post(to, delay, from, item))
+        }
+    }
+}
+
+/// The front process's side of an ordered run's calls: one thread takes them off the
+/// world, and each calling thread of a rank process gets a thread of its own here that
+/// answers its calls in order (a wait for a turn blocks only that one), until `done`.
+fn serve_order_calls(order: &Sequencer, outbox: &Sender<(usize, i32, Vec<u8>)>, done: &AtomicBool) {
+    std::thread::scope(|scope| {
+        let peers = MpiPeers::for_this_thread();
+        let mut callers: Vec<((usize, i32), Sender<OrderCall>)> = Vec::new();
+        while !done.load(Ordering::Relaxed) {
+            let mut any = false;
+            for (tag, answer_tag) in [
+                (channel::ORDER_RANK, channel::ORDER_RANK_ANSWER),
+                (
+                    channel::ORDER_TRANSCEIVER,
+                    channel::ORDER_TRANSCEIVER_ANSWER,
+                ),
+            ] {
+                while let Some((from, bytes)) = peers.try_receive(tag) {
+                    any = true;
+                    let call = match decode::<OrderCall>(from, &bytes) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::warn!("{e}");
+                            continue;
+                        }
+                    };
+                    let caller = match callers.iter().find(|(k, _)| *k == (from, tag)) {
+                        Some((_, tx)) => tx.clone(),
+                        None => {
+                            let (tx, rx) = unbounded::<OrderCall>();
+                            let outbox = outbox.clone();
+                            scope.spawn(move || {
+                                while let Ok(call) = rx.recv() {
+                                    let a = answer(order, call);
+                                    if outbox.send((from, answer_tag, encode(&a))).is_err() {
+                                        return;
+                                    }
+                                }
+                            });
+                            callers.push(((from, tag), tx.clone()));
+                            tx
+                        }
+                    };
+                    let _ = caller.send(call);
+                }
+            }
+            if !any {
+                std::thread::sleep(PROBE_EVERY);
+            }
+        }
+        // Closing the callers' channels ends their threads.
+        callers.clear();
+    });
+}
+
+/// A rank process's thread's way to the front process's sequencer: each call goes
+/// out and waits for its answer, so what it sent is there before the thread goes on.
+/// While it waits the rank shows signs of life (a turn can be a long way off).
+struct RemoteOrder {
+    outbox: Sender<(usize, i32, Vec<u8>)>,
+    call_tag: i32,
+    answer_tag: i32,
+    first_transceiver: Vec<u32>,
+    control_ns: u64,
+    alive: Option<(Arc<Progress>, WallClock)>,
+}
+
+impl RemoteOrder {
+    fn call(&self, call: OrderCall) -> OrderAnswer {
+        tracing::debug!(tag = self.call_tag, ?call, "order call");
+        let peers = MpiPeers::for_this_thread();
+        if self
+            .outbox
+            .send((FRONT, self.call_tag, encode(&call)))
+            .is_err()
+        {
+            return OrderAnswer::Done;
+        }
+        loop {
+            if let Some((from, bytes)) = peers.try_receive(self.answer_tag) {
+                match decode::<OrderAnswer>(from, &bytes) {
+                    Ok(a) => return a,
+                    Err(e) => tracing::warn!("{e}"),
+                }
+            }
+            if let Some((progress, clock)) = &self.alive {
+                progress.alive(clock.now_ns());
+            }
+            std::thread::sleep(PROBE_EVERY);
+        }
+    }
+}
+
+impl Order for RemoteOrder {
+    fn transceiver(&self, at: KvAddress) -> Party {
+        transceiver_party(&self.first_transceiver, at)
+    }
+
+    fn control_ns(&self) -> u64 {
+        self.control_ns
+    }
+
+    fn now(&self) -> u64 {
+        match self.call(OrderCall::Now) {
+            OrderAnswer::Now(t) => t,
+            _ => 0,
+        }
+    }
+
+    fn holds(&self, p: Party) -> bool {
+        matches!(self.call(OrderCall::Holds(p)), OrderAnswer::Holds(true))
+    }
+
+    fn wait_turn(&self, me: Party, slice: Option<Duration>) -> Result<Turn, TurnStuck> {
+        let slice_ms = slice.map(|s| s.as_millis().max(1) as u64);
+        match self.call(OrderCall::WaitTurn(me, slice_ms)) {
+            OrderAnswer::Turn(t) => t,
+            _ => Ok(Turn::Gone),
+        }
+    }
+
+    fn wait_server_turn_after(&self, server: usize, fetched_at: u64) -> Result<u64, TurnStuck> {
+        match self.call(OrderCall::WaitServerTurnAfter(server, fetched_at)) {
+            OrderAnswer::At(t) => t,
+            _ => Ok(fetched_at),
+        }
+    }
+
+    fn take(&self, p: Party, upto: u64, inclusive: bool) -> Vec<Item> {
+        match self.call(OrderCall::Take(p, upto, inclusive)) {
+            OrderAnswer::Items(items) => items,
+            _ => Vec::new(),
+        }
+    }
+
+    fn end_server(&self, s: usize, next: ServerNext) {
+        self.call(OrderCall::EndServer(s, next));
+    }
+
+    fn end(&self, p: Party, deadline: Option<u64>) {
+        self.call(OrderCall::End(p, deadline));
+    }
+
+    fn leave(&self, p: Party) {
+        self.call(OrderCall::Leave(p));
+    }
+
+    fn post(
+        &self,
+        to: Party,
+        delay_ns: u64,
+        from: (OrderPhase, u32),
+        item: Item,
+    ) -> Result<(), OrderError> {
+        match self.call(OrderCall::Post(to, delay_ns, from, item)) {
+            OrderAnswer::Posted(r) => r,
+            _ => Err(OrderError::Gone(to)),
         }
     }
 }
@@ -601,20 +831,36 @@ where
         from_front,
         clock,
     })?;
+    // An ordered run: this process holds the sequencer the ranks call.
+    let ordered = opts.common.ordered;
+    let sequencer = ordered.then(|| {
+        let dp: Vec<u32> = fleet.servers.iter().map(|p| p.sizes.dp).collect();
+        Sequencer::new(&dp, fleet.scenario.model.control_ns(), opts.watchdog * 2)
+    });
+    let front_net = sequencer.as_ref().map(|s| OrderedNet::front(s, net));
+    let front_net: &dyn Net = match &front_net {
+        Some(n) => n,
+        None => net,
+    };
     let mut host = FrontLoop::new(
         Front::new(&fleet.front_config()),
         fleet.servers.len(),
         fleet.ranks(),
-        net,
+        front_net,
         to_client,
         clock,
     )
-    .with_notice_link(fleet.wire_model(opts.common.time_scale))
+    .with_notice_link(fleet.wire_model(if ordered { 1.0 } else { opts.common.time_scale }))
     .with_status(status);
     if opts.common.preload {
         // Every request goes out in the front's first turn: one ingress message per
-        // server, which its rank 0's first read takes whole.
-        host.handle_all(client_rx.try_iter().map(FrontInbound::Client));
+        // server, which its rank 0's first read takes whole (an ordered run's at 0).
+        let items = client_rx.try_iter().map(FrontInbound::Client);
+        if ordered {
+            host.handle_all_at(0, items);
+        } else {
+            host.handle_all(items);
+        }
     }
     let client_thread = std::thread::Builder::new()
         .name("client".into())
@@ -633,7 +879,19 @@ where
         client: client_rx,
         liveness: Liveness::new(layout, names, opts.watchdog),
     };
-    let end = host.run(&mut inbox, opts.watchdog * 2);
+    let end = match &sequencer {
+        Some(sequencer) => {
+            let done = AtomicBool::new(false);
+            std::thread::scope(|scope| {
+                let (outbox, done) = (net.outbox.clone(), &done);
+                scope.spawn(move || serve_order_calls(sequencer, &outbox, done));
+                let end = host.run_ordered(sequencer, &mut inbox, opts.watchdog * 2);
+                done.store(true, Ordering::Relaxed);
+                end
+            })
+        }
+        None => host.run(&mut inbox, opts.watchdog * 2),
+    };
     let abandoned = matches!(&end, Ok(e) if e.lost.is_some());
     if !abandoned {
         // Every process may finalise now (or, after a failure, stop waiting). After a
@@ -717,6 +975,31 @@ fn run_server_rank(
         lose,
         wire,
     } = build_rank(fleet, at, &opts.common, "device".into());
+    // An ordered run: this process's threads call the front process's sequencer.
+    let dp: Vec<u32> = fleet.servers.iter().map(|p| p.sizes.dp).collect();
+    let remote_order = |call_tag, answer_tag, alive| RemoteOrder {
+        outbox: net.outbox.clone(),
+        call_tag,
+        answer_tag,
+        first_transceiver: first_transceivers(&dp),
+        control_ns: fleet.scenario.model.control_ns(),
+        alive,
+    };
+    let ordered = opts.common.ordered;
+    let order = ordered.then(|| {
+        remote_order(
+            channel::ORDER_RANK,
+            channel::ORDER_RANK_ANSWER,
+            Some((progress.clone(), clock)),
+        )
+    });
+    let transceiver_order = ordered.then(|| {
+        remote_order(
+            channel::ORDER_TRANSCEIVER,
+            channel::ORDER_TRANSCEIVER_ANSWER,
+            None,
+        )
+    });
     let (events_tx, events_rx) = unbounded::<TransferEvent>();
     let (commands_tx, commands_rx) = unbounded::<TransceiverInput>();
     let link = transceiver.is_some().then(|| TransceiverLink {
@@ -732,6 +1015,20 @@ fn run_server_rank(
                     .name("transceiver".into())
                     .spawn(move || {
                         let net = MpiNet { layout, outbox };
+                        if let Some(order) = transceiver_order {
+                            return run_transceiver_ordered(
+                                transceiver,
+                                &order,
+                                &events_tx,
+                                &net,
+                                lose,
+                                wire,
+                            )
+                            .unwrap_or_else(|e| {
+                                tracing::error!("transceiver: {e}");
+                                Default::default()
+                            });
+                        }
                         let mut inbox = TransceiverInbox {
                             peers: MpiPeers::for_this_thread(),
                             commands: commands_rx,
@@ -759,6 +1056,12 @@ fn run_server_rank(
         queued: VecDeque::new(),
     });
     let options = rank_options(fleet, &opts.common, opts.watchdog / 4, publish_status);
+    // An ordered run's responses and end wait in the sequencer for the front's turn.
+    let ordered_net = order.as_ref().map(|o| OrderedNet::server(o, s, net));
+    let rank_net: &dyn Net = match &ordered_net {
+        Some(n) => n,
+        None => net,
+    };
     let outcome = run_rank(
         &mut exec,
         &mut MisTagged {
@@ -768,23 +1071,35 @@ fn run_server_rank(
         RankPorts {
             server: s,
             ingress: ingress.as_mut().map(|i| i as &mut dyn Inbox<IngressItem>),
-            net,
+            net: rank_net,
             transfers: link.as_ref(),
             device: &mut device,
             clock: &clock,
             progress: &progress,
-            ordered: None,
+            ordered: order.as_ref().map(|o| OrderedRank {
+                sequencer: o,
+                backend: AnalyticBackend::new(fleet.profile.coefficients),
+            }),
         },
         &options,
     );
     drop(device);
     if let Some(l) = &link {
-        l.stop();
+        match &order {
+            Some(o) => o.leave(o.transceiver(at)),
+            None => l.stop(),
+        }
     }
     let end = transceiver_thread
         .and_then(|h| h.join().ok())
         .unwrap_or_default();
-    end_rank(net, s, &exec, outcome, end);
+    end_rank(rank_net, s, &exec, outcome, end);
+    if let Some(o) = &order
+        && rank == 0
+    {
+        // After its server's stop is on its way to the front.
+        o.leave(Party::Server(s as u32));
+    }
     // Until the front says the run is over, drain what still reaches this process (a
     // late message must not block its sender).
     let peers = MpiPeers::for_this_thread();

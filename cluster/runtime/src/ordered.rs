@@ -7,31 +7,85 @@
 //! KV transfer's completion follow the time model, not the threads' scheduling: a busy
 //! machine changes how long the run takes, never what it does.
 //!
-//! Nothing sleeps: time is virtual. Only the threads driver runs in order.
+//! Nothing sleeps: time is virtual. The [`Order`] is the [`Sequencer`] itself in the
+//! threads driver; under MPI the front process holds it and the rank processes reach it
+//! by calls that each wait for their answer (`mpi.rs`), so what a rank sends is in the
+//! sequencer before it goes on.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use lockstep_actors::request::IngressItem;
-use lockstep_actors::transceiver::TransceiverIn;
-use lockstep_actors::vocab::KvAddress;
+use lockstep_actors::transceiver::{PeerMessage, TransceiverIn};
+use lockstep_actors::vocab::{KvAddress, TransferCommand};
 use lockstep_hosts::order::{OrderError, Party, Phase, Place, ServerNext, Turns};
 
 use crate::{Endpoint, Envelope, Net, NetError};
 
 /// What waits in the sequencer for its receiver's turn.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub enum Item {
     /// Into a server's ingress.
     Ingress(Vec<IngressItem>),
     /// To the front.
     Front(Envelope),
-    /// To a transceiver: a command of its rank, or a peer's message.
-    Transceiver(TransceiverIn),
+    /// To a transceiver: a command of its rank.
+    Command(TransferCommand),
+    /// To a transceiver: a peer's message.
+    Peer(PeerMessage),
+}
+
+impl Item {
+    /// A transceiver's input, if this is one.
+    pub fn into_transceiver_input(self) -> Option<TransceiverIn> {
+        match self {
+            Item::Command(c) => Some(TransceiverIn::Command(c)),
+            Item::Peer(m) => Some(TransceiverIn::Message(m)),
+            Item::Ingress(_) | Item::Front(_) => None,
+        }
+    }
+}
+
+/// The order of an ordered run, as its hosts use it: the [`Sequencer`] in the process
+/// that holds it, or a proxy to it.
+pub trait Order: Send + Sync {
+    /// A rank's transceiver as a party (the simulator's order: server by server).
+    fn transceiver(&self, at: KvAddress) -> Party;
+    /// A message between the front and a server, in modeled time.
+    fn control_ns(&self) -> u64;
+    /// The time of the turn running.
+    fn now(&self) -> u64;
+    /// Whether `p` holds the turn.
+    fn holds(&self, p: Party) -> bool;
+    /// Waits for `me`'s turn; `slice`: give up after this much wall time with
+    /// [`Turn::Slice`].
+    fn wait_turn(&self, me: Party, slice: Option<Duration>) -> Result<Turn, TurnStuck>;
+    /// A server's other ranks, at their iteration's process point: waits until its
+    /// rank 0 takes the server's next turn after the fetch at `fetched_at` (that
+    /// process point; every rank of a server has the same), and says when it is.
+    fn wait_server_turn_after(&self, server: usize, fetched_at: u64) -> Result<u64, TurnStuck>;
+    /// The inputs of `p` that arrived before `upto` (`inclusive`: at `upto` too).
+    fn take(&self, p: Party, upto: u64, inclusive: bool) -> Vec<Item>;
+    /// Server `s` ends its turn.
+    fn end_server(&self, s: usize, next: ServerNext);
+    /// The front or a transceiver ends its turn, with its next deadline.
+    fn end(&self, p: Party, deadline: Option<u64>);
+    /// `p` leaves the run.
+    fn leave(&self, p: Party);
+    /// Sends `item` to `to`, arriving `delay_ns` after now.
+    fn post(
+        &self,
+        to: Party,
+        delay_ns: u64,
+        from: (Phase, u32),
+        item: Item,
+    ) -> Result<(), OrderError>;
 }
 
 /// How a wait for a turn ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Turn {
     /// The turn is ours, at this modeled time.
     Granted(u64),
@@ -47,7 +101,7 @@ pub enum Turn {
 }
 
 /// No turn changed hands for this long (wall time): a host is stuck.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[error(
     "ordered run: {waiting:?} waited {waited_ms} ms for its turn while {holder:?} held it and nothing moved"
 )]
@@ -76,12 +130,8 @@ impl Sequencer {
     /// The turns of a fleet whose servers have these data-parallel sizes; `control_ns`
     /// between the front and a server.
     pub fn new(dp: &[u32], control_ns: u64, stuck_after: Duration) -> Sequencer {
-        let mut first_transceiver = Vec::with_capacity(dp.len());
-        let mut all = 0u32;
-        for &n in dp {
-            first_transceiver.push(all);
-            all += n;
-        }
+        let first_transceiver = first_transceivers(dp);
+        let all: u32 = dp.iter().sum();
         Sequencer {
             turns: Mutex::new(Turns::new(dp.len(), all as usize)),
             changed: Condvar::new(),
@@ -95,29 +145,52 @@ impl Sequencer {
         self.turns.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A rank's transceiver as a party (the simulator's order: server by server).
-    pub fn transceiver(&self, at: KvAddress) -> Party {
-        let first = self
-            .first_transceiver
-            .get(at.server as usize)
-            .copied()
-            .unwrap_or(u32::MAX);
-        Party::Transceiver(first.saturating_add(at.rank.0))
+    /// The first input of `p`, if it arrived by `upto` (the front's, one per turn).
+    pub fn take_first(&self, p: Party, upto: u64) -> Option<Item> {
+        self.lock().take_first(p, upto)
+    }
+}
+
+/// Each server's first transceiver's place among all of them, from the servers'
+/// data-parallel sizes.
+pub fn first_transceivers(dp: &[u32]) -> Vec<u32> {
+    let mut all = 0u32;
+    dp.iter()
+        .map(|&n| {
+            let first = all;
+            all += n;
+            first
+        })
+        .collect()
+}
+
+/// A rank's transceiver as a party, from [`first_transceivers`].
+pub fn transceiver_party(first_transceiver: &[u32], at: KvAddress) -> Party {
+    let first = first_transceiver
+        .get(at.server as usize)
+        .copied()
+        .unwrap_or(u32::MAX);
+    Party::Transceiver(first.saturating_add(at.rank.0))
+}
+
+impl Order for Sequencer {
+    fn transceiver(&self, at: KvAddress) -> Party {
+        transceiver_party(&self.first_transceiver, at)
     }
 
-    /// The time of the turn running.
-    pub fn now(&self) -> u64 {
+    fn control_ns(&self) -> u64 {
+        self.control_ns
+    }
+
+    fn now(&self) -> u64 {
         self.lock().now()
     }
 
-    /// Whether `p` holds the turn.
-    pub fn holds(&self, p: Party) -> bool {
+    fn holds(&self, p: Party) -> bool {
         self.lock().holder() == Some(p)
     }
 
-    /// Waits for `me`'s turn; `slice`: give up after this much wall time with
-    /// [`Turn::Slice`].
-    pub fn wait_turn(&self, me: Party, slice: Option<Duration>) -> Result<Turn, TurnStuck> {
+    fn wait_turn(&self, me: Party, slice: Option<Duration>) -> Result<Turn, TurnStuck> {
         let started = Instant::now();
         let slice_ends = slice.map(|s| started + s);
         let mut turns = self.lock();
@@ -177,10 +250,7 @@ impl Sequencer {
         }
     }
 
-    /// A server's other ranks, at their iteration's process point: waits until its
-    /// rank 0 takes the server's next turn after the fetch at `fetched_at` (that
-    /// process point; every rank of a server has the same), and says when it is.
-    pub fn wait_server_turn_after(&self, server: usize, fetched_at: u64) -> Result<u64, TurnStuck> {
+    fn wait_server_turn_after(&self, server: usize, fetched_at: u64) -> Result<u64, TurnStuck> {
         let s = server as u32;
         let fetch: Place = (fetched_at, Phase::Resume, s);
         let mut turns = self.lock();
@@ -208,36 +278,26 @@ impl Sequencer {
         Ok(turns.now())
     }
 
-    /// The inputs of `p` that arrived before `upto` (`inclusive`: at `upto` too).
-    pub fn take(&self, p: Party, upto: u64, inclusive: bool) -> Vec<Item> {
+    fn take(&self, p: Party, upto: u64, inclusive: bool) -> Vec<Item> {
         self.lock().take(p, upto, inclusive)
     }
 
-    /// The first input of `p`, if it arrived by `upto`.
-    pub fn take_first(&self, p: Party, upto: u64) -> Option<Item> {
-        self.lock().take_first(p, upto)
-    }
-
-    /// Server `s` ends its turn.
-    pub fn end_server(&self, s: usize, next: ServerNext) {
+    fn end_server(&self, s: usize, next: ServerNext) {
         self.lock().end_server(s as u32, next);
         self.changed.notify_all();
     }
 
-    /// The front or a transceiver ends its turn, with its next deadline.
-    pub fn end(&self, p: Party, deadline: Option<u64>) {
+    fn end(&self, p: Party, deadline: Option<u64>) {
         self.lock().end(p, deadline);
         self.changed.notify_all();
     }
 
-    /// `p` leaves the run.
-    pub fn leave(&self, p: Party) {
+    fn leave(&self, p: Party) {
         self.lock().leave(p);
         self.changed.notify_all();
     }
 
-    /// Sends `item` to `to`, arriving `delay_ns` after now.
-    pub fn post(
+    fn post(
         &self,
         to: Party,
         delay_ns: u64,
@@ -254,7 +314,7 @@ impl Sequencer {
 /// with its arrival time, except what no decision depends on (rank summaries and
 /// statuses), which goes over `direct` at once.
 pub struct OrderedNet<'a> {
-    sequencer: &'a Sequencer,
+    sequencer: &'a dyn Order,
     /// The sender's phase and place (the order among inputs that arrive together).
     from: (Phase, u32),
     direct: &'a dyn Net,
@@ -262,7 +322,7 @@ pub struct OrderedNet<'a> {
 
 impl<'a> OrderedNet<'a> {
     /// The front's net.
-    pub fn front(sequencer: &'a Sequencer, direct: &'a dyn Net) -> OrderedNet<'a> {
+    pub fn front(sequencer: &'a dyn Order, direct: &'a dyn Net) -> OrderedNet<'a> {
         // Its items reach a server's ingress in the deliveries' phase.
         OrderedNet {
             sequencer,
@@ -272,7 +332,7 @@ impl<'a> OrderedNet<'a> {
     }
 
     /// Server `server`'s ranks' net (their responses, their end).
-    pub fn server(sequencer: &'a Sequencer, server: usize, direct: &'a dyn Net) -> OrderedNet<'a> {
+    pub fn server(sequencer: &'a dyn Order, server: usize, direct: &'a dyn Net) -> OrderedNet<'a> {
         OrderedNet {
             sequencer,
             from: (Phase::Process, server as u32),
@@ -282,7 +342,7 @@ impl<'a> OrderedNet<'a> {
 
     /// A transceiver's net (peer messages, and the wake-up of its server).
     pub fn transceiver(
-        sequencer: &'a Sequencer,
+        sequencer: &'a dyn Order,
         at: KvAddress,
         direct: &'a dyn Net,
     ) -> OrderedNet<'a> {
@@ -306,7 +366,7 @@ impl Net for OrderedNet<'_> {
                 // Inputs that reach the front together: by server.
                 let item = Item::Front(e);
                 return s
-                    .post(Party::Front, s.control_ns, (Phase::Front, server), item)
+                    .post(Party::Front, s.control_ns(), (Phase::Front, server), item)
                     .map_err(|_| NetError::Closed { endpoint: to });
             }
             (Endpoint::Front, e) => return self.direct.send(to, e),
@@ -315,7 +375,7 @@ impl Net for OrderedNet<'_> {
                 let delay = if self.from.0 == Phase::Transceiver {
                     0
                 } else {
-                    s.control_ns
+                    s.control_ns()
                 };
                 (Party::Server(server as u32), delay, Item::Ingress(items))
             }
@@ -323,7 +383,7 @@ impl Net for OrderedNet<'_> {
                 s.transceiver(at),
                 // The receiving host holds it on its modeled wire.
                 0,
-                Item::Transceiver(TransceiverIn::Message(message)),
+                Item::Peer(message),
             ),
             (Endpoint::Ingress(_) | Endpoint::Transceiver(_), _) => {
                 return Err(NetError::Unknown { endpoint: to });

@@ -29,7 +29,7 @@ use super::net::{Endpoint, Envelope, Inbox, Net, Received};
 use super::status::StatusPublisher;
 use super::transceiver_host::{TransceiverEnd, TransceiverLink};
 use super::watchdog::Progress;
-use crate::ordered::{Item, Sequencer, Turn};
+use crate::ordered::{Item, Order, Turn};
 use lockstep_hosts::order::{Party, Phase, ServerNext};
 use lockstep_hosts::rank_host::{RankHost, Read};
 use lockstep_plan::report::{RankEnding, RankSummary};
@@ -100,7 +100,7 @@ pub struct RankPorts<'a> {
 #[derive(Clone, Copy)]
 pub struct OrderedRank<'a> {
     /// The run's turns.
-    pub sequencer: &'a Sequencer,
+    pub sequencer: &'a dyn Order,
     /// The cost model: every iteration's modeled time.
     pub backend: AnalyticBackend,
 }
@@ -463,7 +463,7 @@ fn read_ingress<C: Collective + ?Sized>(
 /// Ordered: rank 0's iteration reaches its process point at `at`: it ends its
 /// server's turn and waits for the next, which comes there.
 fn wait_for_process_point(
-    sequencer: &Sequencer,
+    sequencer: &dyn Order,
     server: usize,
     at: u64,
 ) -> Result<(), RuntimeError> {
@@ -479,7 +479,7 @@ fn wait_for_process_point(
 /// Ordered: a rank's transfer commands go to its transceiver, which runs them in this
 /// instant's transceiver phase.
 fn post_commands(
-    sequencer: &Sequencer,
+    sequencer: &dyn Order,
     server: usize,
     rank: usize,
     commands: &[lockstep_actors::vocab::TransferCommand],
@@ -494,9 +494,7 @@ fn post_commands(
             me,
             0,
             (Phase::Process, server as u32),
-            Item::Transceiver(lockstep_actors::transceiver::TransceiverIn::Command(
-                c.clone(),
-            )),
+            Item::Command(c.clone()),
         );
     }
 }
@@ -507,7 +505,7 @@ fn post_commands(
 /// stall bound, or when nothing in the run could end the wait (a stall-out).
 fn read_ingress_ordered<C: Collective + ?Sized>(
     ports: &mut RankPorts<'_>,
-    sequencer: &Sequencer,
+    sequencer: &dyn Order,
     host: &mut RankHost,
     coll: &mut C,
     mode: FetchMode,

@@ -15,7 +15,7 @@ use lockstep_hosts::transceiver_host::TransceiverHost;
 use super::clock::WallClock;
 use super::net::{Endpoint, Envelope, Inbox, Net, Received};
 use crate::Clock;
-use crate::ordered::{Item, OrderedNet, Sequencer, Turn, TurnStuck};
+use crate::ordered::{Order, OrderedNet, Turn, TurnStuck};
 use lockstep_plan::fleet::WireModel;
 
 /// What reaches a transceiver host.
@@ -112,7 +112,7 @@ pub fn run_transceiver(
 /// instant, runs, hands its events to the rank and wakes its server.
 pub fn run_transceiver_ordered(
     transceiver: Transceiver,
-    sequencer: &Sequencer,
+    sequencer: &dyn Order,
     events: &Sender<TransferEvent>,
     direct: &dyn Net,
     lose_kv_every: Option<u64>,
@@ -132,7 +132,7 @@ pub fn run_transceiver_ordered(
             Turn::Slice | Turn::StallOut(_) | Turn::Quiet => continue,
         };
         for item in sequencer.take(me, now, true) {
-            if let Item::Transceiver(input) = item {
+            if let Some(input) = item.into_transceiver_input() {
                 host.handle(now, input);
             }
         }

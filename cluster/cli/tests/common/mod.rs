@@ -308,8 +308,20 @@ pub fn rank_args(text: &str, sets: &[&str], name: &str) -> (Vec<String>, PathBuf
 /// Runs scenario `text` (with `--set` overrides) under mpirun, preloaded with seed 3,
 /// and returns its report; the run must succeed.
 pub fn mpi_report(bin: &PathBuf, text: &str, sets: &[&str], name: &str) -> Report {
+    mpi_report_with(bin, text, sets, name, &[])
+}
+
+/// [`mpi_report`] with more options for the rank processes.
+pub fn mpi_report_with(
+    bin: &PathBuf,
+    text: &str,
+    sets: &[&str],
+    name: &str,
+    extra: &[&str],
+) -> Report {
     let (args, json) = rank_args(text, sets, name);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend_from_slice(extra);
     let n = processes(&parse(text, sets));
     let started = Instant::now();
     let out = output_within(mpirun(bin, n, &args), Duration::from_secs(120));
@@ -408,6 +420,39 @@ pub fn disagg_fingerprint(r: &Report) -> (String, Vec<(String, Vec<String>)>) {
             .iter()
             .filter(|s| s.role == "ctx")
             .map(|s| (s.name.clone(), routing(r, &s.name)))
+            .collect(),
+    )
+}
+
+/// Everything a run does, but its times: each request's outcome, each server's
+/// iterations, forwards, vetoed iterations, routing and transfers (what an ordered run
+/// reproduces of the simulator's).
+pub fn whole_fingerprint(r: &Report) -> (String, Vec<String>) {
+    (
+        format!(
+            "{:?}",
+            r.per_request
+                .iter()
+                .map(|d| (d.id, d.output_tokens, &d.token_digest, &d.failure))
+                .collect::<Vec<_>>()
+        ),
+        r.servers
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}: iterations {} forwards {} vetoed {} routing {:?} transfers {} lost {}",
+                    s.name,
+                    s.iterations,
+                    s.forward_iterations,
+                    s.vetoed_iterations,
+                    s.ranks
+                        .iter()
+                        .map(|k| k.routing_digest.as_str())
+                        .collect::<Vec<_>>(),
+                    s.transfers.count,
+                    s.transfers.lost,
+                )
+            })
             .collect(),
     )
 }
