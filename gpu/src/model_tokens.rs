@@ -453,7 +453,8 @@ impl RankModel {
                 continue;
             }
             let history = memory.histories.get(&e.id).map(Vec::as_slice);
-            let logits = with_logit_rules(logits, inputs, inp, e.position, history, &mut self.rules);
+            let logits =
+                with_logit_rules(logits, inputs, inp, e.position, history, &mut self.rules);
             let token = sample_one(self.sampling, inp.sampling, e.id, e.position, logits)?;
             if e.kind.samples()
                 && let Some(history) = memory.histories.get_mut(&e.id)

@@ -1222,7 +1222,10 @@ fn a_launched_batch_carries_each_entrys_block_table_prompt_and_sampling() {
                 // Every step samples, so every entry carries its request's logit rules.
                 let (bias, end_ids) = (inputs.logit_bias(inp), inputs.end_ids(inp));
                 if even {
-                    assert_eq!(bias.iter().map(|b| (b.token, b.bias)).collect::<Vec<_>>(), [(e.id.0 as u32, -1.5)]);
+                    assert_eq!(
+                        bias.iter().map(|b| (b.token, b.bias)).collect::<Vec<_>>(),
+                        [(e.id.0 as u32, -1.5)]
+                    );
                     assert_eq!(end_ids, [2, e.id.0 as u32]);
                 } else {
                     assert!(bias.is_empty() && end_ids.is_empty());

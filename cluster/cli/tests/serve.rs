@@ -893,7 +893,11 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
         seen.dedup();
         for t in seen {
             let l = &mut logits[t as usize];
-            *l = if *l > 0.0 { *l / repetition } else { *l * repetition };
+            *l = if *l > 0.0 {
+                *l / repetition
+            } else {
+                *l * repetition
+            };
         }
         let mut counted: Vec<u32> = out.to_vec();
         counted.sort_unstable();
@@ -903,7 +907,9 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
             logits[t as usize] -= frequency * count + presence;
         }
     };
-    let prompts: Vec<String> = (0..6).map(|i| format!("rule number {i} of the test")).collect();
+    let prompts: Vec<String> = (0..6)
+        .map(|i| format!("rule number {i} of the test"))
+        .collect();
     let dir_arg = dir.to_string_lossy().into_owned();
     for scenario in ["model/agg-tiny.toml", "model/disagg-tiny.toml"] {
         let s = Server::start(scenario, &["--model", &dir_arg]);
@@ -939,7 +945,11 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
                 json!({"logit_bias": {banned.to_string(): -100, favoured.to_string(): 3}}),
             );
             let (text, tokens, finish) = answer_of(&biased);
-            assert_eq!(got, (text, tokens, finish.to_string()), "{scenario}: {prompt}");
+            assert_eq!(
+                got,
+                (text, tokens, finish.to_string()),
+                "{scenario}: {prompt}"
+            );
             bias_changed += usize::from(biased != greedy);
             let penalised = reference(&ids, &penalise);
             let got = complete(
@@ -947,7 +957,11 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
                 json!({"presence_penalty": 0.5, "frequency_penalty": 1.5, "repetition_penalty": 1.8}),
             );
             let (text, tokens, finish) = answer_of(&penalised);
-            assert_eq!(got, (text, tokens, finish.to_string()), "{scenario}: {prompt}");
+            assert_eq!(
+                got,
+                (text, tokens, finish.to_string()),
+                "{scenario}: {prompt}"
+            );
             penalty_changed += usize::from(penalised != greedy);
             // Neutral values, spelled out, are the plain greedy answer.
             let got = complete(
@@ -955,9 +969,17 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
                 json!({"logit_bias": {}, "presence_penalty": 0, "repetition_penalty": 1, "min_tokens": 0}),
             );
             let (text, tokens, finish) = answer_of(&greedy);
-            assert_eq!(got, (text, tokens, finish.to_string()), "{scenario}: {prompt}");
+            assert_eq!(
+                got,
+                (text, tokens, finish.to_string()),
+                "{scenario}: {prompt}"
+            );
         }
-        assert_eq!(bias_changed, prompts.len(), "the bias bans the greedy first token");
+        assert_eq!(
+            bias_changed,
+            prompts.len(),
+            "the bias bans the greedy first token"
+        );
         assert!(penalty_changed > 0, "the penalties changed no answer");
         // min_tokens: a prompt whose greedy answer ends early gets no end id before it.
         let (prompt, ids, end) = (0..60)
@@ -965,8 +987,11 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
                 let prompt = format!("end early {i}");
                 let ids = tokenizer.encode_prompt(&prompt).expect("encode");
                 let greedy = reference(&ids, &plain);
-                (ends.contains(greedy.last()?) && greedy.len() + 2 <= MAX_TOKENS)
-                    .then_some((prompt, ids, greedy.len()))
+                (ends.contains(greedy.last()?) && greedy.len() + 2 <= MAX_TOKENS).then_some((
+                    prompt,
+                    ids,
+                    greedy.len(),
+                ))
             })
             .expect("some greedy answer ends early");
         let min_tokens = end + 2;
@@ -980,21 +1005,36 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
         let got = complete(&prompt, json!({"min_tokens": min_tokens}));
         assert!(got.1 >= min_tokens, "{scenario}: {got:?}");
         let (text, tokens, finish) = answer_of(&masked);
-        assert_eq!(got, (text, tokens, finish.to_string()), "{scenario}: {prompt}");
+        assert_eq!(
+            got,
+            (text, tokens, finish.to_string()),
+            "{scenario}: {prompt}"
+        );
         // Bad values: a 400 naming the field and the value.
         for (field, value, named) in [
-            ("logit_bias", json!({(vocab + 5).to_string(): 1}), (vocab + 5).to_string()),
+            (
+                "logit_bias",
+                json!({(vocab + 5).to_string(): 1}),
+                (vocab + 5).to_string(),
+            ),
             ("logit_bias", json!({"3": 101}), "101".to_string()),
             ("presence_penalty", json!(-2.5), "-2.5".to_string()),
             ("repetition_penalty", json!(-1), "-1".to_string()),
-            ("min_tokens", json!(MAX_TOKENS + 1), (MAX_TOKENS + 1).to_string()),
+            (
+                "min_tokens",
+                json!(MAX_TOKENS + 1),
+                (MAX_TOKENS + 1).to_string(),
+            ),
         ] {
             let body = json!({"prompt": "x", "max_tokens": MAX_TOKENS, field: value}).to_string();
             let (code, err) = post(&s.url("/v1/completions"), &body, None);
             assert_eq!(code, 400, "{err}");
             let e = &json_of(&err)["error"];
             assert_eq!(e["param"], field, "{err}");
-            assert!(e["message"].as_str().expect("a message").contains(&named), "{err}");
+            assert!(
+                e["message"].as_str().expect("a message").contains(&named),
+                "{err}"
+            );
         }
         // A chat's min_tokens past what the context leaves is refused too.
         let body = json!({"messages": [{"role": "user", "content": "x"}], "min_tokens": 1_000_000})

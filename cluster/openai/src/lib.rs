@@ -893,7 +893,10 @@ mod tests {
             ),
             (Some(-2.0), Some(0.5), Some(1.3))
         );
-        assert!(c.sampling.any(), "a penalty alone is the request's own sampling");
+        assert!(
+            c.sampling.any(),
+            "a penalty alone is the request's own sampling"
+        );
         let bad = [
             (r#""logit_bias": {"x": 1}"#, "logit_bias", "\"x\""),
             (r#""logit_bias": {"-3": 1}"#, "logit_bias", "\"-3\""),
@@ -904,7 +907,11 @@ mod tests {
             (r#""frequency_penalty": -3"#, "frequency_penalty", "-3"),
             (r#""frequency_penalty": "x""#, "frequency_penalty", "\"x\""),
             (r#""repetition_penalty": 0"#, "repetition_penalty", "0"),
-            (r#""repetition_penalty": 1e300"#, "repetition_penalty", "1e300"),
+            (
+                r#""repetition_penalty": 1e300"#,
+                "repetition_penalty",
+                "1e300",
+            ),
             (r#""min_tokens": -1"#, "min_tokens", "-1"),
             (r#""min_tokens": 17"#, "min_tokens", "17"),
             (r#""max_tokens": 4, "min_tokens": 5"#, "min_tokens", "5"),
@@ -922,7 +929,10 @@ mod tests {
         )
         .expect("no length given yet");
         assert_eq!(chat.min_tokens, 40);
-        assert_eq!(check_min_tokens(&chat).unwrap_err().param.as_deref(), Some("min_tokens"));
+        assert_eq!(
+            check_min_tokens(&chat).unwrap_err().param.as_deref(),
+            Some("min_tokens")
+        );
     }
 
     #[test]

@@ -200,8 +200,7 @@ pub fn apply_penalties(
         for &t in output.iter().filter(in_vocab) {
             let count = std::mem::take(&mut scratch.output_counts[t as usize]);
             if count > 0 {
-                logits[t as usize] -=
-                    penalties.frequency * count as f32 + penalties.presence;
+                logits[t as usize] -= penalties.frequency * count as f32 + penalties.presence;
             }
         }
     }
