@@ -930,7 +930,7 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
                     .to_string(),
             )
         };
-        let (mut bias_changed, mut penalty_changed) = (0, 0);
+        let (mut bias_changed, mut penalty_changed, mut presence_changed) = (0, 0, 0);
         for prompt in &prompts {
             let ids = tokenizer.encode_prompt(prompt).expect("encode");
             let greedy = reference(&ids, &plain);
@@ -963,6 +963,23 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
                 "{scenario}: {prompt}"
             );
             penalty_changed += usize::from(penalised != greedy);
+            // Presence alone: `logit -= 2` once for every token the output holds.
+            let present = reference(&ids, &|l: &mut [f32], _: &[u32], out: &[u32]| {
+                let mut seen = out.to_vec();
+                seen.sort_unstable();
+                seen.dedup();
+                for t in seen {
+                    l[t as usize] -= 2.0;
+                }
+            });
+            let got = complete(prompt, json!({"presence_penalty": 2}));
+            let (text, tokens, finish) = answer_of(&present);
+            assert_eq!(
+                got,
+                (text, tokens, finish.to_string()),
+                "{scenario}: {prompt}"
+            );
+            presence_changed += usize::from(present != greedy);
             // Neutral values, spelled out, are the plain greedy answer.
             let got = complete(
                 prompt,
@@ -981,6 +998,10 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
             "the bias bans the greedy first token"
         );
         assert!(penalty_changed > 0, "the penalties changed no answer");
+        assert!(
+            presence_changed > 0,
+            "the presence penalty changed no answer"
+        );
         // min_tokens: a prompt whose greedy answer ends early gets no end id before it.
         let (prompt, ids, end) = (0..60)
             .find_map(|i| {
