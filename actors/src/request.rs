@@ -120,8 +120,8 @@ pub struct PinnedRank {
 }
 
 /// How a model backend samples one request's tokens, when the request says
-/// (`lockstep serve --model`: the body's `temperature`, `top_p`, `top_k`, `seed`). The
-/// control plane carries it and never reads it.
+/// (`lockstep serve --model`: the body's `temperature`, `top_p`, `top_k`, `seed`, the
+/// penalties and `min_tokens`). The control plane carries it and never reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RequestSampling {
     /// 0 is greedy.
@@ -132,11 +132,59 @@ pub struct RequestSampling {
     pub top_k: u32,
     /// The request's random stream: the same seed and prompt give the same tokens.
     pub seed: u64,
+    /// OpenAI's `presence_penalty`, in [-2, 2]: subtracted once from the logit of every
+    /// token the output holds already.
+    #[serde(default)]
+    pub presence_penalty: f32,
+    /// OpenAI's `frequency_penalty`, in [-2, 2]: subtracted from a token's logit once
+    /// per time the output holds it.
+    #[serde(default)]
+    pub frequency_penalty: f32,
+    /// vLLM's `repetition_penalty`, above 0 (1: none): a token of the prompt or the
+    /// output has a positive logit divided by it, a negative one multiplied.
+    #[serde(default = "no_repetition_penalty")]
+    pub repetition_penalty: f32,
+    /// Output positions before this one cannot sample the ids of
+    /// [`RequestSpec::end_ids`] (`min_tokens`).
+    #[serde(default)]
+    pub min_tokens: u32,
+}
+
+fn no_repetition_penalty() -> f32 {
+    1.0
+}
+
+impl Default for RequestSampling {
+    /// Greedy, no penalty.
+    fn default() -> Self {
+        RequestSampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            min_tokens: 0,
+        }
+    }
 }
 
 // The API checks every field finite before a request is built, so equality is
 // reflexive here (f32's only exception is NaN).
 impl Eq for RequestSampling {}
+
+/// One entry of a request's `logit_bias`: `bias` is added to token `token`'s logit
+/// before sampling.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TokenBias {
+    /// The token id.
+    pub token: u32,
+    /// In [-100, 100] (checked finite by the API).
+    pub bias: f32,
+}
+
+impl Eq for TokenBias {}
 
 /// What a client submits: everything a rank needs to serve the request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,6 +220,14 @@ pub struct RequestSpec {
     /// How a model backend samples this request (`None`: the run's setting).
     #[serde(default)]
     pub sampling: Option<RequestSampling>,
+    /// A model backend adds these to the logits before sampling (`logit_bias`; empty:
+    /// none). The control plane carries them and never reads them.
+    #[serde(default)]
+    pub logit_bias: Vec<TokenBias>,
+    /// The ids that end this request's answer, which a model backend masks before
+    /// output position [`RequestSampling::min_tokens`] (empty: nothing masked).
+    #[serde(default)]
+    pub end_ids: Vec<u32>,
 }
 
 impl RequestSpec {
@@ -189,6 +245,8 @@ impl RequestSpec {
             kv_source: None,
             prompt_tokens: Vec::new(),
             sampling: None,
+            logit_bias: Vec::new(),
+            end_ids: Vec::new(),
         }
     }
 }

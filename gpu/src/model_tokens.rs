@@ -24,8 +24,11 @@ use lockstep_actors::kv::{chain_keys, mix};
 use lockstep_actors::request::RequestSpec;
 use lockstep_actors::transceiver::{KvBlock, KvStore, SequenceKv};
 
+use lockstep_actors::executor::{EntryInputs, ForwardInputs};
+
 use crate::model::{
-    BatchEntry, Model, ModelError, PagedKvCache, Sampler, SamplingParams, forward_paged,
+    BatchEntry, Model, ModelError, PagedKvCache, Penalties, PenaltyScratch, Sampler,
+    SamplingParams, apply_logit_bias, apply_penalties, forward_paged, mask_tokens,
 };
 
 /// Largest K/V pool one rank may ask for (its pages are touched only as blocks are
@@ -192,6 +195,17 @@ pub struct RankModel {
     ids: Vec<u32>,
     /// Per entry: its start position and its ids' range in `ids`.
     spans: Vec<(usize, std::ops::Range<usize>)>,
+    /// Where a request's logit rules are applied (kept across forwards).
+    rules: RuleScratch,
+}
+
+/// A copy of one entry's logits with its request's rules applied, and the counts the
+/// penalties need: refilled per entry, so a step with rules allocates nothing once the
+/// vectors have the vocabulary's length.
+#[derive(Default)]
+struct RuleScratch {
+    logits: Vec<f32>,
+    penalties: PenaltyScratch,
 }
 
 /// A rank's memory as its transceiver sees it ([`KvStore`]): the ctx side takes a
@@ -287,6 +301,7 @@ impl RankModel {
             handoffs: Arc::default(),
             ids: Vec::new(),
             spans: Vec::new(),
+            rules: RuleScratch::default(),
         }
     }
 
@@ -437,6 +452,9 @@ impl RankModel {
                 out.sampled.push(0);
                 continue;
             }
+            let history = memory.histories.get(&e.id).map(Vec::as_slice);
+            let logits =
+                with_logit_rules(logits, inputs, inp, e.position, history, &mut self.rules);
             let token = sample_one(self.sampling, inp.sampling, e.id, e.position, logits)?;
             if e.kind.samples()
                 && let Some(history) = memory.histories.get_mut(&e.id)
@@ -491,6 +509,53 @@ impl RankModel {
         lock(&self.handoffs).outgoing.extend(staged);
         Ok(())
     }
+}
+
+/// `logits` as the entry's request asks them changed before sampling, in vLLM's order:
+/// its `logit_bias` added, its end ids masked while `position` is below its
+/// `min_tokens`, then its penalties over its `history` (prompt, then output). `logits`
+/// itself, uncopied, when the request asks for none of these.
+fn with_logit_rules<'a>(
+    logits: &'a [f32],
+    inputs: &ForwardInputs,
+    entry: &EntryInputs,
+    position: u32,
+    history: Option<&[u32]>,
+    scratch: &'a mut RuleScratch,
+) -> &'a [f32] {
+    let (penalties, min_tokens) = entry.sampling.map_or((Penalties::NONE, 0), |s| {
+        (
+            Penalties {
+                presence: s.presence_penalty,
+                frequency: s.frequency_penalty,
+                repetition: s.repetition_penalty,
+            },
+            s.min_tokens,
+        )
+    });
+    let bias = inputs.logit_bias(entry);
+    let masked = if position < min_tokens {
+        inputs.end_ids(entry)
+    } else {
+        &[]
+    };
+    if bias.is_empty() && masked.is_empty() && penalties.is_none() {
+        return logits;
+    }
+    scratch.logits.clear();
+    scratch.logits.extend_from_slice(logits);
+    let adjusted = &mut scratch.logits;
+    apply_logit_bias(adjusted, bias.iter().map(|b| (b.token, b.bias)));
+    mask_tokens(adjusted, masked);
+    if !penalties.is_none() {
+        let history = history.unwrap_or(&[]);
+        let prompt_len = (entry.prompt_len as usize).min(history.len());
+        let (prompt, rest) = history.split_at(prompt_len);
+        // The output before this position (a recompute's history may hold more).
+        let output = &rest[..rest.len().min(position as usize)];
+        apply_penalties(adjusted, penalties, prompt, output, &mut scratch.penalties);
+    }
+    adjusted
 }
 
 /// Request `id`'s token at output `position`: a pure function of the sampling, the

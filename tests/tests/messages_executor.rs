@@ -1189,7 +1189,13 @@ fn a_launched_batch_carries_each_entrys_block_table_prompt_and_sampling() {
                         top_p: 0.9,
                         top_k: 7,
                         seed: id,
+                        ..lockstep_actors::request::RequestSampling::default()
                     });
+                    s.logit_bias = vec![lockstep_actors::request::TokenBias {
+                        token: id as u32,
+                        bias: -1.5,
+                    }];
+                    s.end_ids = vec![2, id as u32];
                 }
                 s
             })
@@ -1213,6 +1219,17 @@ fn a_launched_batch_carries_each_entrys_block_table_prompt_and_sampling() {
                 assert_eq!(inp.prompt_len, 40);
                 let even = e.id.0 % 2 == 0;
                 assert_eq!(inp.sampling.map(|s| s.seed), even.then_some(e.id.0));
+                // Every step samples, so every entry carries its request's logit rules.
+                let (bias, end_ids) = (inputs.logit_bias(inp), inputs.end_ids(inp));
+                if even {
+                    assert_eq!(
+                        bias.iter().map(|b| (b.token, b.bias)).collect::<Vec<_>>(),
+                        [(e.id.0 as u32, -1.5)]
+                    );
+                    assert_eq!(end_ids, [2, e.id.0 as u32]);
+                } else {
+                    assert!(bias.is_empty() && end_ids.is_empty());
+                }
                 match e.kind {
                     ForwardKind::Context { .. } => {
                         contexts += 1;

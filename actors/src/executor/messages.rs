@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::counts::RankCounts;
 use crate::ids::{BatchNumber, RankId, ReqId};
-use crate::request::{IngressItem, RequestSampling, RequestSpec};
+use crate::request::{IngressItem, RequestSampling, RequestSpec, TokenBias};
 use crate::vocab::{Response, TransferEvent};
 
 /// The collectives of one iteration, in their fixed order (§3). A collective is tagged
@@ -317,6 +317,10 @@ pub struct EntryInputs {
     pub prompt: Span,
     /// A context entry: its prompt's block hashes in [`ForwardInputs::block_hashes`].
     pub hashes: Span,
+    /// The request's `logit_bias` in [`ForwardInputs::logit_bias`] (empty: none).
+    pub logit_bias: Span,
+    /// The request's end ids in [`ForwardInputs::end_ids`] (empty: none to mask).
+    pub end_ids: Span,
 }
 
 impl ForwardKind {
@@ -413,6 +417,10 @@ pub struct ForwardInputs {
     pub prompt_ids: Vec<u32>,
     /// The context entries' prompt block hashes, one after the other.
     pub block_hashes: Vec<u64>,
+    /// The logit biases of the entries whose request has any, one after the other.
+    pub logit_bias: Vec<TokenBias>,
+    /// The end ids of the entries whose request masks them, one after the other.
+    pub end_ids: Vec<u32>,
     /// Every [`LIVE_EVERY`]-th batch (not the first): every request the rank still
     /// holds (resident, sending, waiting); the device may forget the others.
     pub live: Option<Vec<ReqId>>,
@@ -432,6 +440,8 @@ impl Clone for ForwardInputs {
         self.block_ids.clone_from(&source.block_ids);
         self.prompt_ids.clone_from(&source.prompt_ids);
         self.block_hashes.clone_from(&source.block_hashes);
+        self.logit_bias.clone_from(&source.logit_bias);
+        self.end_ids.clone_from(&source.end_ids);
         // Option's `clone_from` reuses the vector when both hold one.
         self.live.clone_from(&source.live);
     }
@@ -445,6 +455,8 @@ impl ForwardInputs {
         self.block_ids.clear();
         self.prompt_ids.clear();
         self.block_hashes.clear();
+        self.logit_bias.clear();
+        self.end_ids.clear();
         self.live = None;
     }
 
@@ -463,6 +475,16 @@ impl ForwardInputs {
         let start = self.block_hashes.len();
         self.block_hashes.extend_from_slice(hashes);
         (prompt, Span::since(start, self.block_hashes.len()))
+    }
+
+    /// Appends a request's logit biases and end ids; returns their spans.
+    pub fn push_logit_rules(&mut self, bias: &[TokenBias], end_ids: &[u32]) -> (Span, Span) {
+        let start = self.logit_bias.len();
+        self.logit_bias.extend_from_slice(bias);
+        let bias = Span::since(start, self.logit_bias.len());
+        let start = self.end_ids.len();
+        self.end_ids.extend_from_slice(end_ids);
+        (bias, Span::since(start, self.end_ids.len()))
     }
 }
 
@@ -493,6 +515,16 @@ impl ForwardInputs {
     /// A context entry's prompt block hashes.
     pub fn block_hashes(&self, entry: &EntryInputs) -> &[u64] {
         self.block_hashes.get(entry.hashes.range()).unwrap_or(&[])
+    }
+
+    /// An entry's logit biases (empty: none).
+    pub fn logit_bias(&self, entry: &EntryInputs) -> &[TokenBias] {
+        self.logit_bias.get(entry.logit_bias.range()).unwrap_or(&[])
+    }
+
+    /// An entry's end ids, masked before its `min_tokens` (empty: none).
+    pub fn end_ids(&self, entry: &EntryInputs) -> &[u32] {
+        self.end_ids.get(entry.end_ids.range()).unwrap_or(&[])
     }
 }
 

@@ -447,6 +447,11 @@ impl RankExecutor {
                 (entry.prompt, entry.hashes) =
                     inputs.push_prompt(&spec.prompt_tokens, &spec.block_hashes);
             }
+            // Most requests have neither: nothing is copied for them.
+            if !spec.logit_bias.is_empty() || !spec.end_ids.is_empty() {
+                (entry.logit_bias, entry.end_ids) =
+                    inputs.push_logit_rules(&spec.logit_bias, &spec.end_ids);
+            }
             inputs.entries.push(entry);
         }
         let n = batch.number.0;

@@ -828,13 +828,247 @@ fn a_models_chat_defaults_to_its_context_and_unimplemented_fields_are_refused() 
             json!([{"type": "function", "function": {"name": "f"}}]),
         ),
         ("response_format", json!({"type": "json_object"})),
-        ("frequency_penalty", json!(0.5)),
-        ("min_tokens", json!(3)),
+        ("echo", json!(true)),
+        ("n", json!(2)),
     ] {
         let (code, err) = chat(json!({ field: value }));
         assert_eq!(code, 400, "{field}: {err}");
         assert_eq!(json_of(&err)["error"]["param"], field, "{err}");
     }
     drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `serve --model` with `logit_bias`, the penalties and `min_tokens`: every answer is the
+/// greedy text of the dense forward whose logits this test changes itself, step by step,
+/// by the fields' formulas (bias added; repetition over prompt and output, then
+/// frequency and presence over the output; the end ids at −∞ before `min_tokens`); each
+/// field changes the plain greedy answer; aggregated and disaggregated. Bad values are a
+/// 400 naming the field and the value, and the server goes on answering.
+/// A change the test makes to a step's logits: (logits, prompt, output so far).
+type LogitsAdjust<'a> = dyn Fn(&mut [f32], &[u32], &[u32]) + 'a;
+
+#[test]
+fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
+    use lockstep_gpu::model::{
+        DenseSequence, InitOptions, Model, TextTokenizer, argmax, forward_dense,
+    };
+    const MAX_TOKENS: usize = 24;
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-rules-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
+    let model = Model::load(&dir).expect("load");
+    let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
+    let ends: Vec<u32> = tokenizer.end_of_answer_ids(&model.config.eos_token_ids);
+    let vocab = model.config.vocab_size;
+    // Greedy over the dense forward, `adjust(logits, prompt, output so far)` applied
+    // before each argmax; ends at an end id or at `MAX_TOKENS`.
+    let reference = |prompt: &[u32], adjust: &LogitsAdjust<'_>| {
+        let mut sequence = [DenseSequence::new(&model)];
+        let mut logits = forward_dense(&model, &mut sequence, &[prompt]).expect("forward");
+        let mut out = Vec::new();
+        loop {
+            adjust(&mut logits[0], prompt, &out);
+            let token = argmax(&logits[0]);
+            out.push(token);
+            if out.len() == MAX_TOKENS || ends.contains(&token) {
+                return out;
+            }
+            logits = forward_dense(&model, &mut sequence, &[&[token]]).expect("forward");
+        }
+    };
+    // (text, completion tokens, finish) the server must answer for reference ids.
+    let answer_of = |ids: &[u32]| {
+        let ended = ends.contains(ids.last().expect("a token"));
+        let shown = if ended { &ids[..ids.len() - 1] } else { ids };
+        let text = tokenizer.decode(shown).expect("decode");
+        (
+            text.trim_end_matches('\u{FFFD}').to_string(),
+            ids.len(),
+            if ended { "stop" } else { "length" },
+        )
+    };
+    let plain = |_: &mut [f32], _: &[u32], _: &[u32]| {};
+    let penalise = |logits: &mut [f32], prompt: &[u32], out: &[u32]| {
+        let (presence, frequency, repetition) = (0.5f32, 1.5f32, 1.8f32);
+        let mut seen: Vec<u32> = prompt.iter().chain(out).copied().collect();
+        seen.sort_unstable();
+        seen.dedup();
+        for t in seen {
+            let l = &mut logits[t as usize];
+            *l = if *l > 0.0 {
+                *l / repetition
+            } else {
+                *l * repetition
+            };
+        }
+        let mut counted: Vec<u32> = out.to_vec();
+        counted.sort_unstable();
+        counted.dedup();
+        for t in counted {
+            let count = out.iter().filter(|&&o| o == t).count() as f32;
+            logits[t as usize] -= frequency * count + presence;
+        }
+    };
+    let prompts: Vec<String> = (0..6)
+        .map(|i| format!("rule number {i} of the test"))
+        .collect();
+    let dir_arg = dir.to_string_lossy().into_owned();
+    for scenario in ["model/agg-tiny.toml", "model/disagg-tiny.toml"] {
+        let s = Server::start(scenario, &["--model", &dir_arg]);
+        let complete = |prompt: &str, extra: Value| {
+            let mut body = json!({"prompt": prompt, "max_tokens": MAX_TOKENS});
+            for (k, v) in extra.as_object().expect("an object") {
+                body[k] = v.clone();
+            }
+            let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
+            assert_eq!(code, 200, "{answer}");
+            let v = json_of(&answer);
+            (
+                v["choices"][0]["text"].as_str().expect("text").to_string(),
+                v["usage"]["completion_tokens"].as_u64().expect("usage") as usize,
+                v["choices"][0]["finish_reason"]
+                    .as_str()
+                    .expect("finish")
+                    .to_string(),
+            )
+        };
+        let (mut bias_changed, mut penalty_changed, mut presence_changed) = (0, 0, 0);
+        for prompt in &prompts {
+            let ids = tokenizer.encode_prompt(prompt).expect("encode");
+            let greedy = reference(&ids, &plain);
+            // The greedy first token is forbidden and another favoured.
+            let (banned, favoured) = (greedy[0], (greedy[0] as usize + 7) % vocab);
+            let biased = reference(&ids, &|l: &mut [f32], _: &[u32], _: &[u32]| {
+                l[banned as usize] += -100.0;
+                l[favoured] += 3.0;
+            });
+            let got = complete(
+                prompt,
+                json!({"logit_bias": {banned.to_string(): -100, favoured.to_string(): 3}}),
+            );
+            let (text, tokens, finish) = answer_of(&biased);
+            assert_eq!(
+                got,
+                (text, tokens, finish.to_string()),
+                "{scenario}: {prompt}"
+            );
+            bias_changed += usize::from(biased != greedy);
+            let penalised = reference(&ids, &penalise);
+            let got = complete(
+                prompt,
+                json!({"presence_penalty": 0.5, "frequency_penalty": 1.5, "repetition_penalty": 1.8}),
+            );
+            let (text, tokens, finish) = answer_of(&penalised);
+            assert_eq!(
+                got,
+                (text, tokens, finish.to_string()),
+                "{scenario}: {prompt}"
+            );
+            penalty_changed += usize::from(penalised != greedy);
+            // Presence alone: `logit -= 2` once for every token the output holds.
+            let present = reference(&ids, &|l: &mut [f32], _: &[u32], out: &[u32]| {
+                let mut seen = out.to_vec();
+                seen.sort_unstable();
+                seen.dedup();
+                for t in seen {
+                    l[t as usize] -= 2.0;
+                }
+            });
+            let got = complete(prompt, json!({"presence_penalty": 2}));
+            let (text, tokens, finish) = answer_of(&present);
+            assert_eq!(
+                got,
+                (text, tokens, finish.to_string()),
+                "{scenario}: {prompt}"
+            );
+            presence_changed += usize::from(present != greedy);
+            // Neutral values, spelled out, are the plain greedy answer.
+            let got = complete(
+                prompt,
+                json!({"logit_bias": {}, "presence_penalty": 0, "repetition_penalty": 1, "min_tokens": 0}),
+            );
+            let (text, tokens, finish) = answer_of(&greedy);
+            assert_eq!(
+                got,
+                (text, tokens, finish.to_string()),
+                "{scenario}: {prompt}"
+            );
+        }
+        assert_eq!(
+            bias_changed,
+            prompts.len(),
+            "the bias bans the greedy first token"
+        );
+        assert!(penalty_changed > 0, "the penalties changed no answer");
+        assert!(
+            presence_changed > 0,
+            "the presence penalty changed no answer"
+        );
+        // min_tokens: a prompt whose greedy answer ends early gets no end id before it.
+        let (prompt, ids, end) = (0..60)
+            .find_map(|i| {
+                let prompt = format!("end early {i}");
+                let ids = tokenizer.encode_prompt(&prompt).expect("encode");
+                let greedy = reference(&ids, &plain);
+                (ends.contains(greedy.last()?) && greedy.len() + 2 <= MAX_TOKENS).then_some((
+                    prompt,
+                    ids,
+                    greedy.len(),
+                ))
+            })
+            .expect("some greedy answer ends early");
+        let min_tokens = end + 2;
+        let masked = reference(&ids, &|l: &mut [f32], _: &[u32], out: &[u32]| {
+            if out.len() < min_tokens {
+                for &t in &ends {
+                    l[t as usize] = f32::NEG_INFINITY;
+                }
+            }
+        });
+        let got = complete(&prompt, json!({"min_tokens": min_tokens}));
+        assert!(got.1 >= min_tokens, "{scenario}: {got:?}");
+        let (text, tokens, finish) = answer_of(&masked);
+        assert_eq!(
+            got,
+            (text, tokens, finish.to_string()),
+            "{scenario}: {prompt}"
+        );
+        // Bad values: a 400 naming the field and the value.
+        for (field, value, named) in [
+            (
+                "logit_bias",
+                json!({(vocab + 5).to_string(): 1}),
+                (vocab + 5).to_string(),
+            ),
+            ("logit_bias", json!({"3": 101}), "101".to_string()),
+            ("presence_penalty", json!(-2.5), "-2.5".to_string()),
+            ("repetition_penalty", json!(-1), "-1".to_string()),
+            (
+                "min_tokens",
+                json!(MAX_TOKENS + 1),
+                (MAX_TOKENS + 1).to_string(),
+            ),
+        ] {
+            let body = json!({"prompt": "x", "max_tokens": MAX_TOKENS, field: value}).to_string();
+            let (code, err) = post(&s.url("/v1/completions"), &body, None);
+            assert_eq!(code, 400, "{err}");
+            let e = &json_of(&err)["error"];
+            assert_eq!(e["param"], field, "{err}");
+            assert!(
+                e["message"].as_str().expect("a message").contains(&named),
+                "{err}"
+            );
+        }
+        // A chat's min_tokens past what the context leaves is refused too.
+        let body = json!({"messages": [{"role": "user", "content": "x"}], "min_tokens": 1_000_000})
+            .to_string();
+        let (code, err) = post(&s.url("/v1/chat/completions"), &body, None);
+        assert_eq!(code, 400, "{err}");
+        assert_eq!(json_of(&err)["error"]["param"], "min_tokens", "{err}");
+        // Still serving.
+        assert_eq!(complete(&prompt, json!({})).1, end);
+        drop(s);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,18 +11,19 @@
 //!   step names only its last token id) all read as the word of that last id;
 //! - `stop` (a string or up to four) ends the output before the first stop string in its
 //!   text (`finish_reason: "stop"`; see `stop.rs`);
-//! - `temperature` (0 or more), `top_p` (in (0, 1]), `top_k` (-1 or more) and `seed`
-//!   are checked; a model backend (`--model`) samples by them, the server's
-//!   `--temperature`, `--top-p`, `--top-k` and `--seed` standing in for any not given;
-//!   the zero-cost and analytic backends do not sample. `user` is type-checked and
-//!   otherwise ignored;
+//! - `temperature` (0 or more), `top_p` (in (0, 1]), `top_k` (-1 or more), `seed`,
+//!   `presence_penalty` and `frequency_penalty` (in [-2, 2]), `repetition_penalty`
+//!   (above 0), `logit_bias` (token id strings to numbers in [-100, 100]; vLLM clamps
+//!   past ±100, lockstep refuses, as OpenAI does) and `min_tokens` (at most the output's
+//!   length) are checked; a model backend (`--model`) samples by them, the server's
+//!   `--temperature`, `--top-p`, `--top-k` and `--seed` standing in for any of the first
+//!   four not given; the zero-cost and analytic backends do not sample (there
+//!   `min_tokens` only keeps stop strings from ending an answer before it). `user` is
+//!   type-checked and otherwise ignored;
 //! - a field lockstep does not implement is refused (400 naming it) rather than
-//!   answered as if it were not there: `logprobs`, `top_logprobs`, `echo`, a non-empty
-//!   `logit_bias`, non-zero `presence_penalty`/`frequency_penalty`, `repetition_penalty`
-//!   other than 1, `response_format` other than text, `tools`/`functions`, `tool_choice`
-//!   that asks for a tool, `suffix`, `best_of` above 1, `n` above 1, `min_tokens` above
-//!   0 unless `ignore_eos` is set and no stop string is given (then it holds already;
-//!   otherwise it needs the end ids masked in the sampler); `ignore_eos` is implemented
+//!   answered as if it were not there: `logprobs`, `top_logprobs`, `echo`,
+//!   `response_format` other than text, `tools`/`functions`, `tool_choice` that asks
+//!   for a tool, `suffix`, `best_of` above 1, `n` above 1; `ignore_eos` is implemented
 //!   (the end of sequence no longer ends the answer);
 //! - with `--model` the model's tokenizer replaces the word rules: the prompt is its
 //!   token ids (a chat in the model's chat format), the output its decoded text, and the
@@ -31,6 +32,7 @@
 
 #![forbid(unsafe_code)]
 
+use lockstep_actors::request::TokenBias;
 use serde_json::{Value, json};
 
 /// The words output token ids read as.
@@ -95,9 +97,16 @@ pub struct Parsed {
     pub max_tokens_given: bool,
     /// `ignore_eos`: the model's end of sequence does not end the answer.
     pub ignore_eos: bool,
+    /// `min_tokens`: neither the end of sequence nor a stop string ends the answer
+    /// before this many output tokens (0: no floor).
+    pub min_tokens: u32,
+    /// `logit_bias`, by token id (empty: none). A model backend checks the ids against
+    /// its vocabulary and adds each bias to its token's logit.
+    pub logit_bias: Vec<TokenBias>,
 }
 
-/// `temperature`, `top_p`, `top_k` and `seed` as the body gave them, each checked.
+/// `temperature`, `top_p`, `top_k`, `seed` and the penalties as the body gave them, each
+/// checked.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct SamplingFields {
     /// 0 or more.
@@ -108,6 +117,12 @@ pub struct SamplingFields {
     pub top_k: Option<u32>,
     /// Any integer (a negative one is taken modulo 2^64).
     pub seed: Option<u64>,
+    /// In [-2, 2].
+    pub presence_penalty: Option<f32>,
+    /// In [-2, 2].
+    pub frequency_penalty: Option<f32>,
+    /// Above 0 (1: none).
+    pub repetition_penalty: Option<f32>,
 }
 
 // Every float is checked finite.
@@ -120,6 +135,9 @@ impl SamplingFields {
             || self.top_p.is_some()
             || self.top_k.is_some()
             || self.seed.is_some()
+            || self.presence_penalty.is_some()
+            || self.frequency_penalty.is_some()
+            || self.repetition_penalty.is_some()
     }
 }
 
@@ -179,7 +197,103 @@ fn sampling_fields(obj: &serde_json::Map<String, Value>) -> Result<SamplingField
             }
         }
     }
+    // vLLM's ranges. Each is checked as the f32 the sampler gets.
+    for (field, slot) in [
+        ("presence_penalty", &mut f.presence_penalty),
+        ("frequency_penalty", &mut f.frequency_penalty),
+    ] {
+        if let Some(v) = given(field) {
+            match v.as_f64() {
+                Some(x) if (-2.0..=2.0).contains(&x) => *slot = Some(x as f32),
+                _ => {
+                    return Err(ApiError::field(
+                        field,
+                        format!("{field} must be a number in [-2, 2], got {}", short(v)),
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(v) = given("repetition_penalty") {
+        match v.as_f64() {
+            Some(x) if (x as f32) > 0.0 && (x as f32).is_finite() => {
+                f.repetition_penalty = Some(x as f32);
+            }
+            _ => {
+                return Err(ApiError::field(
+                    "repetition_penalty",
+                    format!(
+                        "repetition_penalty must be a finite number above 0 (as a 32-bit float), got {}",
+                        short(v)
+                    ),
+                ));
+            }
+        }
+    }
     Ok(f)
+}
+
+/// The largest `logit_bias` magnitude (OpenAI's bound; vLLM clamps to it, lockstep
+/// refuses past it, as OpenAI does).
+pub const MAX_LOGIT_BIAS: f64 = 100.0;
+
+/// `logit_bias`: an object of token id strings to numbers in
+/// [-[`MAX_LOGIT_BIAS`], [`MAX_LOGIT_BIAS`]], sorted by token id (an error names the key
+/// and the value).
+fn logit_bias(v: Option<&Value>) -> Result<Vec<TokenBias>, ApiError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let Some(map) = v.as_object() else {
+        return Err(ApiError::field(
+            "logit_bias",
+            format!(
+                "logit_bias must be an object of token ids to biases, got {}",
+                short(v)
+            ),
+        ));
+    };
+    let mut biases = Vec::with_capacity(map.len());
+    for (key, value) in map {
+        let Ok(token) = key.parse::<u32>() else {
+            return Err(ApiError::field(
+                "logit_bias",
+                format!("logit_bias: key {key:?} is not a token id"),
+            ));
+        };
+        match value.as_f64() {
+            Some(b) if (-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(&b) => biases.push(TokenBias {
+                token,
+                bias: b as f32,
+            }),
+            _ => {
+                return Err(ApiError::field(
+                    "logit_bias",
+                    format!(
+                        "logit_bias: the bias of token {key} must be a number in [-100, 100], got {}",
+                        short(value)
+                    ),
+                ));
+            }
+        }
+    }
+    biases.sort_by_key(|b| b.token);
+    Ok(biases)
+}
+
+/// `min_tokens` may not exceed the output's length (vLLM's rule); the chat of a model
+/// gets its length after parsing, so the check runs again then.
+pub fn check_min_tokens(parsed: &Parsed) -> Result<(), ApiError> {
+    if parsed.min_tokens > parsed.max_tokens {
+        return Err(ApiError::field(
+            "min_tokens",
+            format!(
+                "min_tokens {} must be at most {} {}",
+                parsed.min_tokens, parsed.max_tokens_param, parsed.max_tokens
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
@@ -402,10 +516,7 @@ pub fn parse(
         }
     };
     // Accepted and ignored, but of the right type.
-    for (field, ok) in [
-        ("user", Value::is_string as fn(&Value) -> bool),
-        ("logit_bias", Value::is_object),
-    ] {
+    for (field, ok) in [("user", Value::is_string as fn(&Value) -> bool)] {
         if let Some(v) = obj.get(field)
             && !v.is_null()
             && !ok(v)
@@ -417,7 +528,23 @@ pub fn parse(
         }
     }
     let stop = stop_strings(obj.get("stop"))?;
-    Ok(Parsed {
+    let logit_bias = logit_bias(obj.get("logit_bias"))?;
+    let min_tokens = match obj.get("min_tokens") {
+        None | Some(Value::Null) => 0,
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= u64::from(MAX_TOKENS_LIMIT) => n as u32,
+            _ => {
+                return Err(ApiError::field(
+                    "min_tokens",
+                    format!(
+                        "min_tokens must be an integer from 0 to {MAX_TOKENS_LIMIT}, got {}",
+                        short(v)
+                    ),
+                ));
+            }
+        },
+    };
+    let parsed = Parsed {
         prompt_tokens: prompt_tokens as u32,
         max_tokens_param: max_param,
         block_hashes: block_hashes(&keys, tokens_per_block),
@@ -428,7 +555,14 @@ pub fn parse(
         sampling,
         max_tokens_given: obj.get(max_param).is_some_and(|v| !v.is_null()),
         ignore_eos,
-    })
+        min_tokens,
+        logit_bias,
+    };
+    // A model's chat without a length gets it later (`check_min_tokens` runs then).
+    if parsed.max_tokens_given || endpoint == Endpoint::Completions {
+        check_min_tokens(&parsed)?;
+    }
+    Ok(parsed)
 }
 
 /// Refuses the fields lockstep does not implement when they ask for something (their
@@ -455,29 +589,6 @@ fn refuse_unimplemented(obj: &serde_json::Map<String, Value>) -> Result<(), ApiE
         && v != &Value::Bool(false)
     {
         return refuse("echo", v, "the prompt is not echoed");
-    }
-    if let Some(v) = given("logit_bias")
-        && v.as_object().is_some_and(|m| !m.is_empty())
-    {
-        return refuse("logit_bias", v, "the sampler applies no logit bias");
-    }
-    for (field, neutral) in [
-        ("presence_penalty", 0.0),
-        ("frequency_penalty", 0.0),
-        ("repetition_penalty", 1.0),
-    ] {
-        if let Some(v) = given(field) {
-            match v.as_f64() {
-                Some(x) if x == neutral => {}
-                Some(_) => return refuse(field, v, "the sampler applies no penalties"),
-                None => {
-                    return Err(ApiError::field(
-                        field,
-                        format!("{field} must be a number, got {}", short(v)),
-                    ));
-                }
-            }
-        }
     }
     if let Some(v) = given("response_format")
         && v.get("type").and_then(Value::as_str) != Some("text")
@@ -512,21 +623,6 @@ fn refuse_unimplemented(obj: &serde_json::Map<String, Value>) -> Result<(), ApiE
         && v.as_u64() != Some(1)
     {
         return refuse("best_of", v, "one sequence is generated per request");
-    }
-    // With `ignore_eos` and no stop strings nothing but `max_tokens` ends the answer, so
-    // any `min_tokens` up to it holds already (what `lockstep bench` and vLLM's benchmark
-    // send for an exact output length).
-    let only_length_ends = given("ignore_eos") == Some(&Value::Bool(true))
-        && given("stop").is_none_or(|s| s.as_array().is_some_and(Vec::is_empty));
-    if let Some(v) = given("min_tokens")
-        && v.as_u64() != Some(0)
-        && !only_length_ends
-    {
-        return refuse(
-            "min_tokens",
-            v,
-            "the sampler cannot mask the end of sequence before it",
-        );
     }
     Ok(())
 }
@@ -737,10 +833,6 @@ mod tests {
             (r#""logprobs": true"#, "logprobs"),
             (r#""top_logprobs": 3"#, "top_logprobs"),
             (r#""echo": true"#, "echo"),
-            (r#""logit_bias": {"5": 10}"#, "logit_bias"),
-            (r#""frequency_penalty": 0.5"#, "frequency_penalty"),
-            (r#""presence_penalty": -1"#, "presence_penalty"),
-            (r#""repetition_penalty": 1.2"#, "repetition_penalty"),
             (
                 r#""response_format": {"type": "json_object"}"#,
                 "response_format",
@@ -753,11 +845,6 @@ mod tests {
             (r#""suffix": "end""#, "suffix"),
             (r#""best_of": 3"#, "best_of"),
             (r#""n": 2"#, "n"),
-            (r#""min_tokens": 4"#, "min_tokens"),
-            (
-                r#""min_tokens": 4, "ignore_eos": true, "stop": ["x"]"#,
-                "min_tokens",
-            ),
         ];
         for (field, name) in refused {
             let body = format!(r#"{{"prompt": "a b", {field}}}"#);
@@ -772,16 +859,80 @@ mod tests {
             "tool_choice": "auto", "suffix": "", "best_of": 1, "n": 1, "min_tokens": 0}"#;
         let parsed = p(neutral, Endpoint::Completions).expect("the defaults pass");
         assert!(!parsed.ignore_eos && !parsed.max_tokens_given);
-        // With ignore_eos and no stop strings only max_tokens ends an answer: min_tokens
-        // holds already (a benchmark's exact output length).
-        let exact = r#"{"prompt": "a b", "max_tokens": 8, "min_tokens": 8, "ignore_eos": true}"#;
-        assert!(p(exact, Endpoint::Completions).is_ok());
-        let e = p(
-            r#"{"prompt": "a", "frequency_penalty": "x"}"#,
+        assert!(parsed.logit_bias.is_empty() && parsed.min_tokens == 0);
+    }
+
+    #[test]
+    fn logit_bias_penalties_and_min_tokens_are_read_and_checked_naming_field_and_value() {
+        let c = p(
+            r#"{"prompt": "a", "max_tokens": 8, "min_tokens": 8, "logit_bias": {"7": -100, "3": 2.5},
+                "presence_penalty": -2, "frequency_penalty": 0.5, "repetition_penalty": 1.3}"#,
             Endpoint::Completions,
         )
-        .unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("frequency_penalty"));
+        .unwrap();
+        assert_eq!(c.min_tokens, 8);
+        assert_eq!(
+            c.logit_bias,
+            [
+                TokenBias {
+                    token: 3,
+                    bias: 2.5
+                },
+                TokenBias {
+                    token: 7,
+                    bias: -100.0
+                }
+            ],
+            "sorted by token id"
+        );
+        assert_eq!(
+            (
+                c.sampling.presence_penalty,
+                c.sampling.frequency_penalty,
+                c.sampling.repetition_penalty
+            ),
+            (Some(-2.0), Some(0.5), Some(1.3))
+        );
+        assert!(
+            c.sampling.any(),
+            "a penalty alone is the request's own sampling"
+        );
+        let bad = [
+            (r#""logit_bias": {"x": 1}"#, "logit_bias", "\"x\""),
+            (r#""logit_bias": {"-3": 1}"#, "logit_bias", "\"-3\""),
+            (r#""logit_bias": {"5": 100.5}"#, "logit_bias", "100.5"),
+            (r#""logit_bias": {"5": "up"}"#, "logit_bias", "\"up\""),
+            (r#""logit_bias": [1]"#, "logit_bias", "[1]"),
+            (r#""presence_penalty": 2.5"#, "presence_penalty", "2.5"),
+            (r#""frequency_penalty": -3"#, "frequency_penalty", "-3"),
+            (r#""frequency_penalty": "x""#, "frequency_penalty", "\"x\""),
+            (r#""repetition_penalty": 0"#, "repetition_penalty", "0"),
+            (
+                r#""repetition_penalty": 1e300"#,
+                "repetition_penalty",
+                "1e+300",
+            ),
+            (r#""min_tokens": -1"#, "min_tokens", "-1"),
+            (r#""min_tokens": 17"#, "min_tokens", "17"),
+            (r#""max_tokens": 4, "min_tokens": 5"#, "min_tokens", "5"),
+        ];
+        for (field, name, value) in bad {
+            let body = format!(r#"{{"prompt": "a b", {field}}}"#);
+            let e = p(&body, Endpoint::Completions).expect_err(field);
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(name)), "{field}");
+            assert!(e.message.contains(value), "{field}: {}", e.message);
+        }
+        // A chat without a length gets one later (a model's context): checked then.
+        let chat = p(
+            r#"{"messages": [{"role": "user", "content": "x"}], "min_tokens": 40}"#,
+            Endpoint::Chat,
+        )
+        .expect("no length given yet");
+        assert_eq!(chat.min_tokens, 40);
+        assert_eq!(
+            check_min_tokens(&chat).unwrap_err().param.as_deref(),
+            Some("min_tokens")
+        );
     }
 
     #[test]

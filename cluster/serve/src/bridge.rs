@@ -37,6 +37,10 @@ pub enum BridgeMsg {
         prompt_ids: Vec<u32>,
         /// `--model`: the request's own sampling, if its body gave any.
         sampling: Option<lockstep_actors::request::RequestSampling>,
+        /// `--model`: its `logit_bias` (empty: none).
+        logit_bias: Vec<lockstep_actors::request::TokenBias>,
+        /// `--model`: the ids masked before its `min_tokens` (empty: none).
+        end_ids: Vec<u32>,
         /// When the HTTP server received it.
         received: Instant,
         /// Where its events go.
@@ -141,6 +145,8 @@ pub fn run(
                     block_hashes,
                     prompt_ids,
                     sampling,
+                    logit_bias,
+                    end_ids,
                     received,
                     events,
                 }) => {
@@ -150,6 +156,8 @@ pub fn run(
                     spec.block_hashes = block_hashes;
                     spec.prompt_tokens = prompt_ids;
                     spec.sampling = sampling;
+                    spec.logit_bias = logit_bias;
+                    spec.end_ids = end_ids;
                     if to_front.send(ClientItem::Request(spec)).is_err() {
                         metrics.request_failure.inc();
                         pending.release();

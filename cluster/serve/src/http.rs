@@ -342,6 +342,10 @@ async fn generate(
         }
         decoder = Some(text.decoder());
     }
+    // Against the final length (a model's chat gets its length above).
+    if let Err(e) = api::check_min_tokens(&parsed) {
+        return error(&e);
+    }
     if let Err(e) = check_size(&state, &parsed, endpoint) {
         return error(&e);
     }
@@ -360,10 +364,15 @@ async fn generate(
         return error(&e);
     }
     let id = ReqId(state.next_id.fetch_add(1, Ordering::Relaxed));
-    let sampling = state
-        .text
-        .as_ref()
-        .and_then(|t| t.sampling_of(&parsed.sampling, id.0));
+    // Only a model samples: the other backends get none of these.
+    let (sampling, logit_bias, end_ids) = match &state.text {
+        Some(t) => (
+            t.sampling_of(&parsed, id.0),
+            std::mem::take(&mut parsed.logit_bias),
+            t.end_ids_of(&parsed),
+        ),
+        None => (None, Vec::new(), Vec::new()),
+    };
     let (events, rx) = unbounded_channel();
     let submit = BridgeMsg::Submit {
         id,
@@ -372,6 +381,8 @@ async fn generate(
         block_hashes: std::mem::take(&mut parsed.block_hashes),
         prompt_ids,
         sampling,
+        logit_bias,
+        end_ids,
         received,
         events,
     };
@@ -438,6 +449,7 @@ fn model_prompt(
         parsed.max_tokens = context_left(state, parsed, text.max_positions());
     }
     text.check_length(ids.len() as u32, parsed.max_tokens, parsed.max_tokens_param)?;
+    text.check_logit_bias(&parsed.logit_bias)?;
     let keys: Vec<u64> = ids.iter().map(|&t| u64::from(t)).collect();
     parsed.block_hashes = api::block_hashes(&keys, state.tokens_per_block);
     Ok(ids)
@@ -491,12 +503,20 @@ impl Shape {
     /// What a step's `count` tokens, the last of id `last`, `before` tokens in, let the
     /// answer send: their text through the stop-string watch, or, at the model's end of
     /// sequence (`--model`), the end of the answer as at a stop string (the token is
-    /// counted, not shown).
+    /// counted, not shown). Before `min_tokens` output tokens no stop string is looked
+    /// for (vLLM's rule; the rank masks the end of sequence there).
     fn release(&mut self, watch: &mut StopWatch, last: u32, count: u32, before: u32) -> Released {
-        match &mut self.decoder {
-            Some(d) if d.is_eos(last) && !self.parsed.ignore_eos => watch.end_of_sequence(),
-            Some(d) => watch.push(&d.push(last)),
-            None => watch.push(&api::render(last, count, before)),
+        let text = match &mut self.decoder {
+            Some(d) if d.is_eos(last) && !self.parsed.ignore_eos => {
+                return watch.end_of_sequence();
+            }
+            Some(d) => d.push(last),
+            None => api::render(last, count, before),
+        };
+        if before + count < self.parsed.min_tokens {
+            watch.push_unwatched(&text)
+        } else {
+            watch.push(&text)
         }
     }
 

@@ -134,14 +134,16 @@ impl ModelText {
         Ok(())
     }
 
-    /// Request `id`'s own sampling, when its body gave any of the fields: the server's
-    /// setting fills the others; without a `seed`, the server's seed mixed with the id.
+    /// Request `id`'s own sampling, when its body gave any of the fields (or a
+    /// `min_tokens`): the server's setting fills the others; without a `seed`, the
+    /// server's seed mixed with the id (the stream a request without them gets).
     pub fn sampling_of(
         &self,
-        fields: &super::api::SamplingFields,
+        parsed: &super::api::Parsed,
         id: u64,
     ) -> Option<lockstep_actors::request::RequestSampling> {
-        fields.any().then(|| {
+        let fields = &parsed.sampling;
+        (fields.any() || parsed.min_tokens > 0).then(|| {
             let d = self.defaults;
             lockstep_actors::request::RequestSampling {
                 temperature: fields.temperature.unwrap_or(d.params.temperature),
@@ -150,8 +152,39 @@ impl ModelText {
                     .top_k
                     .unwrap_or(u32::try_from(d.params.top_k).unwrap_or(u32::MAX)),
                 seed: fields.seed.unwrap_or(d.seed ^ lockstep_actors::kv::mix(id)),
+                presence_penalty: fields.presence_penalty.unwrap_or(0.0),
+                frequency_penalty: fields.frequency_penalty.unwrap_or(0.0),
+                repetition_penalty: fields.repetition_penalty.unwrap_or(1.0),
+                min_tokens: parsed.min_tokens,
             }
         })
+    }
+
+    /// The ids the rank masks before `min_tokens`: the ones that would end the answer
+    /// (none with `ignore_eos`, where they end nothing, as in vLLM).
+    pub fn end_ids_of(&self, parsed: &super::api::Parsed) -> Vec<u32> {
+        if parsed.min_tokens > 0 && !parsed.ignore_eos {
+            self.eos.to_vec()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// A `logit_bias` id outside the vocabulary is refused, naming it (vLLM's rule).
+    pub fn check_logit_bias(
+        &self,
+        bias: &[lockstep_actors::request::TokenBias],
+    ) -> Result<(), ApiError> {
+        match bias.iter().find(|b| b.token >= self.vocab) {
+            Some(b) => Err(ApiError::field(
+                "logit_bias",
+                format!(
+                    "logit_bias: token id {} is outside the model's vocabulary of {}",
+                    b.token, self.vocab
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// A decoder for one answer.

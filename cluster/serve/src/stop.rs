@@ -79,6 +79,23 @@ impl StopWatch {
         }
     }
 
+    /// Adds text of tokens before the request's `min_tokens`: no stop string may end the
+    /// output there, so it is all released, and a later match must begin after it.
+    pub fn push_unwatched(&mut self, piece: &str) -> Released {
+        if self.stopped {
+            return Released {
+                text: String::new(),
+                stopped: true,
+            };
+        }
+        self.text.push_str(piece);
+        let end = self.text.len();
+        Released {
+            text: self.take_until(end),
+            stopped: false,
+        }
+    }
+
     /// The model's end of sequence (`serve --model`): the output ends here as at a stop
     /// string; what was held back is released, since nothing can extend it now.
     pub fn end_of_sequence(&mut self) -> Released {
@@ -181,6 +198,25 @@ mod tests {
             run(&["amet!"], &["lorem", " amet"]),
             ("lorem amet".to_string(), false)
         );
+    }
+
+    #[test]
+    fn text_before_min_tokens_is_never_a_stop_and_a_later_match_begins_after_it() {
+        let mut w = StopWatch::new(vec!["ab".into()]);
+        // Held back text ("x") is released with the unwatched piece.
+        assert_eq!(w.push("x").text, "");
+        assert_eq!(
+            w.push_unwatched(" ab a"),
+            Released {
+                text: "x ab a".into(),
+                stopped: false
+            }
+        );
+        // "a" + "b" would straddle the floor: not a stop; a whole one after it is.
+        assert!(!w.push("b").stopped);
+        let r = w.push(" ab c");
+        assert!(r.stopped);
+        assert_eq!(r.text, "b ");
     }
 
     #[test]

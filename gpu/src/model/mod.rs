@@ -29,7 +29,10 @@ pub use forward::{BatchEntry, forward_paged};
 pub use init::{InitOptions, write_random_model, write_random_weights};
 pub use paged_kv::{PagedKvCache, PagedKvGeometry};
 pub use rope::RopeScaling;
-pub use sampling::{Sampler, SamplingParams, argmax};
+pub use sampling::{
+    Penalties, PenaltyScratch, Sampler, SamplingParams, apply_logit_bias, apply_penalties, argmax,
+    mask_tokens,
+};
 pub use tokenizer::TextTokenizer;
 pub use weights::{LayerWeights, Linear, ModelWeights};
 

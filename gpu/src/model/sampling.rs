@@ -121,3 +121,106 @@ pub fn argmax(logits: &[f32]) -> u32 {
     }
     best as u32
 }
+
+/// A request's penalties on tokens it has seen, as vLLM applies them (its order:
+/// repetition, then frequency, then presence).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Penalties {
+    /// Subtracted once from the logit of every token the output holds (OpenAI's
+    /// `presence_penalty`).
+    pub presence: f32,
+    /// Subtracted from a token's logit once per time the output holds it (OpenAI's
+    /// `frequency_penalty`).
+    pub frequency: f32,
+    /// A token of the prompt or the output: a positive logit is divided by it, a
+    /// negative one multiplied (vLLM's `repetition_penalty`; 1 is none).
+    pub repetition: f32,
+}
+
+impl Penalties {
+    /// No penalty.
+    pub const NONE: Penalties = Penalties {
+        presence: 0.0,
+        frequency: 0.0,
+        repetition: 1.0,
+    };
+
+    /// Whether they change nothing (then no pass over the history is made).
+    pub fn is_none(&self) -> bool {
+        *self == Penalties::NONE
+    }
+}
+
+/// Per-token counts [`apply_penalties`] needs, kept across steps so that a penalised
+/// step allocates nothing once the vectors have the vocabulary's length. Left all zero
+/// and all false after every call.
+#[derive(Debug, Clone, Default)]
+pub struct PenaltyScratch {
+    output_counts: Vec<u32>,
+    seen: Vec<bool>,
+}
+
+/// Applies `penalties` to `logits`: repetition over the tokens of `prompt` and
+/// `output`, frequency and presence over those of `output`. Ids outside the logits are
+/// ignored.
+pub fn apply_penalties(
+    logits: &mut [f32],
+    penalties: Penalties,
+    prompt: &[u32],
+    output: &[u32],
+    scratch: &mut PenaltyScratch,
+) {
+    let vocab = logits.len();
+    if scratch.output_counts.len() < vocab {
+        scratch.output_counts.resize(vocab, 0);
+        scratch.seen.resize(vocab, false);
+    }
+    let in_vocab = |t: &&u32| (**t as usize) < vocab;
+    if penalties.repetition != 1.0 {
+        for &t in prompt.iter().chain(output).filter(in_vocab) {
+            scratch.seen[t as usize] = true;
+        }
+        // Each distinct token once: its flag is cleared as it is penalised.
+        for &t in prompt.iter().chain(output).filter(in_vocab) {
+            let t = t as usize;
+            if std::mem::take(&mut scratch.seen[t]) {
+                let l = &mut logits[t];
+                *l = if *l > 0.0 {
+                    *l / penalties.repetition
+                } else {
+                    *l * penalties.repetition
+                };
+            }
+        }
+    }
+    if penalties.frequency != 0.0 || penalties.presence != 0.0 {
+        for &t in output.iter().filter(in_vocab) {
+            scratch.output_counts[t as usize] += 1;
+        }
+        for &t in output.iter().filter(in_vocab) {
+            let count = std::mem::take(&mut scratch.output_counts[t as usize]);
+            if count > 0 {
+                logits[t as usize] -= penalties.frequency * count as f32 + penalties.presence;
+            }
+        }
+    }
+}
+
+/// Adds each `(token, bias)` to its token's logit (`logit_bias`); ids outside the
+/// logits are ignored (the API refused them).
+pub fn apply_logit_bias(logits: &mut [f32], bias: impl IntoIterator<Item = (u32, f32)>) {
+    for (token, b) in bias {
+        if let Some(l) = logits.get_mut(token as usize) {
+            *l += b;
+        }
+    }
+}
+
+/// Makes `ids` impossible to sample (`min_tokens` masks the end of the answer).
+pub fn mask_tokens(logits: &mut [f32], ids: &[u32]) {
+    for &t in ids {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}

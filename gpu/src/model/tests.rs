@@ -1194,3 +1194,80 @@ fn plain_prompts_get_the_bos_the_tokenizer_adds() {
         prompt
     );
 }
+
+/// The penalties against a hand computation: prompt [1, 2], output [2, 3, 3];
+/// repetition 2 over {1, 2, 3}, then frequency 0.5 per count and presence 0.25 once
+/// over the output's {2: 1, 3: 2}.
+#[test]
+fn penalties_follow_vllm_formulas_on_a_hand_computed_case() {
+    use super::sampling::{Penalties, PenaltyScratch, apply_penalties};
+    let logits = [1.0f32, 4.0, -2.0, 3.0, 5.0];
+    let (prompt, output) = ([1u32, 2], [2u32, 3, 3]);
+    let mut scratch = PenaltyScratch::default();
+    let mut got = logits;
+    apply_penalties(
+        &mut got,
+        Penalties {
+            presence: 0.25,
+            frequency: 0.5,
+            repetition: 2.0,
+        },
+        &prompt,
+        &output,
+        &mut scratch,
+    );
+    // 0 unseen; 1 prompt only: 4/2; 2 prompt and once in output: -2*2 - 0.5 - 0.25;
+    // 3 twice in output: 3/2 - 2*0.5 - 0.25; 4 unseen.
+    assert_eq!(got, [1.0, 2.0, -4.75, 0.25, 5.0]);
+    // The scratch is left clean: the same call again gives the same answer.
+    let mut again = logits;
+    apply_penalties(
+        &mut again,
+        Penalties {
+            presence: 0.25,
+            frequency: 0.5,
+            repetition: 2.0,
+        },
+        &prompt,
+        &output,
+        &mut scratch,
+    );
+    assert_eq!(again, got);
+    // Presence and frequency see the output only; a negative presence rewards.
+    let mut only_output = logits;
+    apply_penalties(
+        &mut only_output,
+        Penalties {
+            presence: -1.0,
+            ..Penalties::NONE
+        },
+        &prompt,
+        &output,
+        &mut scratch,
+    );
+    assert_eq!(only_output, [1.0, 4.0, -1.0, 4.0, 5.0]);
+    let mut none = logits;
+    apply_penalties(&mut none, Penalties::NONE, &prompt, &output, &mut scratch);
+    assert_eq!(none, logits);
+}
+
+#[test]
+fn logit_bias_adds_and_masked_tokens_cannot_be_drawn() {
+    use super::sampling::{apply_logit_bias, mask_tokens};
+    let mut logits = vec![0.5f32, 2.0, 1.0, -1.0];
+    apply_logit_bias(&mut logits, [(0, 3.0), (3, -100.0), (99, 5.0)]);
+    assert_eq!(logits, [3.5, 2.0, 1.0, -101.0]);
+    assert_eq!(argmax(&logits), 0);
+    mask_tokens(&mut logits, &[0, 77]);
+    assert_eq!(argmax(&logits), 1, "the masked best is passed over");
+    // Sampled at a high temperature, a masked token never comes out.
+    let mut sampler = Sampler::new(SamplingParams {
+        temperature: 5.0,
+        seed: 9,
+        ..SamplingParams::default()
+    })
+    .unwrap();
+    for _ in 0..200 {
+        assert_ne!(sampler.sample(&logits).unwrap(), 0);
+    }
+}
