@@ -91,37 +91,45 @@ fn rank_thread(
     answers: IngressQueue<u64>,
     policy: Policy,
 ) -> thread::JoinHandle<(RankRun, RankExecutor)> {
-    thread::spawn(move || {
-        let server = server();
-        let sizes = server
-            .derive(&policy)
-            .expect("the model's server is valid")
-            .sizes;
-        let rank = member.rank();
-        let mut exec = RankExecutor::new(RankId(rank as u32), &server, &sizes, policy);
-        let mut member = member;
-        let mut inbox = ingress.map(QueueInbox);
-        let net = ToClient(answers);
-        let mut device = DeviceHandle::zero_cost();
-        let clock = WallClock::start();
-        let progress = Progress::default();
-        let ports = RankPorts {
-            server: 0,
-            ingress: inbox
-                .as_mut()
-                .map(|i| i as &mut dyn lockstep_runtime::Inbox<IngressItem>),
-            net: &net,
-            transfers: None,
-            device: &mut device,
-            clock: &clock,
-            progress: &progress,
-            ordered: None,
-        };
-        let run = run_rank(&mut exec, &mut member, ports, &RankOptions::default())
-            .expect("the rank host ran");
-        (run, exec)
-    })
+    // `run_rank`'s frames outgrow loom's default coroutine stack ("coroutine has
+    // overflowed its stack", after which the deadlock control hung).
+    let spawned = thread::Builder::new()
+        .stack_size(RANK_STACK_BYTES)
+        .spawn(move || {
+            let server = server();
+            let sizes = server
+                .derive(&policy)
+                .expect("the model's server is valid")
+                .sizes;
+            let rank = member.rank();
+            let mut exec = RankExecutor::new(RankId(rank as u32), &server, &sizes, policy);
+            let mut member = member;
+            let mut inbox = ingress.map(QueueInbox);
+            let net = ToClient(answers);
+            let mut device = DeviceHandle::zero_cost();
+            let clock = WallClock::start();
+            let progress = Progress::default();
+            let ports = RankPorts {
+                server: 0,
+                ingress: inbox
+                    .as_mut()
+                    .map(|i| i as &mut dyn lockstep_runtime::Inbox<IngressItem>),
+                net: &net,
+                transfers: None,
+                device: &mut device,
+                clock: &clock,
+                progress: &progress,
+                ordered: None,
+            };
+            let run = run_rank(&mut exec, &mut member, ports, &RankOptions::default())
+                .expect("the rank host ran");
+            (run, exec)
+        });
+    spawned.expect("loom spawns the rank thread")
 }
+
+/// Each rank thread's coroutine stack under loom.
+const RANK_STACK_BYTES: usize = 8 << 20;
 
 /// Runs the closed loop over every interleaving (preemptions bounded at 2 unless
 /// `LOOM_MAX_PREEMPTIONS` says otherwise) and hands each execution's rank results to
