@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use lockstep_actors::vocab::KvAddress;
+
 /// The order of events within one instant (then by participant): every server's
 /// process point first (its outputs are sent and its next fetch reads what had arrived
 /// before this instant), then the front (what the servers sent it), then the
@@ -45,6 +47,28 @@ pub enum Party {
     /// A rank's transceiver, by its place among all of them (server by server, rank by
     /// rank).
     Transceiver(u32),
+}
+
+/// Each server's first transceiver's place among all of them (server by server, rank
+/// by rank), from the servers' data-parallel sizes.
+pub fn first_transceivers(dp: &[u32]) -> Vec<u32> {
+    let mut all = 0u32;
+    dp.iter()
+        .map(|&n| {
+            let first = all;
+            all += n;
+            first
+        })
+        .collect()
+}
+
+/// A rank's transceiver's place among all of them, from [`first_transceivers`].
+pub fn transceiver_place(first_transceiver: &[u32], at: KvAddress) -> u32 {
+    let first = first_transceiver
+        .get(at.server as usize)
+        .copied()
+        .unwrap_or(u32::MAX);
+    first.saturating_add(at.rank.0)
 }
 
 /// What a server does next.

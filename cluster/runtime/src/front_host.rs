@@ -136,19 +136,24 @@ impl<'a> FrontLoop<'a> {
                     self.host.handle_timeout(self.clock.now_ns(), self.net);
                 }
                 Received::TimedOut | Received::Closed => {
-                    let (summaries, ranks) = self.host.summaries_received();
-                    return Err(RuntimeError::FrontStarved {
-                        waited_ms: quiet_limit.as_millis() as u64,
-                        running_servers: self.host.running_servers(),
-                        summaries,
-                        ranks,
-                    });
+                    return Err(self.starved(quiet_limit));
                 }
             }
         }
         // Closing the client's channel ends the client.
         self.to_client = None;
         Ok(self.host.into_end())
+    }
+
+    /// The error of a front that heard nothing for `quiet_limit`: what is missing.
+    fn starved(&self, quiet_limit: Duration) -> RuntimeError {
+        let (summaries, ranks) = self.host.summaries_received();
+        RuntimeError::FrontStarved {
+            waited_ms: quiet_limit.as_millis() as u64,
+            running_servers: self.host.running_servers(),
+            summaries,
+            ranks,
+        }
     }
 
     /// Runs in an ordered run ([`crate::ordered`]) until nothing is left to do: in its
@@ -200,13 +205,7 @@ impl<'a> FrontLoop<'a> {
             match direct.recv_until(Some(Instant::now() + quiet_limit)) {
                 Received::Message(m) => self.handle(m),
                 Received::TimedOut | Received::Closed => {
-                    let (summaries, ranks) = self.host.summaries_received();
-                    return Err(RuntimeError::FrontStarved {
-                        waited_ms: quiet_limit.as_millis() as u64,
-                        running_servers: self.host.running_servers(),
-                        summaries,
-                        ranks,
-                    });
+                    return Err(self.starved(quiet_limit));
                 }
             }
         }

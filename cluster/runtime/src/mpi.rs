@@ -33,9 +33,7 @@ use super::{RealOptions, real_report};
 use crate::client::{ClientItem, ClientLoop};
 use crate::faults::MisTagged;
 use crate::front_host::{FrontEnd, FrontInbound, FrontLoop};
-use crate::ordered::{
-    Item, Order, OrderedNet, Sequencer, Turn, TurnStuck, first_transceivers, transceiver_party,
-};
+use crate::ordered::{Item, Order, OrderedNet, Sequencer, Turn, TurnStuck};
 use crate::rank_host::{OrderedRank, RankPorts, run_rank};
 use crate::rank_setup::{RankParts, build_rank, end_rank, rank_options};
 use crate::status::StatusBoard;
@@ -45,7 +43,9 @@ use crate::transceiver_host::{
 use crate::watchdog::{Progress, watch};
 use crate::{Clock, Endpoint, Envelope, Inbox, Net, NetError, Received, RuntimeError, WallClock};
 use lockstep_gpu::AnalyticBackend;
-use lockstep_hosts::order::{OrderError, Party, Phase as OrderPhase, ServerNext};
+use lockstep_hosts::order::{
+    OrderError, Party, Phase as OrderPhase, ServerNext, first_transceivers, transceiver_place,
+};
 use lockstep_plan::fleet::Fleet;
 use lockstep_plan::report::Report;
 use lockstep_plan::scenario::Scenario;
@@ -432,7 +432,7 @@ impl RemoteOrder {
 
 impl Order for RemoteOrder {
     fn transceiver(&self, at: KvAddress) -> Party {
-        transceiver_party(&self.first_transceiver, at)
+        Party::Transceiver(transceiver_place(&self.first_transceiver, at))
     }
 
     fn control_ns(&self) -> u64 {

@@ -20,7 +20,9 @@ use serde::{Deserialize, Serialize};
 use lockstep_actors::request::IngressItem;
 use lockstep_actors::transceiver::{PeerMessage, TransceiverIn};
 use lockstep_actors::vocab::{KvAddress, TransferCommand};
-use lockstep_hosts::order::{OrderError, Party, Phase, Place, ServerNext, Turns};
+use lockstep_hosts::order::{
+    OrderError, Party, Phase, Place, ServerNext, Turns, first_transceivers, transceiver_place,
+};
 
 use crate::{Endpoint, Envelope, Net, NetError};
 
@@ -151,31 +153,9 @@ impl Sequencer {
     }
 }
 
-/// Each server's first transceiver's place among all of them, from the servers'
-/// data-parallel sizes.
-pub fn first_transceivers(dp: &[u32]) -> Vec<u32> {
-    let mut all = 0u32;
-    dp.iter()
-        .map(|&n| {
-            let first = all;
-            all += n;
-            first
-        })
-        .collect()
-}
-
-/// A rank's transceiver as a party, from [`first_transceivers`].
-pub fn transceiver_party(first_transceiver: &[u32], at: KvAddress) -> Party {
-    let first = first_transceiver
-        .get(at.server as usize)
-        .copied()
-        .unwrap_or(u32::MAX);
-    Party::Transceiver(first.saturating_add(at.rank.0))
-}
-
 impl Order for Sequencer {
     fn transceiver(&self, at: KvAddress) -> Party {
-        transceiver_party(&self.first_transceiver, at)
+        Party::Transceiver(transceiver_place(&self.first_transceiver, at))
     }
 
     fn control_ns(&self) -> u64 {

@@ -222,14 +222,12 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         seq: 0,
         queue: BinaryHeap::new(),
         events: BTreeMap::new(),
-        first_transceiver: servers
-            .iter()
-            .scan(0u32, |all, s| {
-                let first = *all;
-                *all += s.transceivers.len() as u32;
-                Some(first)
-            })
-            .collect(),
+        first_transceiver: lockstep_hosts::order::first_transceivers(
+            &servers
+                .iter()
+                .map(|s| s.transceivers.len() as u32)
+                .collect::<Vec<_>>(),
+        ),
         servers,
         outcome: None,
         iterations_without_response: 0,
@@ -276,7 +274,11 @@ impl Sim<'_, '_> {
 
     /// A transceiver's place among all of them: by server, then by rank.
     fn transceiver_index(&self, server: usize, rank: usize) -> u32 {
-        self.first_transceiver[server] + rank as u32
+        let at = KvAddress {
+            server: server as u32,
+            rank: RankId(rank as u32),
+        };
+        lockstep_hosts::order::transceiver_place(&self.first_transceiver, at)
     }
 
     /// Cancels a scheduled event (its queue entry is skipped, and moves no clock).

@@ -172,13 +172,7 @@ pub fn agg_fingerprint(r: &Report) -> (u64, u64, Vec<String>, String) {
         s.forward_iterations,
         s.ranks.iter().map(|k| k.routing_digest.clone()).collect(),
         // The outcome of each request (its times are on each driver's clock).
-        format!(
-            "{:?}",
-            r.per_request
-                .iter()
-                .map(|d| (d.id, d.output_tokens, &d.token_digest, &d.failure))
-                .collect::<Vec<_>>()
-        ),
+        request_outcomes(r),
     )
 }
 
@@ -424,18 +418,24 @@ pub fn disagg_fingerprint(r: &Report) -> (String, Vec<(String, Vec<String>)>) {
     )
 }
 
+/// Each request's outcome — id, output tokens, token digest, failure — but not its
+/// times (each driver has its own clock).
+pub fn request_outcomes(r: &Report) -> String {
+    format!(
+        "{:?}",
+        r.per_request
+            .iter()
+            .map(|d| (d.id, d.output_tokens, &d.token_digest, &d.failure))
+            .collect::<Vec<_>>()
+    )
+}
+
 /// Everything a run does, but its times: each request's outcome, each server's
 /// iterations, forwards, vetoed iterations, routing and transfers (what an ordered run
 /// reproduces of the simulator's).
 pub fn whole_fingerprint(r: &Report) -> (String, Vec<String>) {
     (
-        format!(
-            "{:?}",
-            r.per_request
-                .iter()
-                .map(|d| (d.id, d.output_tokens, &d.token_digest, &d.failure))
-                .collect::<Vec<_>>()
-        ),
+        request_outcomes(r),
         r.servers
             .iter()
             .map(|s| {
