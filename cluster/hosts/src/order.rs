@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use lockstep_actors::vocab::KvAddress;
 
+use crate::net::Endpoint;
+
 /// The order of events within one instant (then by participant): every server's
 /// process point first (its outputs are sent and its next fetch reads what had arrived
 /// before this instant), then the front (what the servers sent it), then the
@@ -47,6 +49,18 @@ pub enum Party {
     /// A rank's transceiver, by its place among all of them (server by server, rank by
     /// rank).
     Transceiver(u32),
+}
+
+/// How long a message from a sender in phase `from` takes to reach `to`, in modeled
+/// time: between the front and a server, the control link's latency; a transceiver's
+/// wake-up of its own server, and a message between transceivers (whose receiving host
+/// holds it on its modeled wire), at once. The simulator and an ordered real run both
+/// time their messages by this.
+pub fn arrives_after(to: Endpoint, from: Phase, control_ns: u64) -> u64 {
+    match (to, from) {
+        (Endpoint::Transceiver(_), _) | (Endpoint::Ingress(_), Phase::Transceiver) => 0,
+        (Endpoint::Front | Endpoint::Ingress(_), _) => control_ns,
+    }
 }
 
 /// Each server's first transceiver's place among all of them (server by server, rank

@@ -21,7 +21,8 @@ use lockstep_actors::request::IngressItem;
 use lockstep_actors::transceiver::{PeerMessage, TransceiverIn};
 use lockstep_actors::vocab::{KvAddress, TransferCommand};
 use lockstep_hosts::order::{
-    OrderError, Party, Phase, Place, ServerNext, Turns, first_transceivers, transceiver_place,
+    OrderError, Party, Phase, Place, ServerNext, Turns, arrives_after, first_transceivers,
+    transceiver_place,
 };
 
 use crate::{Endpoint, Envelope, Net, NetError};
@@ -345,24 +346,20 @@ impl Net for OrderedNet<'_> {
             | (Endpoint::Front, e @ Envelope::ServerStopped { server }) => {
                 // Inputs that reach the front together: by server.
                 let item = Item::Front(e);
+                let delay = arrives_after(to, self.from.0, s.control_ns());
                 return s
-                    .post(Party::Front, s.control_ns(), (Phase::Front, server), item)
+                    .post(Party::Front, delay, (Phase::Front, server), item)
                     .map_err(|_| NetError::Closed { endpoint: to });
             }
             (Endpoint::Front, e) => return self.direct.send(to, e),
-            (Endpoint::Ingress(server), Envelope::Ingress(items)) => {
-                // A transceiver's wake-up reaches its own server at once.
-                let delay = if self.from.0 == Phase::Transceiver {
-                    0
-                } else {
-                    s.control_ns()
-                };
-                (Party::Server(server as u32), delay, Item::Ingress(items))
-            }
+            (Endpoint::Ingress(server), Envelope::Ingress(items)) => (
+                Party::Server(server as u32),
+                arrives_after(to, self.from.0, s.control_ns()),
+                Item::Ingress(items),
+            ),
             (Endpoint::Transceiver(at), Envelope::Peer(message)) => (
                 s.transceiver(at),
-                // The receiving host holds it on its modeled wire.
-                0,
+                arrives_after(to, self.from.0, s.control_ns()),
                 Item::Peer(message),
             ),
             (Endpoint::Ingress(_) | Endpoint::Transceiver(_), _) => {

@@ -36,7 +36,7 @@ use lockstep_gpu::AnalyticBackend;
 use lockstep_hosts::client::Client;
 use lockstep_hosts::front_host::{FrontHost, FrontInbound};
 use lockstep_hosts::net::{Endpoint, Envelope};
-use lockstep_hosts::order::Phase;
+use lockstep_hosts::order::{Phase, arrives_after};
 use lockstep_hosts::transceiver_host::TransceiverHost;
 
 use lockstep_plan::fleet::{Fleet, PlanError};
@@ -470,7 +470,9 @@ impl Sim<'_, '_> {
                 }
                 Step::Finished => {
                     let stopped = Envelope::ServerStopped { server: s as u32 };
-                    self.push(self.now + self.net.control_ns(), Event::ToFront(stopped));
+                    let after =
+                        arrives_after(Endpoint::Front, Phase::Process, self.net.control_ns());
+                    self.push(self.now + after, Event::ToFront(stopped));
                     return Ok(());
                 }
                 Step::Crashed(why) => {
@@ -529,7 +531,8 @@ impl Sim<'_, '_> {
                     })
                     .collect(),
             };
-            self.push(now + control_ns, Event::ToFront(gathered));
+            let after = arrives_after(Endpoint::Front, Phase::Process, control_ns);
+            self.push(now + after, Event::ToFront(gathered));
         }
         if let Some(p) = self.opts.progress.as_mut() {
             let (finished, total) = self.client.progress();
@@ -622,7 +625,8 @@ impl Sim<'_, '_> {
         ingress.sort_by_key(|(s, _)| *s);
         let control_ns = self.net.control_ns();
         for (server, items) in ingress {
-            self.push(now + control_ns, Event::Ingress { server, items });
+            let after = arrives_after(Endpoint::Ingress(server), Phase::Delivery, control_ns);
+            self.push(now + after, Event::Ingress { server, items });
         }
         self.arm_front_timer();
     }
