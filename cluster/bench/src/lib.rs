@@ -483,6 +483,7 @@ impl Driver {
                 records: records.into_values().collect(),
                 itl,
                 end_ns,
+                frontend: None,
             },
             [],
             start.elapsed().as_secs_f64(),

@@ -121,6 +121,8 @@ mod tests {
             first_token_ms: Some(1.0),
             end_ms: Some(2.0),
             queue_ms: None,
+            front_queue_ms: 0.0,
+            front_service_ms: 0.0,
         }
     }
 

@@ -78,20 +78,26 @@ fn legacy_symptom(name: &str, legacy: &Report, fixed: &Report) {
                 f[0].scheduled_per_iteration
             );
         }
-        // The ctx-only benchmark: vetoes, a skewed routing share, lower occupancy and
-        // a longer run.
+        // The ctx-only benchmark (a warm-up, then every client at once through the
+        // front door): vetoes, rank 0 starved towards the rung 1/7 of the routing
+        // share, lower occupancy and a longer run.
         "ctx-only.toml" => {
             assert!(
-                l[0].vetoed_iterations > 5 * f[0].vetoed_iterations,
+                l[0].vetoed_iterations > 3 * f[0].vetoed_iterations,
                 "{:?}",
                 l[0]
             );
-            let max_share = |s: &lockstep_plan::report::ServerReport| {
-                s.ranks.iter().map(|k| k.routing_share).fold(0.0, f64::max)
+            let min_share = |s: &lockstep_plan::report::ServerReport| {
+                s.ranks.iter().map(|k| k.routing_share).fold(1.0, f64::min)
             };
-            assert!(max_share(&l[0]) > 0.3 && max_share(&f[0]) < 0.3);
-            assert!(l[0].occupancy < 0.8 * f[0].occupancy);
-            assert!(legacy.virtual_time_s > 1.2 * fixed.virtual_time_s);
+            assert!(
+                min_share(&l[0]) < 0.2 && min_share(&f[0]) > 0.23,
+                "{:?} vs {:?}",
+                l[0].ranks,
+                f[0].ranks
+            );
+            assert!(l[0].occupancy < 0.9 * f[0].occupancy);
+            assert!(legacy.virtual_time_s > 1.05 * fixed.virtual_time_s);
             assert!(l[0].deferred_batches > 0 && f[0].deferred_batches == 0);
         }
         // Disaggregated: the ctx server's rederived index pool (pp·B + 1 < 2B) defers

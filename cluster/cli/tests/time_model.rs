@@ -1,6 +1,6 @@
 //! The same time model in the simulator and the threads driver: with the cost model in
 //! real time (`--time-scale 1`), the threads driver's latencies and iterations follow the
-//! simulator's. One test in its own binary, run alone: modeled time on a small machine
+//! simulator's, the serving front door's service included. One test in its own binary, run alone: modeled time on a small machine
 //! must not share it with other tests. (The same check over MPI is in `mpi.rs`.)
 
 mod common;
@@ -49,6 +49,13 @@ fn aggregated() {
                 ..real_options()
             },
         );
+        // The front door ran in both, and served every request for the same time.
+        let service = |r: &lockstep_plan::report::Report| -> Vec<f64> {
+            r.per_request.iter().map(|d| d.front_service_ms).collect()
+        };
+        if b.frontend.is_none() || service(&a) != service(&b) || service(&a)[0] <= 0.0 {
+            return Err(format!("front door: {:?} vs {:?}", a.frontend, b.frontend));
+        }
         same_time_model(&a, &b)
     });
 }

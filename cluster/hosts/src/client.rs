@@ -1,5 +1,6 @@
-//! The client, written once: plays the workload into the front, keeps a record per
-//! request from the responses the front passes on, and says when it is done. Sans-I/O:
+//! The client, written once: plays the workload into the front through the serving
+//! front door ([`crate::frontend`]), keeps a record per request from the responses the
+//! front passes on (through the front door too), and says when it is done. Sans-I/O:
 //! the driver says what time it is, hands it the responses, and sends what it gives.
 //! The simulator runs it in virtual time; the real drivers in wall time, scaled.
 
@@ -8,6 +9,7 @@ use lockstep_actors::request::RequestSpec;
 use lockstep_actors::vocab::{FailureKind, Response};
 
 use crate::by_id::ById;
+use crate::frontend::{Frontend, Job};
 use lockstep_plan::report::{ClientRecord, Itl};
 use lockstep_plan::workload::Workload;
 
@@ -38,11 +40,17 @@ pub struct ClientResult {
     pub itl: Itl,
     /// The time of the client's end.
     pub end_ns: u64,
+    /// What the front door did (`None`: the run had none, e.g. `--preload`).
+    pub frontend: Option<lockstep_plan::report::FrontendSummary>,
 }
 
 /// The client.
 pub struct Client {
     workload: Workload,
+    /// The front door every request and response passes (free with `--preload`).
+    frontend: Frontend,
+    /// Whether the run had a front door to report.
+    has_frontend: bool,
     records: ById<ClientRecord>,
     itl: Itl,
     /// Requests issued, and those that ended (completed or failed).
@@ -52,11 +60,13 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client playing `workload`.
-    pub fn new(workload: Workload) -> Client {
+    /// A client playing `workload` through `frontend`.
+    pub fn new(workload: Workload, frontend: Frontend) -> Client {
         Client {
             itl: Itl::new(workload.warmup_requests()),
             workload,
+            frontend,
+            has_frontend: true,
             records: ById::new(),
             issued: 0,
             finished: 0,
@@ -65,11 +75,14 @@ impl Client {
     }
 
     /// Every request at time 0 and the shutdown, for the front before any rank runs
-    /// (refused for a workload whose arrivals wait on completions).
+    /// (refused for a workload whose arrivals wait on completions). They skip the front
+    /// door, and so do their responses: a preloaded run has none.
     pub fn preload(&mut self) -> Result<Vec<ClientItem>, NotPreloadable> {
         if let Some(why) = self.workload.preload_blocker() {
             return Err(NotPreloadable(why));
         }
+        self.frontend = Frontend::free();
+        self.has_frontend = false;
         let mut items = Vec::new();
         while let Some(t) = self.workload.next_arrival_ns() {
             let Some(a) = self.workload.pop_due(t) else {
@@ -90,25 +103,56 @@ impl Client {
         self.workload.next_arrival_ns()
     }
 
-    /// The next request due by `due_ns` (workload time), recorded as sent at `now`.
-    pub fn pop_due(&mut self, due_ns: u64, now: u64) -> Option<ClientItem> {
-        let a = self.workload.pop_due(due_ns)?;
-        self.records
-            .insert(a.spec.id, ClientRecord::new(&a.spec, now));
-        self.issued += 1;
-        Some(ClientItem::Request(a.spec))
+    /// Sends every request due by `due_ns` (workload time) at `now`: each enters the
+    /// front door, recorded as sent then; those it passes at once go into `out`, for
+    /// the front.
+    pub fn send_due(&mut self, due_ns: u64, now: u64, out: &mut Vec<ClientItem>) {
+        while let Some(a) = self.workload.pop_due(due_ns) {
+            let mut rec = ClientRecord::new(&a.spec, now);
+            let admitted = self.frontend.admit(now, a.spec);
+            rec.front_queue_ns = admitted.queue_ns;
+            rec.front_service_ns = admitted.service_ns;
+            self.records.insert(rec.id, rec);
+            self.issued += 1;
+            if let Some(spec) = admitted.passed {
+                out.push(ClientItem::Request(spec));
+            }
+        }
     }
 
-    /// The front passed on `responses` at `now`.
-    pub fn on_responses(&mut self, now: u64, responses: &[Response]) {
-        for r in responses {
-            if let Some(rec) = self.records.get_mut(&r.id) {
-                let was_open = rec.end_ns.is_none();
-                rec.on_response(r, now, &mut self.itl);
-                if was_open && rec.end_ns.is_some() {
-                    self.finished += 1;
-                    self.workload.on_finished(r.id, now, rec.completed);
+    /// When the front door is next done with something (driver time).
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.frontend.poll_timeout()
+    }
+
+    /// What the front door is done with by `now`: requests go into `out`, for the
+    /// front; responses reach their records.
+    pub fn handle_timeout(&mut self, now: u64, out: &mut Vec<ClientItem>) {
+        let Client {
+            frontend,
+            records,
+            itl,
+            workload,
+            finished,
+            ..
+        } = self;
+        frontend.release(now, |job| match job {
+            Job::Request(spec) => out.push(ClientItem::Request(spec)),
+            Job::Responses(rs) => {
+                for r in &rs {
+                    *finished += receive(records, itl, workload, now, r);
                 }
+            }
+        });
+    }
+
+    /// The front passed on `responses` at `now`: they pass the front door on their way
+    /// (at once, or at [`Client::poll_timeout`]).
+    pub fn on_responses(&mut self, now: u64, responses: &[Response]) {
+        if self.frontend.emit(now, responses) {
+            for r in responses {
+                self.finished +=
+                    receive(&mut self.records, &mut self.itl, &mut self.workload, now, r);
             }
         }
     }
@@ -160,9 +204,30 @@ impl Client {
     /// What the client saw, ending at `end_ns`.
     pub fn into_result(self, end_ns: u64) -> ClientResult {
         ClientResult {
+            frontend: self.has_frontend.then(|| self.frontend.summary(end_ns)),
             records: self.records.into_values().collect(),
             itl: self.itl,
             end_ns,
         }
     }
+}
+
+/// A response reaches the client at `now`: 1 if it ended its request.
+fn receive(
+    records: &mut ById<ClientRecord>,
+    itl: &mut Itl,
+    workload: &mut Workload,
+    now: u64,
+    r: &Response,
+) -> u64 {
+    let Some(rec) = records.get_mut(&r.id) else {
+        return 0;
+    };
+    let was_open = rec.end_ns.is_none();
+    rec.on_response(r, now, itl);
+    if was_open && rec.end_ns.is_some() {
+        workload.on_finished(r.id, now, rec.completed);
+        return 1;
+    }
+    0
 }

@@ -1,5 +1,5 @@
 //! The hosts, written once and sans-I/O: the front host ([`front_host`]), the client
-//! ([`client`]), a rank's host policy ([`rank_host`]: ingress into fetches, the stall
+//! ([`client`]) and the serving front door it plays through ([`frontend`]), a rank's host policy ([`rank_host`]: ingress into fetches, the stall
 //! bound, the forward's modeled time) and a rank's transceiver host
 //! ([`transceiver_host`]), over the [`Net`](net::Net) their messages go out on. Every driver runs
 //! these same hosts and only moves their inputs and outputs: the simulator in one
@@ -12,6 +12,7 @@
 mod by_id;
 pub mod client;
 pub mod front_host;
+pub mod frontend;
 pub mod net;
 pub mod order;
 pub mod rank_host;

@@ -3,6 +3,7 @@
 //!
 //! - [`scenario`]: the scenario file (servers, front, workload, model, policy);
 //!   [`policy_keys`]: the `[policy]` table and `--set policy.KEY=VALUE`.
+//! - [`frontend`]: the serving front door's costs (`[frontend]`).
 //! - [`model`]: the cost model (coefficients, a roofline from `config.json`, the link).
 //! - [`fleet`]: what every driver checks and derives from a scenario before it runs.
 //! - [`workload`]: arrivals, lengths, prefixes, conversations, traces.
@@ -14,6 +15,7 @@
 
 pub mod explain;
 pub mod fleet;
+pub mod frontend;
 pub mod model;
 pub mod model_backend;
 pub mod policy_keys;

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use lockstep_actors::config::{ConfigError, Derived, ServerConfig};
 use lockstep_actors::policy::Policy;
 
+use crate::frontend::FrontendConfig;
 use crate::model::ModelConfig;
 use crate::policy_keys::{PolicyKeyError, policy_from_table, set_policy_key};
 use crate::workload::WorkloadConfig;
@@ -68,6 +69,8 @@ struct RawScenario {
     faults: Faults,
     #[serde(default)]
     front: FrontConfig,
+    #[serde(default)]
+    frontend: FrontendConfig,
 }
 
 pub use lockstep_actors::front::FrontPolicy;
@@ -115,6 +118,8 @@ pub struct Scenario {
     pub faults: Faults,
     /// `[front]`.
     pub front: FrontConfig,
+    /// `[frontend]`: the serving front door's costs.
+    pub frontend: FrontendConfig,
     /// Seed given in the file (overrides `--seed`).
     pub seed: Option<u64>,
     /// The folder relative trace paths are resolved against.
@@ -147,6 +152,7 @@ impl Scenario {
             model: raw.model,
             faults: raw.faults,
             front: raw.front,
+            frontend: raw.frontend,
             seed: raw.seed,
             base_dir: std::path::PathBuf::from("."),
         })
@@ -172,7 +178,7 @@ impl Scenario {
 
     /// Applies `--set KEY=VALUE`: `policy.<switch>=...`, `policy.preset=fixed|legacy`,
     /// `server.<name>.<key>=...` / `server.<key>=...` (all servers), or a key of
-    /// `[workload]`, `[model]`, `[faults]` or `[front]`.
+    /// `[workload]`, `[model]`, `[faults]`, `[front]` or `[frontend]`.
     pub fn apply_set(&mut self, assignment: &str) -> Result<(), ScenarioError> {
         let err = |message: String| ScenarioError::Set {
             assignment: assignment.to_string(),
@@ -250,8 +256,12 @@ impl Scenario {
             self.front = with_field(&self.front, field, value).map_err(err)?;
             return Ok(());
         }
+        if let Some(field) = key.strip_prefix("frontend.") {
+            self.frontend = with_field(&self.frontend, field, value).map_err(err)?;
+            return Ok(());
+        }
         Err(err(
-            "keys start with `policy.`, `server.`, `workload.`, `model.`, `faults.` or `front.` (e.g. policy.pad.rollback=false, server.max_batch_size=4)"
+            "keys start with `policy.`, `server.`, `workload.`, `model.`, `faults.`, `front.` or `frontend.` (e.g. policy.pad.rollback=false, server.max_batch_size=4)"
                 .into(),
         ))
     }

@@ -9,6 +9,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use lockstep_actors::vocab::Response;
 use lockstep_hosts::client::Client;
 pub use lockstep_hosts::client::{ClientItem, ClientResult};
+use lockstep_hosts::frontend::Frontend;
+use lockstep_plan::frontend::FrontendCosts;
 
 use super::clock::{Clock, WallClock};
 use lockstep_plan::workload::Workload;
@@ -37,19 +39,20 @@ pub struct ClientLoop {
 }
 
 impl ClientLoop {
-    /// A client feeding the front; `time_scale` wall seconds per workload second (0:
-    /// every arrival as soon as possible); `preload` sends every request and the
-    /// shutdown now, before any rank runs (refused for a workload whose arrivals wait on
-    /// completions).
+    /// A client feeding the front through `frontend`'s front door; `time_scale` wall
+    /// seconds per workload second (0: every arrival as soon as possible, and the front
+    /// door free); `preload` sends every request and the shutdown now, before any rank
+    /// runs (refused for a workload whose arrivals wait on completions).
     pub fn new(
         workload: Workload,
+        frontend: FrontendCosts,
         to_front: Sender<ClientItem>,
         responses: Receiver<Vec<Response>>,
         clock: WallClock,
         time_scale: f64,
         preload: bool,
     ) -> Result<ClientLoop, ClientError> {
-        let mut client = Client::new(workload);
+        let mut client = Client::new(workload, Frontend::new(frontend, time_scale));
         if preload {
             for item in client.preload()? {
                 to_front.send(item).map_err(|_| ClientError::FrontGone)?;
@@ -70,29 +73,36 @@ impl ClientLoop {
         (workload_ns as f64 * self.scale) as u64
     }
 
+    /// Sends `items` to the front; false when it is gone (the first request it could
+    /// not take, and every one still to come, fail).
+    fn send(&mut self, items: &mut Vec<ClientItem>) -> bool {
+        for item in items.drain(..) {
+            let id = match &item {
+                ClientItem::Request(spec) => Some(spec.id),
+                _ => None,
+            };
+            if self.to_front.send(item).is_err() {
+                self.front_gone = true;
+                self.client.front_stopped(self.clock.now_ns(), id);
+                return false;
+            }
+        }
+        true
+    }
+
     /// Runs until the front stops passing responses (its end of the channel closes).
     pub fn run(mut self) -> Result<ClientResult, ClientError> {
+        let mut items = Vec::new();
         loop {
             if !self.preload {
-                while let Some(t) = self.client.next_arrival_ns() {
-                    if self.wall_ns(t) > self.clock.now_ns() {
-                        break;
-                    }
-                    let now = self.clock.now_ns();
-                    let Some(item) = self.client.pop_due(t, now) else {
-                        break;
-                    };
-                    let id = match &item {
-                        ClientItem::Request(spec) => Some(spec.id),
-                        _ => None,
-                    };
-                    if self.to_front.send(item).is_err() {
-                        self.front_gone = true;
-                        self.client.front_stopped(self.clock.now_ns(), id);
-                        break;
-                    }
+                // What the front door finished, then what the workload has due.
+                self.client.handle_timeout(self.clock.now_ns(), &mut items);
+                while let Some(t) = self.client.next_arrival_ns()
+                    && self.wall_ns(t) <= self.clock.now_ns()
+                {
+                    self.client.send_due(t, self.clock.now_ns(), &mut items);
                 }
-                if self.front_gone {
+                if !self.send(&mut items) {
                     break;
                 }
                 if let Some(shutdown) = self.client.shutdown_due() {
@@ -101,12 +111,17 @@ impl ClientLoop {
                     let _ = self.to_front.send(shutdown);
                 }
             }
-            let wait = match self.client.next_arrival_ns() {
-                Some(t) if !self.preload => Duration::from_nanos(
-                    self.wall_ns(t)
-                        .saturating_sub(self.clock.now_ns())
-                        .min(20_000_000),
-                ),
+            let next_wall = [
+                self.client.next_arrival_ns().map(|t| self.wall_ns(t)),
+                self.client.poll_timeout(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let wait = match next_wall {
+                Some(t) if !self.preload => {
+                    Duration::from_nanos(t.saturating_sub(self.clock.now_ns()).min(20_000_000))
+                }
                 _ => Duration::from_millis(20),
             };
             match self.responses.recv_timeout(wait) {

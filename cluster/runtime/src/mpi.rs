@@ -712,6 +712,7 @@ pub fn run_process(
     let side = run_process_with(&fleet, scenario_text_digest, opts, None, |ends| {
         let client = ClientLoop::new(
             fleet.workload()?,
+            fleet.scenario.frontend.costs(),
             ends.to_front,
             ends.from_front,
             ends.clock,

@@ -105,6 +105,8 @@ pub(crate) fn real_report(
             r.arrival_ns = modeled(r.arrival_ns);
             r.first_token_ns = r.first_token_ns.map(modeled);
             r.end_ns = r.end_ns.map(modeled);
+            r.front_queue_ns = modeled(r.front_queue_ns);
+            r.front_service_ns = modeled(r.front_service_ns);
         }
         result.end_ns = modeled(result.end_ns);
         result.itl.set_time_scale(time_scale);
@@ -163,6 +165,7 @@ pub(crate) fn real_report(
             records: result.records,
             itl: result.itl,
             end_ns: result.end_ns,
+            frontend: result.frontend,
         },
         first_scheduled,
         started.elapsed().as_secs_f64(),

@@ -149,6 +149,7 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
     let (to_client, from_front) = unbounded::<Vec<Response>>();
     let client = ClientLoop::new(
         workload,
+        scenario.frontend.costs(),
         client_tx,
         from_front,
         clock,

@@ -213,7 +213,11 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         )
         .with_notice_link(fleet.wire_model(1.0)),
         front_timer: None,
-        client: Client::new(workload),
+        // The serving front door in virtual time (scale 1).
+        client: Client::new(
+            workload,
+            lockstep_hosts::frontend::Frontend::new(scenario.frontend.costs(), 1.0),
+        ),
         outbox: Outbox::default(),
         net: SimNet::new(&scenario.model),
         backend: AnalyticBackend::new(fleet.profile.coefficients),
@@ -324,7 +328,12 @@ impl Sim<'_, '_> {
             } else {
                 self.client.next_arrival_ns()
             };
-            let now = match (next_event, next_arrival) {
+            let next_release = self.client.poll_timeout();
+            let next_client = match (next_arrival, next_release) {
+                (Some(a), Some(r)) => Some(a.min(r)),
+                (a, r) => a.or(r),
+            };
+            let now = match (next_event, next_client) {
                 (None, None) => {
                     if self.servers.iter().all(|s| s.state == ServerState::Done)
                         || backstop_at == Some(self.now)
@@ -343,14 +352,26 @@ impl Sim<'_, '_> {
             };
             debug_assert!(now >= self.now, "time went back: {now} < {}", self.now);
             self.now = now;
-            if next_arrival == Some(now) {
-                // Arrivals of one instant reach the front together, and its outputs go
-                // out as one batch per server.
-                let mut arrivals = Vec::new();
-                while let Some(item) = self.client.pop_due(now, now) {
-                    arrivals.push(FrontInbound::Client(item));
+            if next_client == Some(now) {
+                // What the front door finished by now, then the arrivals of this
+                // instant, reach the front together, and its outputs go out as one
+                // batch per server.
+                let mut items = Vec::new();
+                if next_release == Some(now) {
+                    self.client.handle_timeout(now, &mut items);
                 }
-                self.front_handles(arrivals);
+                if next_arrival == Some(now) {
+                    self.client.send_due(now, now, &mut items);
+                }
+                if items.is_empty() {
+                    // Only tokens reached the client (the front door streams one a few
+                    // µs apart): the front has nothing to do unless the client is done.
+                    if let Some(shutdown) = self.client.shutdown_due() {
+                        self.front_handles([FrontInbound::Client(shutdown)]);
+                    }
+                } else {
+                    self.front_handles(items.into_iter().map(FrontInbound::Client));
+                }
                 continue;
             }
             let Some(std::cmp::Reverse((_, _, _, seq))) = self.queue.pop() else {
@@ -760,6 +781,7 @@ impl Sim<'_, '_> {
                     records: seen.records,
                     itl: seen.itl,
                     end_ns: seen.end_ns,
+                    frontend: seen.frontend,
                 }
             },
             self.servers.iter().flat_map(|s| s.first_scheduled()),

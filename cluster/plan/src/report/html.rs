@@ -140,6 +140,10 @@ fn summary_table(runs: &[(String, Report)]) -> String {
         ),
         None => "n/a (no --slo)".into(),
     });
+    row("front door", &|r| match &r.frontend {
+        Some(door) => door.describe(),
+        None => "none".into(),
+    });
     row("TTFT ms mean / p50 / p99", &|r| fmt_p(&r.latency_ms.ttft));
     row("TPOT ms mean / p50 / p99", &|r| fmt_p(&r.latency_ms.tpot));
     row("ITL ms mean / p50 / p99", &|r| fmt_p(&r.latency_ms.itl));

@@ -28,6 +28,10 @@ pub struct ClientRecord {
     pub failure: Option<(FailureKind, String)>,
     /// A digest of the token stream received.
     pub token_digest: u64,
+    /// Its wait at the serving front door for a process (ns; 0 without one).
+    pub front_queue_ns: u64,
+    /// Its service there: parse, tokenize, hand-off (ns).
+    pub front_service_ns: u64,
 }
 
 impl ClientRecord {
@@ -44,6 +48,8 @@ impl ClientRecord {
             completed: false,
             failure: None,
             token_digest: 0,
+            front_queue_ns: 0,
+            front_service_ns: 0,
         }
     }
 
@@ -185,6 +191,9 @@ pub struct ClientLog {
     pub itl: Itl,
     /// The run's end.
     pub end_ns: u64,
+    /// The serving front door over the run (`None`: the client had none, e.g. with
+    /// `--preload`, or a real HTTP client).
+    pub frontend: Option<super::FrontendSummary>,
 }
 
 #[cfg(test)]

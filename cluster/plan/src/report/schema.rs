@@ -374,6 +374,9 @@ pub struct Report {
     pub goodput: Option<Goodput>,
     /// Servers in scenario order.
     pub servers: Vec<ServerReport>,
+    /// The serving front door (`[frontend]`), when the run had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frontend: Option<FrontendSummary>,
     /// Per request, in id order: output tokens, the token stream's digest, the failure
     /// reason if any (for comparing drivers and runs request by request), and its times.
     pub per_request: Vec<RequestDetail>,
@@ -415,6 +418,45 @@ pub struct RequestDetail {
     /// routing, until a rank scheduled it).
     #[serde(default)]
     pub queue_ms: Option<f64>,
+    /// Its wait at the serving front door for a process (part of `queue_ms` and TTFT).
+    #[serde(default)]
+    pub front_queue_ms: f64,
+    /// Its service at the front door: parse, tokenize, hand-off (part of `queue_ms` and
+    /// TTFT).
+    #[serde(default)]
+    pub front_service_ms: f64,
+}
+
+/// What the serving front door did over the run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FrontendSummary {
+    /// Its processes.
+    pub processes: u32,
+    /// The share of its processes' time spent serving jobs over the run.
+    pub utilization: f64,
+    /// The most requests inside it at once (waiting or in service).
+    pub peak_queue: u32,
+    /// The measured requests' mean wait for a process (ms).
+    #[serde(default)]
+    pub mean_queue_ms: f64,
+    /// The measured requests' mean service (ms).
+    #[serde(default)]
+    pub mean_service_ms: f64,
+}
+
+impl FrontendSummary {
+    /// One line for the tables.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} process{}, utilization {:.3}, peak queue {}; per request {:.3} ms waiting, {:.3} ms in service",
+            self.processes,
+            if self.processes == 1 { "" } else { "es" },
+            self.utilization,
+            self.peak_queue,
+            self.mean_queue_ms,
+            self.mean_service_ms
+        )
+    }
 }
 
 impl PartialEq for RequestDetail {

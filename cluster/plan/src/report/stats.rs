@@ -7,7 +7,7 @@ use lockstep_actors::invariants::Violation;
 use lockstep_actors::transceiver::TransferStats;
 use lockstep_actors::vocab::FailureKind;
 
-use super::records::ClientLog;
+use super::records::{ClientLog, ClientRecord};
 use super::schema::*;
 use super::series::{RankSeries, server_series};
 
@@ -295,6 +295,7 @@ pub fn assemble_report(
         records,
         itl,
         end_ns,
+        frontend,
     } = client;
     let (outcome, outcome_detail) = match outcome {
         Some((o, d)) => (o, Some(d)),
@@ -330,6 +331,8 @@ pub fn assemble_report(
                 first_token_ms: r.first_token_ns.map(ms),
                 end_ms: r.end_ns.map(ms),
                 queue_ms: first_scheduled_ms.map(|s| (s - ms(r.arrival_ns)).max(0.0)),
+                front_queue_ms: ms(r.front_queue_ns),
+                front_service_ms: ms(r.front_service_ns),
             }
         })
         .collect();
@@ -373,6 +376,16 @@ pub fn assemble_report(
             _ => counts.failed += 1,
         }
     }
+    let frontend = frontend.map(|mut door| {
+        let measured: Vec<&ClientRecord> = records.iter().filter(|r| r.id.0 > warmup).collect();
+        let mean = |f: fn(&ClientRecord) -> u64| {
+            let n = measured.len().max(1) as f64;
+            measured.iter().map(|r| f(r) as f64).sum::<f64>() / n / 1e6
+        };
+        door.mean_queue_ms = mean(|r| r.front_queue_ns);
+        door.mean_service_ms = mean(|r| r.front_service_ns);
+        door
+    });
     let secs = end_ns as f64 / 1e9;
     let load_secs = end_ns.saturating_sub(load_start_ns) as f64 / 1e9;
     let per_s = |x: f64| if load_secs > 0.0 { x / load_secs } else { 0.0 };
@@ -405,6 +418,7 @@ pub fn assemble_report(
         },
         goodput: None,
         servers,
+        frontend,
         per_request,
     }
 }

@@ -111,6 +111,9 @@ impl Report {
                 g.slo.describe()
             );
         }
+        if let Some(door) = &self.frontend {
+            let _ = writeln!(o, "front door: {}", door.describe());
+        }
         for s in &self.servers {
             let _ = writeln!(
                 o,
@@ -335,6 +338,14 @@ pub fn ab_table(base: &Report, treatment: &Report, base_name: &str, treat_name: 
         base.latency_ms.e2e.p99,
         treatment.latency_ms.e2e.p99,
     );
+    if let (Some(a), Some(b)) = (&base.frontend, &treatment.frontend) {
+        row(
+            "front door wait mean (ms)",
+            a.mean_queue_ms,
+            b.mean_queue_ms,
+        );
+        row("front door utilization", a.utilization, b.utilization);
+    }
     for (a, b) in base.servers.iter().zip(&treatment.servers) {
         let n = &a.name;
         row(&format!("{n}: occupancy"), a.occupancy, b.occupancy);

@@ -1,0 +1,270 @@
+//! The serving front door, written once and sans-I/O: between the client and the front,
+//! N processes each serve one job at a time, in the order the jobs came — a request
+//! (parse, tokenize, hand to the executor's queue: `request_us` + `prompt_token_ns` per
+//! prompt token) or a response (detokenize and stream: `output_token_ns` per new token).
+//! A request and its responses stay on one process, as a connection does: request `id`
+//! on process `(id − 1) mod N` (ids are issued in arrival order, so that is round
+//! robin). The responses of one iteration reach a process as one message and it
+//! handles them as one job, as the Python front doors' output loops do: their clients
+//! see the tokens when the whole job is done. The client ([`crate::client`]) runs it in every driver: the simulator at
+//! scale 1, the real drivers with their time scale.
+//!
+//! Each process's jobs finish in the order they came (one at a time, first come first
+//! served), so a job's end is known when it comes: `max(now, process free) + cost`.
+//! Each process keeps its held jobs in that order, and the next one due is the earliest
+//! of their heads.
+
+use std::collections::VecDeque;
+
+use lockstep_actors::request::RequestSpec;
+use lockstep_actors::vocab::Response;
+use lockstep_plan::frontend::FrontendCosts;
+use lockstep_plan::report::FrontendSummary;
+
+/// A job the front door holds until its process is done with it.
+#[derive(Debug)]
+pub enum Job {
+    /// A request, for the front.
+    Request(RequestSpec),
+    /// One iteration's responses on one process, for the client.
+    Responses(Vec<Response>),
+}
+
+/// A request as it entered the front door.
+#[derive(Debug)]
+pub struct Admitted {
+    /// Time it waits for its process (ns).
+    pub queue_ns: u64,
+    /// Its service (ns).
+    pub service_ns: u64,
+    /// The request, when it passes at once (nothing to wait for, no cost).
+    pub passed: Option<RequestSpec>,
+}
+
+#[derive(Debug, Default)]
+struct Process {
+    free_at: u64,
+    busy_ns: u64,
+    held: VecDeque<(u64, Job)>,
+}
+
+/// The front door.
+#[derive(Debug)]
+pub struct Frontend {
+    request_ns: f64,
+    prompt_token_ns: f64,
+    output_token_ns: f64,
+    processes: Vec<Process>,
+    /// Requests entered and not yet handed on, and the most there were at once.
+    in_door: u32,
+    peak_in_door: u32,
+}
+
+impl Frontend {
+    /// A front door with `costs`, its times multiplied by `time_scale` (0: free).
+    pub fn new(costs: FrontendCosts, time_scale: f64) -> Frontend {
+        let scale = time_scale.max(0.0);
+        Frontend {
+            request_ns: costs.request_us * 1_000.0 * scale,
+            prompt_token_ns: costs.prompt_token_ns * scale,
+            output_token_ns: costs.output_token_ns * scale,
+            processes: (0..costs.processes.max(1))
+                .map(|_| Process::default())
+                .collect(),
+            in_door: 0,
+            peak_in_door: 0,
+        }
+    }
+
+    /// A front door that costs nothing.
+    pub fn free() -> Frontend {
+        Frontend::new(FrontendCosts::NONE, 0.0)
+    }
+
+    fn process_of(&self, id: u64) -> usize {
+        (id.saturating_sub(1) % self.processes.len() as u64) as usize
+    }
+
+    /// Puts a job of `cost` on `process` at `now`: its wait, and whether it is done at
+    /// once (so it is not held).
+    fn enqueue(&mut self, process: usize, now: u64, cost: f64, job: Job) -> (u64, Option<Job>) {
+        let p = &mut self.processes[process];
+        let start = now.max(p.free_at);
+        let cost = cost.round() as u64;
+        let done = start + cost;
+        p.free_at = done;
+        p.busy_ns += cost;
+        if done <= now && p.held.is_empty() {
+            return (start - now, Some(job));
+        }
+        p.held.push_back((done, job));
+        (start - now, None)
+    }
+
+    /// A request enters at `now`.
+    pub fn admit(&mut self, now: u64, spec: RequestSpec) -> Admitted {
+        let process = self.process_of(spec.id.0);
+        let cost = self.request_ns + self.prompt_token_ns * f64::from(spec.prompt_len);
+        let (queue_ns, passed) = self.enqueue(process, now, cost, Job::Request(spec));
+        let passed = match passed {
+            Some(Job::Request(spec)) => Some(spec),
+            _ => {
+                self.in_door += 1;
+                self.peak_in_door = self.peak_in_door.max(self.in_door);
+                None
+            }
+        };
+        Admitted {
+            queue_ns,
+            service_ns: cost.round() as u64,
+            passed,
+        }
+    }
+
+    /// One iteration's responses reach the front door at `now`: whether they all pass
+    /// at once (else the door holds a copy of each process's share until
+    /// [`Frontend::release`] hands it on).
+    pub fn emit(&mut self, now: u64, responses: &[Response]) -> bool {
+        if self.output_token_ns == 0.0 && self.processes.iter().all(|p| p.held.is_empty()) {
+            return true;
+        }
+        let n = self.processes.len();
+        let mut shares: Vec<Vec<Response>> = (0..n).map(|_| Vec::new()).collect();
+        for r in responses {
+            shares[self.process_of(r.id.0)].push(r.clone());
+        }
+        for (process, share) in shares.into_iter().enumerate() {
+            if share.is_empty() {
+                continue;
+            }
+            let tokens: u64 = share.iter().map(|r| u64::from(r.new_tokens)).sum();
+            let cost = self.output_token_ns * tokens as f64;
+            // Never passed at once here: the caller applies them at release, in order.
+            let p = &mut self.processes[process];
+            let start = now.max(p.free_at);
+            let cost = cost.round() as u64;
+            p.free_at = start + cost;
+            p.busy_ns += cost;
+            p.held.push_back((start + cost, Job::Responses(share)));
+        }
+        false
+    }
+
+    /// When the next held job is done.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.processes
+            .iter()
+            .filter_map(|p| p.held.front().map(|&(due, _)| due))
+            .min()
+    }
+
+    /// Hands every job done by `now` to `on_job`, each process's in order.
+    pub fn release(&mut self, now: u64, mut on_job: impl FnMut(Job)) {
+        for p in &mut self.processes {
+            while p.held.front().is_some_and(|&(due, _)| due <= now) {
+                let (_, job) = p.held.pop_front().expect("just seen");
+                if matches!(job, Job::Request(_)) {
+                    self.in_door -= 1;
+                }
+                on_job(job);
+            }
+        }
+    }
+
+    /// What the front door did over a run that ended at `end_ns`.
+    pub fn summary(&self, end_ns: u64) -> FrontendSummary {
+        let busy: u64 = self.processes.iter().map(|p| p.busy_ns).sum();
+        let capacity = end_ns as f64 * self.processes.len() as f64;
+        FrontendSummary {
+            processes: self.processes.len() as u32,
+            utilization: if capacity > 0.0 {
+                (busy as f64 / capacity).min(1.0)
+            } else {
+                0.0
+            },
+            peak_queue: self.peak_in_door,
+            // The report fills these from its measured requests.
+            mean_queue_ms: 0.0,
+            mean_service_ms: 0.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_actors::ids::ReqId;
+
+    fn spec(id: u64, prompt_len: u32) -> RequestSpec {
+        RequestSpec::new(id, prompt_len, 1)
+    }
+
+    fn token(id: u64) -> [Response; 1] {
+        [Response {
+            id: ReqId(id),
+            new_tokens: 1,
+            last_token: 7,
+            generated: 1,
+            finish: None,
+        }]
+    }
+
+    fn costs(processes: u32) -> FrontendCosts {
+        FrontendCosts {
+            processes,
+            request_us: 1.0,
+            prompt_token_ns: 10.0,
+            output_token_ns: 500.0,
+        }
+    }
+
+    #[test]
+    fn requests_at_once_leave_one_service_apart_on_one_process() {
+        let mut door = Frontend::new(costs(1), 1.0);
+        let waits: Vec<u64> = (1..=3)
+            .map(|id| {
+                let a = door.admit(0, spec(id, 100));
+                assert!(a.passed.is_none());
+                assert_eq!(a.service_ns, 2_000);
+                a.queue_ns
+            })
+            .collect();
+        assert_eq!(waits, [0, 2_000, 4_000]);
+        let mut out = Vec::new();
+        let mut at = Vec::new();
+        while let Some(t) = door.poll_timeout() {
+            door.release(t, |j| out.push(j));
+            at.push(t);
+        }
+        assert_eq!(at, [2_000, 4_000, 6_000]);
+        assert_eq!(out.len(), 3);
+        let s = door.summary(12_000);
+        assert_eq!(s.peak_queue, 3);
+        assert!((s.utilization - 0.5).abs() < 1e-9, "{s:?}");
+    }
+
+    #[test]
+    fn tokens_compete_with_new_requests_on_their_process_only() {
+        let mut door = Frontend::new(costs(2), 1.0);
+        // Request 1 on process 0, request 2 on process 1.
+        door.admit(0, spec(1, 0));
+        door.admit(0, spec(2, 0));
+        door.release(1_000, |_| {});
+        // A token of request 1 delays request 3 (process 0), not request 4 (process 1).
+        assert!(!door.emit(1_000, &token(1)));
+        assert_eq!(door.admit(1_000, spec(3, 0)).queue_ns, 500);
+        assert_eq!(door.admit(1_000, spec(4, 0)).queue_ns, 0);
+    }
+
+    #[test]
+    fn a_free_door_passes_everything_at_once() {
+        let mut door = Frontend::free();
+        let a = door.admit(5, spec(1, 8192));
+        assert!(a.passed.is_some() && a.queue_ns == 0 && a.service_ns == 0);
+        assert!(door.emit(5, &token(1)));
+        assert_eq!(door.poll_timeout(), None);
+        // The scale multiplies every cost: at scale 0 a costly door is free too.
+        let mut scaled = Frontend::new(costs(1), 0.0);
+        assert!(scaled.admit(0, spec(1, 8192)).passed.is_some());
+    }
+}
