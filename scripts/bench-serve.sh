@@ -9,8 +9,14 @@
 #               resident memory, sampled every second, after warm-up and at the end.
 #   fidelity    the analytic backend at time scale 1: mean TTFT and TPOT that bench
 #               measures against what `lockstep sim` predicts for the same workload.
+#   frontend    the figures of `[frontend] preset = "serve"`, from serve's own front-door
+#               accounting (/metrics: lockstep_front_service_seconds, _output_seconds):
+#               a request's fixed cost (token-id prompts of 16 and 2,048 tokens, no
+#               model), the tokenizer's cost per prompt token (chat prompts of 64 and
+#               1,024 words through a random model's tokenizer, --model), the cost per
+#               output token; one client at a time, so nothing waits.
 #
-# Usage: scripts/bench-serve.sh [front-door|load|fidelity|all]   (default all)
+# Usage: scripts/bench-serve.sh [front-door|load|fidelity|frontend|all]   (default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -112,10 +118,61 @@ print(f"completed: sim {sim['requests']['completed']}, bench {http['requests']['
 PY
 }
 
+# metric NAME: the value of one sample of the running server's /metrics.
+metric() {
+  curl -s "$url/metrics" | awk -v n="$1" '$1 == n {print $2}'
+}
+
+# service_run SCENARIO ENDPOINT INPUT_LEN SERVE_ARGS...: 200 requests of INPUT_LEN prompt
+# tokens (words for chat), 16 output tokens, one at a time; prints "service_s count
+# output_s tokens".
+service_run() {
+  local scenario=$1 endpoint=$2 len=$3
+  shift 3
+  start_server "$scenario" "$@"
+  "$bin" bench --url "$url" "$scenario" --endpoint "$endpoint" --time-scale 0 --no-progress \
+    --set workload.kind=\"closed_loop\" --set workload.concurrency=1 \
+    --set workload.num_requests=200 --set workload.input_len="$len" \
+    --set workload.output_len=16 --set workload.warmup_requests=0 > /dev/null 2>&1
+  echo "$(metric lockstep_front_service_seconds_sum) $(metric lockstep_front_service_seconds_count) $(metric lockstep_front_output_seconds_total) $(metric lockstep_generation_tokens_total) $(metric lockstep_prompt_tokens_total)"
+  stop_server
+}
+
+frontend() {
+  echo "== frontend: serve's own front-door accounting, one client at a time"
+  local model="$work/tiny"
+  "$bin" model init "$model" > /dev/null
+  # The tiny model's example as a closed loop (its open loop's rate has no place there).
+  sed -e 's/^kind = "open_loop"/kind = "closed_loop"\nconcurrency = 1/' -e '/^rate = /d' \
+    examples/model/agg-tiny.toml > "$work/agg-tiny-closed.toml"
+  local short long chat_short chat_long
+  short="$(service_run examples/agg-dp2-binding.toml completions 16)"
+  long="$(service_run examples/agg-dp2-binding.toml completions 2048)"
+  chat_short="$(service_run "$work/agg-tiny-closed.toml" chat 64 --model "$model")"
+  chat_long="$(service_run "$work/agg-tiny-closed.toml" chat 1024 --model "$model")"
+  python3 - "$short" "$long" "$chat_short" "$chat_long" <<'PY'
+import sys
+runs = [list(map(float, a.split())) for a in sys.argv[1:]]
+mean = [r[0] / r[1] for r in runs]
+tokens = [r[4] / r[1] for r in runs]  # prompt tokens per request, as the server counted
+ids_ns = (mean[1] - mean[0]) / (tokens[1] - tokens[0]) * 1e9
+request_us = (mean[0] - tokens[0] * ids_ns / 1e9) * 1e6
+text_ns = (mean[3] - mean[2]) / (tokens[3] - tokens[2]) * 1e9
+text_us = (mean[2] - tokens[2] * text_ns / 1e9) * 1e6
+output_ns = runs[3][2] / runs[3][3] * 1e9
+print(f"token ids, no model: {mean[0]*1e6:.1f} us at {tokens[0]:.0f} tokens, {mean[1]*1e6:.1f} us at {tokens[1]:.0f}")
+print(f"chat text, --model: {mean[2]*1e6:.1f} us at {tokens[2]:.0f} tokens, {mean[3]*1e6:.1f} us at {tokens[3]:.0f}")
+print(f"request_us = {request_us:.1f}   (a request's fixed cost; {text_us:.1f} for a chat request with --model, its template included)")
+print(f"prompt_token_ns = {text_ns:.1f}   (per prompt token through --model's tokenizer; {ids_ns:.1f} per token id without)")
+print(f"output_token_ns = {output_ns:.1f}   (per output token, --model: detokenize, stop strings, the event)")
+PY
+}
+
 case "$what" in
   front-door) front_door ;;
   load) load ;;
   fidelity) fidelity ;;
-  all) front_door; load; fidelity ;;
-  *) echo "usage: $0 [front-door|load|fidelity|all]"; exit 2 ;;
+  frontend) frontend ;;
+  all) front_door; load; fidelity; frontend ;;
+  *) echo "usage: $0 [front-door|load|fidelity|frontend|all]"; exit 2 ;;
 esac

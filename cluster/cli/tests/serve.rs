@@ -106,6 +106,11 @@ fn metrics_are_prometheus_text_and_their_counters_move() {
     assert_eq!(delta("lockstep_request_success_total"), 1.0);
     assert_eq!(delta("lockstep_time_to_first_token_seconds_count"), 1.0);
     assert_eq!(delta("lockstep_e2e_request_latency_seconds_count"), 1.0);
+    // The front door's accounting: one request served, for some time, and time spent
+    // on its nine tokens (whole answers too).
+    assert_eq!(delta("lockstep_front_service_seconds_count"), 1.0);
+    assert!(delta("lockstep_front_service_seconds_sum") > 0.0);
+    assert!(delta("lockstep_front_output_seconds_total") > 0.0);
     assert_eq!(sample(&after, "lockstep_num_requests_running"), 0.0);
     assert_eq!(sample(&after, "lockstep_num_requests_waiting"), 0.0);
 }

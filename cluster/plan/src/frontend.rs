@@ -17,6 +17,9 @@ pub enum FrontendPreset {
     /// estimate, each one's reasoning at [`FrontendCosts::PYTHON`].
     #[default]
     Python,
+    /// lockstep's own `lockstep serve` with `--model` (actix-web, the model's
+    /// tokenizer), measured: [`FrontendCosts::SERVE`].
+    Serve,
     /// No front door: requests reach the executor the instant they are sent, tokens the
     /// client the instant they are made.
     None,
@@ -62,6 +65,23 @@ impl FrontendCosts {
         request_us: 500.0,
         prompt_token_ns: 100.0,
         output_token_ns: 10_000.0,
+    };
+
+    /// `lockstep serve --model` as its own front-door accounting measured it
+    /// (`/metrics`: `lockstep_front_service_seconds`, `lockstep_front_output_seconds`;
+    /// `scripts/bench-serve.sh frontend`, one client at a time, on a 2-core machine,
+    /// 2026-12-04; README "The serving front door" has the run):
+    /// - two processes: serve's default `--workers 2`;
+    /// - 214 µs a request: a chat request's read, parse, template and hand-off (38 µs
+    ///   for a request of token ids without a model);
+    /// - 858 ns a prompt token: the tiny random model's tokenizer (`lockstep model
+    ///   init`), a line fitted through prompts of 164 and 2,453 tokens;
+    /// - 22.7 µs an output token: detokenize, look for stop strings, build the event.
+    pub const SERVE: FrontendCosts = FrontendCosts {
+        processes: 2,
+        request_us: 214.0,
+        prompt_token_ns: 858.0,
+        output_token_ns: 22_700.0,
     };
 
     /// No cost at all.
@@ -172,6 +192,7 @@ impl FrontendConfig {
     pub fn costs(&self) -> FrontendCosts {
         let base = match self.preset {
             FrontendPreset::Python => FrontendCosts::PYTHON,
+            FrontendPreset::Serve => FrontendCosts::SERVE,
             FrontendPreset::None => FrontendCosts::NONE,
         };
         FrontendCosts {
@@ -202,6 +223,10 @@ mod tests {
             .costs();
         assert_eq!((c.request_us, c.prompt_token_ns), (3.0, 0.0));
         assert!(parse("preset = \"none\"").unwrap().costs().is_free());
+        assert_eq!(
+            parse("preset = \"serve\"").unwrap().costs(),
+            FrontendCosts::SERVE
+        );
         assert!(!FrontendCosts::PYTHON.is_free());
         assert_eq!(
             FrontendCosts::PYTHON.request_ns(8192),

@@ -51,9 +51,17 @@ pub struct AppState {
     pub shapes: ShapeCheck,
     /// Counts the 429s.
     pub rejected: prometheus_client::metrics::counter::Counter,
+    /// The front door's service of each request accepted (`/metrics`).
+    pub front_service: prometheus_client::metrics::histogram::Histogram,
+    /// The front door's time on output tokens (`/metrics`).
+    pub front_output: FrontOutput,
     /// `--model`: the model's tokenizer makes the prompt ids and the output text.
     pub text: Option<Arc<super::model_text::ModelText>>,
 }
+
+/// Seconds the front door spent on output tokens.
+pub type FrontOutput =
+    prometheus_client::metrics::counter::Counter<f64, std::sync::atomic::AtomicU64>;
 
 /// The routes.
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -394,6 +402,10 @@ async fn generate(
             "the servers have stopped",
         ));
     }
+    // The front door's part of this request ends here: the executor has it.
+    state
+        .front_service
+        .observe(received.elapsed().as_secs_f64());
     let guard = CancelOnDrop {
         id,
         bridge: state.bridge.clone(),
@@ -415,10 +427,18 @@ async fn generate(
         parsed,
         decoder,
     };
+    let front_output = state.front_output.clone();
     if streamed {
-        stream(shape, rx, guard)
+        stream(shape, rx, guard, front_output)
     } else {
-        whole(shape, rx, guard, req.conn_data::<Peer>().cloned()).await
+        whole(
+            shape,
+            rx,
+            guard,
+            req.conn_data::<Peer>().cloned(),
+            front_output,
+        )
+        .await
     }
 }
 
@@ -577,6 +597,7 @@ async fn whole(
     mut rx: UnboundedReceiver<Event>,
     mut guard: CancelOnDrop,
     peer: Option<Peer>,
+    front_output: FrontOutput,
 ) -> HttpResponse {
     let mut text = String::new();
     let mut generated = 0;
@@ -602,9 +623,11 @@ async fn whole(
         };
         match event {
             Some(Event::Tokens { last, count, .. }) => {
+                let began = Instant::now();
                 let released = shape.release(&mut watch, last, count, generated);
                 text.push_str(&released.text);
                 generated += count;
+                front_output.inc_by(began.elapsed().as_secs_f64());
                 if released.stopped {
                     guard.stop();
                     break;
@@ -653,8 +676,14 @@ fn sse(v: &Value) -> Result<Bytes, actix_web::Error> {
 
 /// Server-sent events: `data: {chunk}` per step, the usage chunk if asked, `data: [DONE]`.
 /// The stream dropped before the request ended (the client disconnected) cancels it.
-fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> HttpResponse {
+fn stream(
+    shape: Shape,
+    rx: UnboundedReceiver<Event>,
+    guard: CancelOnDrop,
+    front_output: FrontOutput,
+) -> HttpResponse {
     struct St {
+        front_output: FrontOutput,
         shape: Shape,
         rx: UnboundedReceiver<Event>,
         generated: u32,
@@ -666,6 +695,7 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> Ht
     }
     let watch = StopWatch::new(shape.parsed.stop.clone());
     let st = St {
+        front_output,
         shape,
         rx,
         generated: 0,
@@ -693,6 +723,7 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> Ht
         let done = Bytes::from_static(b"data: [DONE]\n\n");
         match st.rx.recv().await {
             Some(Event::Tokens { last, count, .. }) => {
+                let began = Instant::now();
                 let released = st.shape.release(&mut st.watch, last, count, st.generated);
                 st.generated += count;
                 let finish = if released.stopped {
@@ -713,7 +744,9 @@ fn stream(shape: Shape, rx: UnboundedReceiver<Event>, guard: CancelOnDrop) -> Ht
                     Value::Null,
                 );
                 st.first = false;
-                Some((sse(&chunk), st))
+                let event = sse(&chunk);
+                st.front_output.inc_by(began.elapsed().as_secs_f64());
+                Some((event, st))
             }
             Some(Event::Completed) => {
                 st.done = true;

@@ -197,6 +197,8 @@ impl HttpSide {
             tokens_per_block: fleet.tokens_per_block,
             shapes: fleet.shape_check(),
             rejected: metrics.request_rejected.clone(),
+            front_service: metrics.front_service.clone(),
+            front_output: metrics.front_output.clone(),
             text,
         });
         let (handle_tx, handle_rx) = crossbeam_channel::bounded(1);

@@ -11,10 +11,17 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 use lockstep_runtime::status::{RankStatus, StatusBoard};
 
 /// vLLM's buckets for the time to first token, in seconds.
+/// A request's front-door service: from tens of µs (parse, hand-off) to a second (a
+/// long prompt through a slow tokenizer).
+const FRONT_BUCKETS: [f64; 12] = [
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.1, 1.0,
+];
+
 const TTFT_BUCKETS: [f64; 17] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0,
@@ -47,6 +54,13 @@ pub struct Metrics {
     pub ttft: Histogram,
     /// Seconds from receipt to the last token of a completed request.
     pub e2e: Histogram,
+    /// The front door's service of each request accepted: seconds from receipt to the
+    /// hand-off to the executor (read, parse, tokenize, check) — what `[frontend]`'s
+    /// `request_us` and `prompt_token_ns` model.
+    pub front_service: Histogram,
+    /// The front door's seconds spent turning output tokens into answer text and
+    /// events (detokenize, stop strings, JSON) — what `output_token_ns` models.
+    pub front_output: Counter<f64, AtomicU64>,
 }
 
 impl Metrics {
@@ -64,6 +78,8 @@ impl Metrics {
             request_rejected: Counter::default(),
             ttft: Histogram::new(TTFT_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
+            front_service: Histogram::new(FRONT_BUCKETS),
+            front_output: Counter::default(),
         };
         let mut r = Registry::with_prefix("lockstep");
         r.register(
@@ -115,6 +131,16 @@ impl Metrics {
             "e2e_request_latency_seconds",
             "Seconds from receipt to the end of a completed request",
             m.e2e.clone(),
+        );
+        r.register(
+            "front_service_seconds",
+            "Seconds from receipt of a request to its hand-off to the executor (read, parse, tokenize, check)",
+            m.front_service.clone(),
+        );
+        r.register(
+            "front_output_seconds",
+            "Seconds spent turning output tokens into answer text and events",
+            m.front_output.clone(),
         );
         r.register_collector(Box::new(RankCollector { board, servers }));
         (m, r)
