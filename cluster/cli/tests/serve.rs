@@ -152,17 +152,14 @@ fn bad_requests_get_openai_errors_naming_the_field() {
     assert_eq!(json_of(&answer)["error"]["param"], "messages");
 }
 
-#[test]
-fn a_non_loopback_host_without_a_key_is_refused() {
+/// `lockstep serve ARGS...` with `env`, expected to exit non-zero before it serves:
+/// its stderr.
+fn startup_failure(args: &[&str], env: &[(&str, &str)]) -> String {
     let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
-        .args([
-            "serve",
-            &example("agg-balanced.toml"),
-            "--host",
-            "0.0.0.0",
-            "--port",
-            "0",
-        ])
+        .arg("serve")
+        .args(args)
+        .env_remove(lockstep_serve::api_key::API_KEY_ENV)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -174,7 +171,7 @@ fn a_non_loopback_host_without_a_key_is_refused() {
         }
         if Instant::now() > end {
             let _ = child.kill();
-            panic!("lockstep serve --host 0.0.0.0 without a key did not exit");
+            panic!("lockstep serve {args:?} did not exit");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -185,11 +182,126 @@ fn a_non_loopback_host_without_a_key_is_refused() {
         .expect("piped")
         .read_to_string(&mut err)
         .expect("stderr");
-    assert!(!status.success());
+    assert!(!status.success(), "{args:?} started: {err}");
+    err
+}
+
+#[test]
+fn a_non_loopback_host_without_a_key_is_refused() {
+    let scenario = example("agg-balanced.toml");
+    let err = startup_failure(&[&scenario, "--host", "0.0.0.0", "--port", "0"], &[]);
     assert!(
         err.contains("--api-key") && err.contains("0.0.0.0"),
         "{err}"
     );
+}
+
+/// An empty key would turn authentication off (and pass the non-loopback rule): it is
+/// refused at startup, on any address, naming where it came from.
+#[test]
+fn an_empty_api_key_is_refused_at_startup_naming_its_source() {
+    let scenario = example("agg-balanced.toml");
+    let err = startup_failure(
+        &[
+            &scenario,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--api-key",
+            "",
+        ],
+        &[],
+    );
+    assert!(err.contains("--api-key: the API key is empty"), "{err}");
+    let err = startup_failure(&[&scenario, "--port", "0"], &[("LOCKSTEP_API_KEY", "  ")]);
+    assert!(
+        err.contains("LOCKSTEP_API_KEY: the API key is empty"),
+        "{err}"
+    );
+    let file = std::env::temp_dir().join(format!("lockstep-empty-key-{}", std::process::id()));
+    std::fs::write(&file, "\n").expect("a key file");
+    let file_arg = file.to_string_lossy().into_owned();
+    let err = startup_failure(
+        &[&scenario, "--port", "0", "--api-key-file", &file_arg],
+        &[],
+    );
+    assert!(
+        err.contains(&format!("--api-key-file {file_arg}: the API key is empty")),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(&file);
+}
+
+/// A key from `--api-key-file` (its trailing newline dropped) or from `LOCKSTEP_API_KEY`
+/// is enforced as `--api-key`'s is.
+#[test]
+fn a_key_from_a_file_or_the_environment_is_enforced() {
+    let file = std::env::temp_dir().join(format!("lockstep-key-file-{}", std::process::id()));
+    std::fs::write(&file, "from-the-file\n").expect("a key file");
+    let file_arg = file.to_string_lossy().into_owned();
+    let body = r#"{"prompt": "hi", "max_tokens": 1}"#;
+    for (s, key) in [
+        (
+            Server::start("agg-balanced.toml", &["--api-key-file", &file_arg]),
+            "from-the-file",
+        ),
+        (
+            Server::start_env(
+                "agg-balanced.toml",
+                &[],
+                &[("LOCKSTEP_API_KEY", "from-the-env")],
+            ),
+            "from-the-env",
+        ),
+    ] {
+        let (code, answer) = post(&s.url("/v1/completions"), body, None);
+        assert_eq!(code, 401, "{key}: {answer}");
+        assert_eq!(json_of(&answer)["error"]["code"], "invalid_api_key");
+        assert_eq!(post(&s.url("/v1/completions"), body, Some("wrong")).0, 401);
+        let (code, answer) = post(&s.url("/v1/completions"), body, Some(key));
+        assert_eq!(code, 200, "{key}: {answer}");
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn two_key_sources_at_once_are_refused_naming_both() {
+    let scenario = example("agg-balanced.toml");
+    let file = std::env::temp_dir().join(format!("lockstep-two-keys-{}", std::process::id()));
+    std::fs::write(&file, "k2\n").expect("a key file");
+    let file_arg = file.to_string_lossy().into_owned();
+    let env = [("LOCKSTEP_API_KEY", "k3")];
+    let by_env = "the environment variable LOCKSTEP_API_KEY";
+    // (flags, environment, what the error names)
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], String);
+    let cases: [Case<'_>; 3] = [
+        (
+            &["--api-key", "k1", "--api-key-file", &file_arg],
+            &[],
+            format!("by --api-key and by --api-key-file {file_arg}:"),
+        ),
+        (
+            &["--api-key", "k1"],
+            &env,
+            format!("by --api-key and by {by_env}:"),
+        ),
+        (
+            &["--api-key-file", &file_arg],
+            &env,
+            format!("by --api-key-file {file_arg} and by {by_env}:"),
+        ),
+    ];
+    for (flags, env, named) in cases {
+        let mut args = vec![scenario.as_str(), "--port", "0"];
+        args.extend_from_slice(flags);
+        let err = startup_failure(&args, env);
+        assert!(
+            err.contains(&format!("the API key is given twice, {named}")),
+            "{flags:?} {env:?}: {err}"
+        );
+    }
+    let _ = std::fs::remove_file(&file);
 }
 
 #[test]
