@@ -608,6 +608,22 @@ fn a_stop_string_ends_the_answer_and_the_rest_of_the_request_is_cancelled() {
     );
     assert_eq!(code, 400, "{body}");
     assert_eq!(json_of(&body)["error"]["param"], "stop", "{body}");
+    // So does one past the length bound, with its length.
+    let long = "x".repeat(lockstep_openai::MAX_STOP_STRING_BYTES + 1);
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        &json!({"prompt": "a", "stop": ["a", long]}).to_string(),
+        None,
+    );
+    assert_eq!(code, 400, "{body}");
+    let e = &json_of(&body)["error"];
+    assert_eq!(e["param"], "stop", "{body}");
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("stop[1] is 1025 bytes")),
+        "{body}"
+    );
 }
 
 #[test]
