@@ -666,6 +666,74 @@ fn curl_streams_a_chat_completion() {
     assert_words(&text, 5);
 }
 
+/// `serve --model`: a prompt longer in bytes than `--max-prompt-tokens` tokens of the
+/// model's tokenizer can hold is a 400 naming the field and both numbers, refused from
+/// its size before it is tokenized; a prompt that fits is answered.
+#[test]
+fn a_models_prompt_too_long_in_bytes_for_the_token_limit_is_refused() {
+    use lockstep_gpu::model::{InitOptions, TextTokenizer};
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-bytes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
+    let per_token = TextTokenizer::load(&dir)
+        .expect("tokenizer")
+        .max_bytes_per_token()
+        .expect("a byte-level BPE bounds the bytes of a token");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let s = Server::start(
+        "model/agg-tiny.toml",
+        &["--model", &dir_arg, "--max-prompt-tokens", "8"],
+    );
+    let (most, bytes) = (8 * per_token, 8 * per_token + 1);
+    // One word: the word count checked first lets it through.
+    let long = "x".repeat(bytes);
+    for (route, body, field) in [
+        (
+            "/v1/completions",
+            json!({"prompt": long, "max_tokens": 2}),
+            "prompt",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": long}], "max_tokens": 2}),
+            "messages",
+        ),
+    ] {
+        let (code, answer) = post(&s.url(route), &body.to_string(), None);
+        assert_eq!(code, 400, "{answer}");
+        let e = &json_of(&answer)["error"];
+        assert_eq!(e["param"], field, "{answer}");
+        let message = e["message"].as_str().expect("a message");
+        assert!(
+            message.contains(&format!("{field} is "))
+                && message.contains("bytes")
+                && message.contains("limit of 8 tokens")
+                && message.contains(&format!("at most {most} bytes")),
+            "{answer}"
+        );
+    }
+    assert!(
+        json_of(
+            &post(
+                &s.url("/v1/completions"),
+                &json!({"prompt": long}).to_string(),
+                None
+            )
+            .1
+        )["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("prompt is {bytes} bytes"))),
+    );
+    let (code, answer) = post(
+        &s.url("/v1/completions"),
+        r#"{"prompt": "hello there", "max_tokens": 2}"#,
+        None,
+    );
+    assert_eq!(code, 200, "{answer}");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A whole (not streamed) chat completion of one user message.
 fn chat_answer(s: &Server, message: &str, max_tokens: usize) -> Value {
     let body = json!({
