@@ -2,7 +2,7 @@
 //! threads or under mpirun (the launcher, and [`serve_rank`], one of its processes).
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[cfg(feature = "mpi")]
@@ -30,15 +30,21 @@ pub(crate) struct ServeArgs {
     driver: ProcessDriver,
     #[command(flatten)]
     mpirun: MpirunArgs,
-    /// Address to bind; one that is not loopback needs --api-key.
+    /// Address to bind; one that is not loopback needs an API key (--api-key-file,
+    /// LOCKSTEP_API_KEY or --api-key).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// Port (0: any free port; the address is printed on stdout).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1/*.
+    /// Require `Authorization: Bearer KEY` on /v1/*. Other users of the machine see a
+    /// command line: prefer --api-key-file or the environment variable LOCKSTEP_API_KEY
+    /// (at most one of the three gives the key).
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
+    /// Like --api-key, the key read from PATH (trailing newlines dropped).
+    #[arg(long, value_name = "PATH")]
+    api_key_file: Option<PathBuf>,
     /// Wall seconds per modeled second; 0 runs the zero-cost backend.
     #[arg(long, default_value_t = 0.0, value_parser = finite_non_negative)]
     time_scale: f64,
@@ -81,6 +87,7 @@ pub(crate) fn run(
         host,
         port,
         api_key,
+        api_key_file,
         time_scale,
         policy,
         model_name,
@@ -94,6 +101,13 @@ pub(crate) fn run(
     }: ServeArgs,
 ) -> anyhow::Result<ExitCode> {
     use lockstep_serve::ServeOptions;
+    use lockstep_serve::api_key::{API_KEY_ENV, KeySource, resolve_api_key};
+    // Checked first: a bad key fails at once, before the scenario or a model loads.
+    let api_key = resolve_api_key(
+        api_key,
+        api_key_file.as_deref(),
+        std::env::var_os(API_KEY_ENV),
+    )?;
     let scenario = load(&args, policy.as_deref(), None)?;
     // As vLLM names a model by its path: the model directory's name, or else the
     // scenario's.
@@ -108,7 +122,7 @@ pub(crate) fn run(
     let opts = ServeOptions {
         host,
         port,
-        api_key,
+        api_key: api_key.as_ref().map(|k| k.key.clone()),
         model,
         max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
         max_prompt_tokens,
@@ -132,6 +146,12 @@ pub(crate) fn run(
             require_mpi_build()?;
             // Refused here, before any process starts.
             lockstep_serve::check_address(&opts)?;
+            let mut mpirun = mpirun;
+            if api_key.is_some_and(|k| k.source == KeySource::Env) {
+                // OpenMPI hands remote processes only the variables it is told to: the
+                // front (world rank 0) may be on another host.
+                mpirun.mpirun_args.extend(["-x".into(), API_KEY_ENV.into()]);
+            }
             let mut cmd = mpirun_command(processes_of(&scenario)?, &mpirun)?;
             cmd.arg("serve")
                 .args(args_for_each_process(

@@ -157,17 +157,14 @@ fn bad_requests_get_openai_errors_naming_the_field() {
     assert_eq!(json_of(&answer)["error"]["param"], "messages");
 }
 
-#[test]
-fn a_non_loopback_host_without_a_key_is_refused() {
+/// `lockstep serve ARGS...` with `env`, expected to exit non-zero before it serves:
+/// its stderr.
+fn startup_failure(args: &[&str], env: &[(&str, &str)]) -> String {
     let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
-        .args([
-            "serve",
-            &example("agg-balanced.toml"),
-            "--host",
-            "0.0.0.0",
-            "--port",
-            "0",
-        ])
+        .arg("serve")
+        .args(args)
+        .env_remove(lockstep_serve::api_key::API_KEY_ENV)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -179,7 +176,7 @@ fn a_non_loopback_host_without_a_key_is_refused() {
         }
         if Instant::now() > end {
             let _ = child.kill();
-            panic!("lockstep serve --host 0.0.0.0 without a key did not exit");
+            panic!("lockstep serve {args:?} did not exit");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -190,11 +187,126 @@ fn a_non_loopback_host_without_a_key_is_refused() {
         .expect("piped")
         .read_to_string(&mut err)
         .expect("stderr");
-    assert!(!status.success());
+    assert!(!status.success(), "{args:?} started: {err}");
+    err
+}
+
+#[test]
+fn a_non_loopback_host_without_a_key_is_refused() {
+    let scenario = example("agg-balanced.toml");
+    let err = startup_failure(&[&scenario, "--host", "0.0.0.0", "--port", "0"], &[]);
     assert!(
         err.contains("--api-key") && err.contains("0.0.0.0"),
         "{err}"
     );
+}
+
+/// An empty key would turn authentication off (and pass the non-loopback rule): it is
+/// refused at startup, on any address, naming where it came from.
+#[test]
+fn an_empty_api_key_is_refused_at_startup_naming_its_source() {
+    let scenario = example("agg-balanced.toml");
+    let err = startup_failure(
+        &[
+            &scenario,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--api-key",
+            "",
+        ],
+        &[],
+    );
+    assert!(err.contains("--api-key: the API key is empty"), "{err}");
+    let err = startup_failure(&[&scenario, "--port", "0"], &[("LOCKSTEP_API_KEY", "  ")]);
+    assert!(
+        err.contains("LOCKSTEP_API_KEY: the API key is empty"),
+        "{err}"
+    );
+    let file = std::env::temp_dir().join(format!("lockstep-empty-key-{}", std::process::id()));
+    std::fs::write(&file, "\n").expect("a key file");
+    let file_arg = file.to_string_lossy().into_owned();
+    let err = startup_failure(
+        &[&scenario, "--port", "0", "--api-key-file", &file_arg],
+        &[],
+    );
+    assert!(
+        err.contains(&format!("--api-key-file {file_arg}: the API key is empty")),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(&file);
+}
+
+/// A key from `--api-key-file` (its trailing newline dropped) or from `LOCKSTEP_API_KEY`
+/// is enforced as `--api-key`'s is.
+#[test]
+fn a_key_from_a_file_or_the_environment_is_enforced() {
+    let file = std::env::temp_dir().join(format!("lockstep-key-file-{}", std::process::id()));
+    std::fs::write(&file, "from-the-file\n").expect("a key file");
+    let file_arg = file.to_string_lossy().into_owned();
+    let body = r#"{"prompt": "hi", "max_tokens": 1}"#;
+    for (s, key) in [
+        (
+            Server::start("agg-balanced.toml", &["--api-key-file", &file_arg]),
+            "from-the-file",
+        ),
+        (
+            Server::start_env(
+                "agg-balanced.toml",
+                &[],
+                &[("LOCKSTEP_API_KEY", "from-the-env")],
+            ),
+            "from-the-env",
+        ),
+    ] {
+        let (code, answer) = post(&s.url("/v1/completions"), body, None);
+        assert_eq!(code, 401, "{key}: {answer}");
+        assert_eq!(json_of(&answer)["error"]["code"], "invalid_api_key");
+        assert_eq!(post(&s.url("/v1/completions"), body, Some("wrong")).0, 401);
+        let (code, answer) = post(&s.url("/v1/completions"), body, Some(key));
+        assert_eq!(code, 200, "{key}: {answer}");
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn two_key_sources_at_once_are_refused_naming_both() {
+    let scenario = example("agg-balanced.toml");
+    let file = std::env::temp_dir().join(format!("lockstep-two-keys-{}", std::process::id()));
+    std::fs::write(&file, "k2\n").expect("a key file");
+    let file_arg = file.to_string_lossy().into_owned();
+    let env = [("LOCKSTEP_API_KEY", "k3")];
+    let by_env = "the environment variable LOCKSTEP_API_KEY";
+    // (flags, environment, what the error names)
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], String);
+    let cases: [Case<'_>; 3] = [
+        (
+            &["--api-key", "k1", "--api-key-file", &file_arg],
+            &[],
+            format!("by --api-key and by --api-key-file {file_arg}:"),
+        ),
+        (
+            &["--api-key", "k1"],
+            &env,
+            format!("by --api-key and by {by_env}:"),
+        ),
+        (
+            &["--api-key-file", &file_arg],
+            &env,
+            format!("by --api-key-file {file_arg} and by {by_env}:"),
+        ),
+    ];
+    for (flags, env, named) in cases {
+        let mut args = vec![scenario.as_str(), "--port", "0"];
+        args.extend_from_slice(flags);
+        let err = startup_failure(&args, env);
+        assert!(
+            err.contains(&format!("the API key is given twice, {named}")),
+            "{flags:?} {env:?}: {err}"
+        );
+    }
+    let _ = std::fs::remove_file(&file);
 }
 
 #[test]
@@ -501,6 +613,22 @@ fn a_stop_string_ends_the_answer_and_the_rest_of_the_request_is_cancelled() {
     );
     assert_eq!(code, 400, "{body}");
     assert_eq!(json_of(&body)["error"]["param"], "stop", "{body}");
+    // So does one past the length bound, with its length.
+    let long = "x".repeat(lockstep_openai::MAX_STOP_STRING_BYTES + 1);
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        &json!({"prompt": "a", "stop": ["a", long]}).to_string(),
+        None,
+    );
+    assert_eq!(code, 400, "{body}");
+    let e = &json_of(&body)["error"];
+    assert_eq!(e["param"], "stop", "{body}");
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("stop[1] is 1025 bytes")),
+        "{body}"
+    );
 }
 
 #[test]
@@ -541,6 +669,74 @@ fn curl_streams_a_chat_completion() {
         })
         .collect();
     assert_words(&text, 5);
+}
+
+/// `serve --model`: a prompt longer in bytes than `--max-prompt-tokens` tokens of the
+/// model's tokenizer can hold is a 400 naming the field and both numbers, refused from
+/// its size before it is tokenized; a prompt that fits is answered.
+#[test]
+fn a_models_prompt_too_long_in_bytes_for_the_token_limit_is_refused() {
+    use lockstep_gpu::model::{InitOptions, TextTokenizer};
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-bytes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
+    let per_token = TextTokenizer::load(&dir)
+        .expect("tokenizer")
+        .max_bytes_per_token()
+        .expect("a byte-level BPE bounds the bytes of a token");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let s = Server::start(
+        "model/agg-tiny.toml",
+        &["--model", &dir_arg, "--max-prompt-tokens", "8"],
+    );
+    let (most, bytes) = (8 * per_token, 8 * per_token + 1);
+    // One word: the word count checked first lets it through.
+    let long = "x".repeat(bytes);
+    for (route, body, field) in [
+        (
+            "/v1/completions",
+            json!({"prompt": long, "max_tokens": 2}),
+            "prompt",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": long}], "max_tokens": 2}),
+            "messages",
+        ),
+    ] {
+        let (code, answer) = post(&s.url(route), &body.to_string(), None);
+        assert_eq!(code, 400, "{answer}");
+        let e = &json_of(&answer)["error"];
+        assert_eq!(e["param"], field, "{answer}");
+        let message = e["message"].as_str().expect("a message");
+        assert!(
+            message.contains(&format!("{field} is "))
+                && message.contains("bytes")
+                && message.contains("limit of 8 tokens")
+                && message.contains(&format!("at most {most} bytes")),
+            "{answer}"
+        );
+    }
+    assert!(
+        json_of(
+            &post(
+                &s.url("/v1/completions"),
+                &json!({"prompt": long}).to_string(),
+                None
+            )
+            .1
+        )["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("prompt is {bytes} bytes"))),
+    );
+    let (code, answer) = post(
+        &s.url("/v1/completions"),
+        r#"{"prompt": "hello there", "max_tokens": 2}"#,
+        None,
+    );
+    assert_eq!(code, 200, "{answer}");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A whole (not streamed) chat completion of one user message.

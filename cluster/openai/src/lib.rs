@@ -9,8 +9,9 @@
 //! - an output token with id `t` reads as the word `WORDS[t % WORDS.len()]`, words
 //!   separated by one space; the tokens of one step that carries several (a speculative
 //!   step names only its last token id) all read as the word of that last id;
-//! - `stop` (a string or up to four) ends the output before the first stop string in its
-//!   text (`finish_reason: "stop"`; see `stop.rs`);
+//! - `stop` (a string or up to four, each of at most [`MAX_STOP_STRING_BYTES`] bytes)
+//!   ends the output before the first stop string in its text (`finish_reason: "stop"`;
+//!   see `stop.rs`);
 //! - `temperature` (0 or more), `top_p` (in (0, 1]), `top_k` (-1 or more), `seed`,
 //!   `presence_penalty` and `frequency_penalty` (in [-2, 2]), `repetition_penalty`
 //!   (above 0), `logit_bias` (token id strings to numbers in [-100, 100]; vLLM clamps
@@ -660,10 +661,21 @@ pub fn check_prompt_tokens(
     Ok(())
 }
 
-/// Stop strings at most, as OpenAI's API allows.
+/// Stop strings at most, as OpenAI's API allows (and TGI's `--max-stop-sequences`
+/// default).
 pub const MAX_STOP_STRINGS: usize = 4;
 
-/// `stop`: absent, a string, or an array of up to [`MAX_STOP_STRINGS`] non-empty strings.
+/// The longest stop string taken, in bytes. lockstep's own bound: neither OpenAI's API
+/// reference nor vLLM documents one, and TGI bounds only the count. Stop strings in use
+/// are short markers (`"\n\n"`, `"###"`, an end-of-turn tag); a stream holds back the
+/// longest one's length less one byte, and each new piece of text is searched together
+/// with that many bytes before it, so a long one costs every token of the answer (four
+/// of 262,144 bytes once took 35.6 s of an HTTP worker's CPU for one request). 1 KiB is
+/// far past any marker and keeps that work to a few KiB per token.
+pub const MAX_STOP_STRING_BYTES: usize = 1024;
+
+/// `stop`: absent, a string, or an array of up to [`MAX_STOP_STRINGS`] non-empty strings
+/// of at most [`MAX_STOP_STRING_BYTES`] bytes.
 fn stop_strings(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     let bad = |v: &Value| {
         ApiError::field(
@@ -686,6 +698,24 @@ fn stop_strings(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     };
     if stops.iter().any(String::is_empty) {
         return Err(bad(v.unwrap_or(&Value::Null)));
+    }
+    if let Some((i, s)) = stops
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.len() > MAX_STOP_STRING_BYTES)
+    {
+        let which = if matches!(v, Some(Value::Array(_))) {
+            format!("stop[{i}]")
+        } else {
+            "stop".to_string()
+        };
+        return Err(ApiError::field(
+            "stop",
+            format!(
+                "{which} is {} bytes long, more than the limit of {MAX_STOP_STRING_BYTES} bytes per stop string",
+                s.len()
+            ),
+        ));
     }
     Ok(stops)
 }
@@ -1042,6 +1072,28 @@ mod tests {
         assert_eq!((e.status, e.code), (404, Some("model_not_found")));
         let e = p("not json", Endpoint::Completions).unwrap_err();
         assert_eq!(e.status, 400);
+    }
+
+    #[test]
+    fn a_stop_string_past_the_length_limit_is_refused_naming_stop_and_its_length() {
+        let at_limit = "x".repeat(MAX_STOP_STRING_BYTES);
+        let body = json!({"prompt": "a", "stop": [at_limit.as_str(), "y"]}).to_string();
+        let parsed = p(&body, Endpoint::Completions).expect("at the limit");
+        assert_eq!(parsed.stop[0].len(), MAX_STOP_STRING_BYTES);
+        // Bytes, not characters: 513 two-byte characters are over.
+        let over = "é".repeat(MAX_STOP_STRING_BYTES / 2 + 1);
+        for (stop, named) in [
+            (json!(over), "stop is 1026 bytes"),
+            (json!(["a", over]), "stop[1] is 1026 bytes"),
+        ] {
+            let body = json!({"prompt": "a", "stop": stop}).to_string();
+            let e = p(&body, Endpoint::Completions).expect_err("over the limit");
+            assert_eq!((e.status, e.param.as_deref()), (400, Some("stop")), "{e}");
+            assert!(
+                e.message.contains(named) && e.message.contains("1024"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -460,7 +460,7 @@ fn model_prompt(
     parsed: &mut Parsed,
     state: &AppState,
 ) -> Result<Vec<u32>, ApiError> {
-    let ids = text.prompt_ids(body, endpoint)?;
+    let ids = text.prompt_ids(body, endpoint, state.max_prompt_tokens)?;
     api::check_prompt_tokens(endpoint, ids.len(), state.max_prompt_tokens)?;
     parsed.prompt_tokens = ids.len() as u32;
     if endpoint == Endpoint::Chat && !parsed.max_tokens_given {

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub use lockstep_openai as api;
+pub mod api_key;
 pub mod bridge;
 pub mod http;
 pub mod metrics;
@@ -44,7 +45,8 @@ pub struct ServeOptions {
     pub host: String,
     /// The port (0: any free port; the bound address is announced).
     pub port: u16,
-    /// The key `/v1/*` requires (`Authorization: Bearer KEY`).
+    /// The key `/v1/*` requires (`Authorization: Bearer KEY`), as
+    /// [`api_key::resolve_api_key`] checked it.
     pub api_key: Option<String>,
     /// The served model's name (`/v1/models`, the `model` field).
     pub model: String,
@@ -65,7 +67,7 @@ pub struct ServeOptions {
 pub enum ServeError {
     /// A non-loopback address without a key.
     #[error(
-        "--host {host}: {ip} is not a loopback address; serving beyond this machine needs --api-key KEY (or bind 127.0.0.1)"
+        "--host {host}: {ip} is not a loopback address; serving beyond this machine needs an API key: --api-key-file PATH, the environment variable LOCKSTEP_API_KEY, or --api-key KEY (or bind 127.0.0.1)"
     )]
     OpenWithoutKey {
         /// As given.

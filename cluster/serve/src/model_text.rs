@@ -50,13 +50,21 @@ impl ModelText {
         })
     }
 
-    /// The prompt's token ids, from a body `api::parse` already checked.
-    pub fn prompt_ids(&self, body: &[u8], endpoint: Endpoint) -> Result<Vec<u32>, ApiError> {
+    /// The prompt's token ids, from a body `api::parse` already checked; a text too long
+    /// to be `max_prompt_tokens` tokens is refused before it is encoded (encoding costs
+    /// memory and time in proportion to it).
+    pub fn prompt_ids(
+        &self,
+        body: &[u8],
+        endpoint: Endpoint,
+        max_prompt_tokens: u32,
+    ) -> Result<Vec<u32>, ApiError> {
         let value: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::status(400, "invalid_request_error", e.to_string()))?;
         // A plain prompt gets the special tokens the tokenizer adds (a BOS); a chat's
         // rendered template already holds its own, so it is encoded as written.
         let encode = |param: &str, text: &str| {
+            self.check_prompt_bytes(param, text.len(), max_prompt_tokens)?;
             let ids = if param == "prompt" {
                 self.tokenizer.encode_prompt(text)
             } else {
@@ -108,6 +116,31 @@ impl ModelText {
                 encode("messages", &prompt)
             }
         }
+    }
+
+    /// A text of `bytes` bytes is refused when it cannot be `max_prompt_tokens` tokens
+    /// or fewer: past `max_prompt_tokens` times the most bytes one token of this
+    /// tokenizer stands for ([`TextTokenizer::max_bytes_per_token`], where it bounds
+    /// that), so no prompt that fits is ever refused here.
+    pub fn check_prompt_bytes(
+        &self,
+        param: &str,
+        bytes: usize,
+        max_prompt_tokens: u32,
+    ) -> Result<(), ApiError> {
+        let Some(per_token) = self.tokenizer.max_bytes_per_token() else {
+            return Ok(());
+        };
+        let most = (max_prompt_tokens as usize).saturating_mul(per_token);
+        if bytes > most {
+            return Err(ApiError::field(
+                param,
+                format!(
+                    "{param} is {bytes} bytes, more than this server's limit of {max_prompt_tokens} tokens can hold: one token of this model stands for at most {per_token} bytes, so {max_prompt_tokens} tokens hold at most {most} bytes"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The model directory served.
@@ -272,6 +305,7 @@ mod tests {
             .prompt_ids(
                 br#"{"messages": [{"role": "assistant", "content": "hi"}]}"#,
                 Endpoint::Chat,
+                u32::MAX,
             )
             .expect_err("the template raises");
         assert_eq!(err.param.as_deref(), Some("messages"));
@@ -283,6 +317,7 @@ mod tests {
             .prompt_ids(
                 br#"{"messages": [{"role": "user", "content": "hi"}]}"#,
                 Endpoint::Chat,
+                u32::MAX,
             )
             .expect("the template renders");
         assert_eq!(ids, text.tokenizer.encode("hi").expect("encode"));
@@ -323,7 +358,7 @@ mod tests {
         let text = ModelText::new(&backend).expect("a tokenizer");
         let plain = text.tokenizer.encode("hi").expect("encode");
         let ids = text
-            .prompt_ids(br#"{"prompt": "hi"}"#, Endpoint::Completions)
+            .prompt_ids(br#"{"prompt": "hi"}"#, Endpoint::Completions, u32::MAX)
             .expect("a prompt");
         assert_eq!(ids[0], 256, "{ids:?}");
         assert_eq!(&ids[1..], &plain[..]);
@@ -331,11 +366,12 @@ mod tests {
             .prompt_ids(
                 br#"{"messages": [{"role": "user", "content": "hi"}]}"#,
                 Endpoint::Chat,
+                u32::MAX,
             )
             .expect("a chat");
         assert_eq!(chat, ids, "one BOS, the template's");
         let given = text
-            .prompt_ids(br#"{"prompt": [5, 6]}"#, Endpoint::Completions)
+            .prompt_ids(br#"{"prompt": [5, 6]}"#, Endpoint::Completions, u32::MAX)
             .expect("ids");
         assert_eq!(given, vec![5, 6]);
         let _ = std::fs::remove_dir_all(&dir);
@@ -367,18 +403,24 @@ mod tests {
     fn a_chat_prompt_is_the_models_chat_format_and_token_ids_are_checked() {
         let (text, dir) = text_rules("prompt");
         let body = br#"{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}"#;
-        let ids = text.prompt_ids(body, Endpoint::Chat).expect("ids");
+        let ids = text
+            .prompt_ids(body, Endpoint::Chat, u32::MAX)
+            .expect("ids");
         let expected = text
             .tokenizer
             .encode("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
             .expect("encode");
         assert_eq!(ids, expected);
         let ids = text
-            .prompt_ids(br#"{"prompt": [1, 2, 3]}"#, Endpoint::Completions)
+            .prompt_ids(br#"{"prompt": [1, 2, 3]}"#, Endpoint::Completions, u32::MAX)
             .expect("ids");
         assert_eq!(ids, vec![1, 2, 3]);
         let err = text
-            .prompt_ids(br#"{"prompt": [1, 99999]}"#, Endpoint::Completions)
+            .prompt_ids(
+                br#"{"prompt": [1, 99999]}"#,
+                Endpoint::Completions,
+                u32::MAX,
+            )
             .expect_err("outside the vocabulary");
         assert_eq!(err.param.as_deref(), Some("prompt"));
         assert!(err.message.contains("99999"), "{err}");
@@ -388,6 +430,175 @@ mod tests {
         assert!(
             err.message.contains("4000") && err.message.contains("4096"),
             "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A prompt longer in bytes than `max_prompt_tokens` tokens can hold is a 400 naming
+    /// the field and both numbers, from the byte count alone (`prompt_ids` would
+    /// otherwise encode it); one at the bound is encoded.
+    #[test]
+    fn a_prompt_too_long_for_the_token_limit_is_refused_before_it_is_encoded() {
+        let (text, dir) = text_rules("bytes");
+        let per_token = text
+            .tokenizer
+            .max_bytes_per_token()
+            .expect("a byte-level BPE bounds it");
+        let max = 4u32;
+        let most = 4 * per_token;
+        // One word, so the word count `api::parse` checks first lets it through.
+        let long = "x".repeat(most + 1);
+        let body = serde_json::json!({"prompt": long}).to_string();
+        let err = text
+            .prompt_ids(body.as_bytes(), Endpoint::Completions, max)
+            .expect_err("too long to fit");
+        assert_eq!((err.status, err.param.as_deref()), (400, Some("prompt")));
+        assert!(
+            err.message
+                .contains(&format!("prompt is {} bytes", most + 1))
+                && err.message.contains("limit of 4 tokens")
+                && err.message.contains(&format!("at most {most} bytes")),
+            "{err}"
+        );
+        let body = serde_json::json!({"messages": [{"role": "user", "content": long}]}).to_string();
+        let err = text
+            .prompt_ids(body.as_bytes(), Endpoint::Chat, max)
+            .expect_err("too long to fit");
+        assert_eq!(err.param.as_deref(), Some("messages"), "{err}");
+        assert!(err.message.starts_with("messages is "), "{err}");
+        // At the bound it is encoded (and its token count checked after, as before).
+        let body = serde_json::json!({"prompt": "x".repeat(most)}).to_string();
+        let ids = text
+            .prompt_ids(body.as_bytes(), Endpoint::Completions, max)
+            .expect("encoded");
+        assert!(!ids.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The bound never refuses a text that fits: over texts built from the vocabulary's
+    /// own tokens (its longest ones repeated, special tokens, multi-byte characters, runs
+    /// of spaces), every text of `b` bytes encodes to at least `b / max_bytes_per_token`
+    /// tokens.
+    #[test]
+    fn the_byte_bound_never_refuses_a_text_that_fits() {
+        let (text, dir) = text_rules("fits");
+        let tokenizer = &text.tokenizer;
+        let per_token = tokenizer.max_bytes_per_token().expect("bounded");
+        let mut pieces: Vec<String> = (0..tokenizer.vocab_size() as u32)
+            .filter_map(|id| tokenizer.decode(&[id]).ok())
+            .filter(|t| !t.is_empty() && !t.contains('\u{FFFD}'))
+            .collect();
+        pieces.sort_by_key(|t| std::cmp::Reverse(t.len()));
+        let longest = pieces[0].clone();
+        pieces.extend(
+            [
+                "<|im_start|>",
+                "<|im_end|>",
+                "<|endoftext|>",
+                "é",
+                "漢字",
+                "🦀",
+                "    ",
+                "\n",
+            ]
+            .map(String::from),
+        );
+        // The longest entry is an added token, one token wherever the text spells it:
+        // the bound is reached, so no smaller one would do.
+        let mut texts: Vec<String> = vec![
+            "<|endoftext|>".repeat(20),
+            longest.repeat(50),
+            " ".repeat(300),
+            "\n".repeat(40),
+        ];
+        let mut state = 29u64;
+        for _ in 0..400 {
+            let mut t = String::new();
+            for _ in 0..1 + state % 40 {
+                state = lockstep_actors::kv::mix(state);
+                t.push_str(&pieces[state as usize % pieces.len()]);
+            }
+            texts.push(t);
+        }
+        let mut tightest = f64::INFINITY;
+        for t in &texts {
+            for tokens in [
+                tokenizer.encode(t).expect("encode").len(),
+                tokenizer.encode_prompt(t).expect("encode").len(),
+            ] {
+                assert!(
+                    t.len() <= tokens * per_token,
+                    "{} bytes in {tokens} tokens, over {per_token} per token: {t:?}",
+                    t.len()
+                );
+                tightest = tightest.min((tokens * per_token) as f64 / t.len() as f64);
+            }
+        }
+        assert_eq!(per_token, "<|endoftext|>".len());
+        assert!(tightest <= 1.0, "no text reached the bound: {tightest}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A tokenizer that can drop or fuse text has no bound (every prompt is encoded, as
+    /// before); a normalizer that may shrink text widens it by its factor.
+    #[test]
+    fn the_byte_bound_holds_only_where_no_step_drops_text() {
+        use lockstep_gpu::model::TextTokenizer;
+        use serde_json::json;
+        let dir =
+            std::env::temp_dir().join(format!("lockstep-model-text-kinds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_random_model(&dir, &InitOptions::default()).expect("init");
+        let path = dir.join("tokenizer.json");
+        let original: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+        let base = TextTokenizer::load(&dir)
+            .expect("load")
+            .max_bytes_per_token()
+            .expect("bounded");
+        let cases: [(&str, Value, Option<usize>); 7] = [
+            ("normalizer", json!({"type": "NFKC"}), Some(4 * base)),
+            (
+                "normalizer",
+                json!({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]}),
+                Some(9 * base),
+            ),
+            (
+                "normalizer",
+                json!({"type": "Replace", "pattern": {"String": "  "}, "content": " "}),
+                Some(2 * base),
+            ),
+            (
+                "normalizer",
+                json!({"type": "Replace", "pattern": {"String": " "}, "content": ""}),
+                None,
+            ),
+            ("normalizer", json!({"type": "StripAccents"}), None),
+            ("pre_tokenizer", json!({"type": "Whitespace"}), None),
+            (
+                "truncation",
+                json!({"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}),
+                None,
+            ),
+        ];
+        for (field, value, expected) in cases {
+            let mut changed = original.clone();
+            changed[field] = value.clone();
+            std::fs::write(&path, changed.to_string()).expect("write");
+            let got = TextTokenizer::load(&dir)
+                .expect("load")
+                .max_bytes_per_token();
+            assert_eq!(got, expected, "{field}: {value}");
+        }
+        // An added token that swallows the whitespace beside it stands for any length.
+        let mut changed = original.clone();
+        changed["added_tokens"][0]["lstrip"] = true.into();
+        std::fs::write(&path, changed.to_string()).expect("write");
+        assert_eq!(
+            TextTokenizer::load(&dir)
+                .expect("load")
+                .max_bytes_per_token(),
+            None
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -17,25 +17,42 @@ pub struct Released {
 }
 
 /// Watches one output's text for its request's stop strings.
+///
+/// Matching is incremental: text already released was searched when it came, so a new
+/// match must end in the new piece, and for a stop string `s` only the last
+/// `s.len() - 1` bytes before the piece and the piece itself are searched. Only the
+/// held-back text is kept, never the whole output.
 #[derive(Debug, Clone)]
 pub struct StopWatch {
     stops: Vec<String>,
-    /// The whole output so far.
-    text: String,
-    /// Bytes of `text` already released.
-    released: usize,
+    /// The output's text not yet released (what a later piece could still turn into
+    /// the start of a stop string).
+    held: String,
+    /// Bytes held back after a piece: the longest stop string's length less one.
+    hold: usize,
     /// A stop string matched: nothing more is released.
     stopped: bool,
+    /// Bytes searched so far (what the tests bound).
+    #[cfg(test)]
+    searched: usize,
 }
 
 impl StopWatch {
     /// Watches for `stops` (none: every piece of text is released at once).
     pub fn new(stops: Vec<String>) -> StopWatch {
+        let hold = stops
+            .iter()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .saturating_sub(1);
         StopWatch {
             stops,
-            text: String::new(),
-            released: 0,
+            held: String::new(),
+            hold,
             stopped: false,
+            #[cfg(test)]
+            searched: 0,
         }
     }
 
@@ -52,25 +69,35 @@ impl StopWatch {
                 stopped: true,
             };
         }
-        // A match may start in the held-back tail, never in text already released (that
-        // text was checked when it was released).
-        let search_from = self.released;
-        self.text.push_str(piece);
-        let first = self
-            .stops
-            .iter()
-            .filter_map(|s| self.text[search_from..].find(s.as_str()))
-            .min();
+        let before = self.held.len();
+        self.held.push_str(piece);
+        // A match may start in the held-back text, never in text already released
+        // (that text was checked when it was released), and it ends in `piece`.
+        let mut first = None;
+        for s in &self.stops {
+            let mut from = before.saturating_sub(s.len().saturating_sub(1));
+            while !self.held.is_char_boundary(from) {
+                from -= 1;
+            }
+            #[cfg(test)]
+            {
+                self.searched += self.held.len() - from;
+            }
+            if let Some(at) = self.held[from..].find(s.as_str()) {
+                first = Some(first.map_or(from + at, |f: usize| f.min(from + at)));
+            }
+        }
         if let Some(at) = first {
             self.stopped = true;
+            let text = self.take_until(at);
+            self.held = String::new();
             return Released {
-                text: self.take_until(search_from + at),
+                text,
                 stopped: true,
             };
         }
-        let hold = self.stops.iter().map(String::len).max().unwrap_or(1) - 1;
-        let mut until = self.text.len().saturating_sub(hold).max(self.released);
-        while !self.text.is_char_boundary(until) {
+        let mut until = self.held.len().saturating_sub(self.hold);
+        while !self.held.is_char_boundary(until) {
             until -= 1;
         }
         Released {
@@ -88,10 +115,9 @@ impl StopWatch {
                 stopped: true,
             };
         }
-        self.text.push_str(piece);
-        let end = self.text.len();
+        self.held.push_str(piece);
         Released {
-            text: self.take_until(end),
+            text: std::mem::take(&mut self.held),
             stopped: false,
         }
     }
@@ -112,14 +138,13 @@ impl StopWatch {
         if self.stopped {
             return String::new();
         }
-        let end = self.text.len();
-        self.take_until(end)
+        std::mem::take(&mut self.held)
     }
 
+    /// Releases the held-back text up to `end`.
     fn take_until(&mut self, end: usize) -> String {
-        let out = self.text[self.released..end].to_string();
-        self.released = end;
-        out
+        let rest = self.held.split_off(end);
+        std::mem::replace(&mut self.held, rest)
     }
 }
 
@@ -217,6 +242,153 @@ mod tests {
         let r = w.push(" ab c");
         assert!(r.stopped);
         assert_eq!(r.text, "b ");
+    }
+
+    #[test]
+    fn a_stop_string_spanning_two_pieces_is_found() {
+        assert_eq!(run(&["abc"], &["xxab", "cyy"]), ("xx".to_string(), true));
+        // Over three pieces, the middle one wholly inside it.
+        assert_eq!(
+            run(&["stop here", "q"], &["go st", "op h", "ere now"]),
+            ("go ".to_string(), true)
+        );
+    }
+
+    /// The matcher before it was incremental: the whole held-back text searched again
+    /// for every piece, and the whole output kept.
+    struct WholeTextWatch {
+        stops: Vec<String>,
+        text: String,
+        released: usize,
+        stopped: bool,
+    }
+
+    impl WholeTextWatch {
+        fn push(&mut self, piece: &str, watched: bool) -> Released {
+            if self.stopped {
+                return Released {
+                    text: String::new(),
+                    stopped: true,
+                };
+            }
+            let from = self.released;
+            self.text.push_str(piece);
+            let first = if watched {
+                self.stops
+                    .iter()
+                    .filter_map(|s| self.text[from..].find(s.as_str()))
+                    .min()
+            } else {
+                None
+            };
+            let (until, stopped) = match first {
+                Some(at) => (from + at, true),
+                None if !watched => (self.text.len(), false),
+                None => {
+                    let hold = self.stops.iter().map(String::len).max().unwrap_or(1) - 1;
+                    let mut until = self.text.len().saturating_sub(hold).max(self.released);
+                    while !self.text.is_char_boundary(until) {
+                        until -= 1;
+                    }
+                    (until, false)
+                }
+            };
+            self.stopped = stopped;
+            let text = self.text[self.released..until].to_string();
+            self.released = until;
+            Released { text, stopped }
+        }
+    }
+
+    /// A small deterministic generator (no dependency for it).
+    struct SplitMix(u64);
+
+    impl SplitMix {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) % n as u64) as usize
+        }
+
+        /// Up to `max` characters from a small alphabet with multi-byte ones, so that
+        /// matches are frequent and pieces end inside held-back text and characters.
+        fn text(&mut self, max: usize) -> String {
+            const ALPHABET: [&str; 5] = ["a", "b", " ", "é", "漢"];
+            (0..self.below(max + 1))
+                .map(|_| ALPHABET[self.below(ALPHABET.len())])
+                .collect()
+        }
+    }
+
+    /// Over seeded random stop strings and pieces: every release is the one the
+    /// whole-text matcher makes (with `min_tokens`' unwatched pieces mixed in), a run of
+    /// watched pieces ends exactly before the first match a search of the whole text
+    /// finds, and the bytes searched for each piece are the piece and each stop
+    /// string's `len - 1` bytes before it, never the whole output.
+    #[test]
+    fn incremental_matching_finds_what_a_whole_text_search_finds() {
+        let mut rng = SplitMix(29);
+        let mut stopped_runs = 0;
+        for case in 0..3000 {
+            let stops: Vec<String> = (0..1 + rng.below(4))
+                .map(|_| {
+                    let s = rng.text(4);
+                    if s.is_empty() { "a".to_string() } else { s }
+                })
+                .collect();
+            let pieces: Vec<String> = (0..rng.below(24)).map(|_| rng.text(3)).collect();
+            let unwatched = case % 3 == 0;
+            let mut w = StopWatch::new(stops.clone());
+            let mut reference = WholeTextWatch {
+                stops: stops.clone(),
+                text: String::new(),
+                released: 0,
+                stopped: false,
+            };
+            let mut sent = String::new();
+            for (i, piece) in pieces.iter().enumerate() {
+                let watched = !(unwatched && i < pieces.len() / 3);
+                let searched = w.searched;
+                let got = if watched {
+                    w.push(piece)
+                } else {
+                    w.push_unwatched(piece)
+                };
+                let expected = reference.push(piece, watched);
+                assert_eq!(got, expected, "case {case}: {stops:?} {pieces:?} at {i}");
+                // Each stop string's window: its `len - 1` bytes before the piece (up
+                // to 3 more to start on a character), and the piece.
+                let window: usize = stops.iter().map(|s| s.len() - 1 + 3 + piece.len()).sum();
+                assert!(
+                    w.searched - searched <= window,
+                    "case {case}: {} bytes searched for {piece:?}, over {window}: {stops:?} {pieces:?}",
+                    w.searched - searched
+                );
+                assert!(
+                    w.held.len() <= w.hold + 3,
+                    "case {case}: {} bytes held",
+                    w.held.len()
+                );
+                sent.push_str(&got.text);
+            }
+            let end = w.finish();
+            sent.push_str(&end);
+            if !unwatched {
+                let whole: String = pieces.concat();
+                let first = stops.iter().filter_map(|s| whole.find(s.as_str())).min();
+                assert_eq!(w.stopped(), first.is_some(), "case {case}");
+                assert_eq!(
+                    sent,
+                    whole[..first.unwrap_or(whole.len())],
+                    "case {case}: {stops:?} {pieces:?}"
+                );
+                stopped_runs += usize::from(first.is_some());
+            }
+        }
+        // The cases exercise both endings.
+        assert!(stopped_runs > 300, "{stopped_runs} runs stopped");
     }
 
     #[test]

@@ -281,7 +281,7 @@ fn write_weights(path: &Path, config: &ModelConfig, seed: u64) -> Result<()> {
 /// GPT-2's reversible map from bytes to printable characters: printable Latin-1 bytes
 /// stand for themselves, the rest take the code points from 256 up, so every token is
 /// a string without spaces or control characters.
-fn byte_to_char() -> [char; 256] {
+pub(super) fn byte_to_char() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for byte in 0..=255u8 {

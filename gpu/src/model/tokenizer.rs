@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use serde_json::Value;
+
 use super::chat_template::ChatTemplate;
 use super::error::{ModelError, Result};
 
@@ -14,6 +16,8 @@ pub struct TextTokenizer {
     /// `add_bos_token` of `tokenizer_config.json` with the BOS id, where it says: it
     /// overrides the post-processor, as transformers' fast Llama tokenizer does.
     add_bos: Option<(bool, u32)>,
+    /// The most bytes of text one token stands for, where the tokenizer bounds it.
+    max_bytes_per_token: Option<usize>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -39,6 +43,9 @@ impl TextTokenizer {
                 path: path.clone(),
                 message: e.to_string(),
             })?;
+        let max_bytes_per_token = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|json| max_bytes_per_token(&json));
         let config_path = dir.join("tokenizer_config.json");
         let config = match std::fs::read_to_string(&config_path) {
             Ok(text) => Some(
@@ -63,6 +70,7 @@ impl TextTokenizer {
             path,
             chat_template,
             add_bos,
+            max_bytes_per_token,
         })
     }
 
@@ -157,10 +165,131 @@ impl TextTokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// The most bytes of text one token can stand for, where this tokenizer bounds it
+    /// (`None`: it does not, and only encoding tells a text's length in tokens). A text
+    /// of more than `n` times this many bytes is more than `n` tokens, however it
+    /// encodes, special tokens added or not.
+    pub fn max_bytes_per_token(&self) -> Option<usize> {
+        self.max_bytes_per_token
+    }
+
     fn error(&self, message: String) -> ModelError {
         ModelError::Tokenizer {
             path: self.path.clone(),
             message,
         }
+    }
+}
+
+/// The most bytes of text one token can stand for under `tokenizer.json` (`json`), or
+/// `None` where no bound holds.
+///
+/// Every token spells at least the bytes of normalized text it stands for: byte-level
+/// BPE writes each byte as one character of one or two bytes, SentencePiece-style BPE a
+/// space as the three bytes of `▁` and an unknown byte as `<0xNN>`, and an added token is
+/// its content. So `L`, the longest entry of the vocabulary and of the added tokens,
+/// bounds what one token covers of the normalized text, and `f × L` what it covers of
+/// the text as given, `f` being the most the normalizer can shrink text by. That holds
+/// only where no step drops text, so anything else is `None`: a model other than BPE
+/// (WordPiece, WordLevel and Unigram turn a whole unknown word into one unknown token),
+/// BPE that cannot spell every byte (neither a byte-level pre-tokenizer with all 256
+/// byte characters nor byte fallback with all 256 `<0xNN>` tokens: it drops or fuses
+/// what it cannot spell), a pre-tokenizer that removes text (`Whitespace`, a `Split`
+/// that removes its matches, ...), a normalizer that deletes (`Strip`, `StripAccents`,
+/// BERT's, SentencePiece's precompiled map), an added token that swallows the
+/// whitespace around it (`lstrip`/`rstrip`), and truncation.
+fn max_bytes_per_token(json: &Value) -> Option<usize> {
+    if !json.get("truncation").is_none_or(Value::is_null) {
+        return None;
+    }
+    let model = json.get("model")?;
+    if model.get("type")?.as_str()? != "BPE" {
+        return None;
+    }
+    let vocab = model.get("vocab")?.as_object()?;
+    let pre_tokenizer = json.get("pre_tokenizer").unwrap_or(&Value::Null);
+    if !pre_tokenizer_keeps_text(pre_tokenizer) {
+        return None;
+    }
+    let byte_level = has_byte_level(pre_tokenizer)
+        && super::init::byte_to_char()
+            .iter()
+            .all(|c| vocab.contains_key(c.to_string().as_str()));
+    let byte_fallback = model.get("byte_fallback").and_then(Value::as_bool) == Some(true)
+        && (0..=255u8).all(|b| vocab.contains_key(format!("<0x{b:02X}>").as_str()));
+    if !(byte_level || byte_fallback) {
+        return None;
+    }
+    let mut longest = vocab.keys().map(String::len).max()?;
+    for added in json
+        .get("added_tokens")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let strips = |k: &str| added.get(k).and_then(Value::as_bool) == Some(true);
+        if strips("lstrip") || strips("rstrip") {
+            return None;
+        }
+        longest = longest.max(added.get("content")?.as_str()?.len());
+    }
+    longest.checked_mul(normalizer_shrink(
+        json.get("normalizer").unwrap_or(&Value::Null),
+    )?)
+}
+
+/// Whether a pre-tokenizer keeps every byte of its input (it may split it, or add to
+/// it).
+fn pre_tokenizer_keeps_text(p: &Value) -> bool {
+    if p.is_null() {
+        return true;
+    }
+    let removes = p.get("behavior").and_then(Value::as_str) == Some("Removed");
+    match p.get("type").and_then(Value::as_str) {
+        Some("ByteLevel" | "Metaspace" | "Digits") => true,
+        Some("Split" | "Punctuation") => !removes,
+        Some("Sequence") => p
+            .get("pretokenizers")
+            .and_then(Value::as_array)
+            .is_some_and(|all| all.iter().all(pre_tokenizer_keeps_text)),
+        _ => false,
+    }
+}
+
+fn has_byte_level(p: &Value) -> bool {
+    match p.get("type").and_then(Value::as_str) {
+        Some("ByteLevel") => true,
+        Some("Sequence") => p
+            .get("pretokenizers")
+            .and_then(Value::as_array)
+            .is_some_and(|all| all.iter().any(has_byte_level)),
+        _ => false,
+    }
+}
+
+/// The most a normalizer can shrink text by (bytes in over bytes out), where it is
+/// bounded. Unicode normalization never deletes a character: canonical forms shrink a
+/// character at most threefold (KELVIN SIGN, 3 bytes, is `K`; a Hangul syllable's three
+/// jamo, 9 bytes, compose to 3), compatibility forms fourfold (a 4-byte mathematical
+/// letter is its ASCII letter); lowercasing at most threefold (KELVIN SIGN to `k`).
+fn normalizer_shrink(n: &Value) -> Option<usize> {
+    if n.is_null() {
+        return Some(1);
+    }
+    match n.get("type")?.as_str()? {
+        "Prepend" => Some(1),
+        "NFC" | "NFD" | "Lowercase" => Some(3),
+        "NFKC" | "NFKD" => Some(4),
+        "Replace" => {
+            let from = n.get("pattern")?.get("String")?.as_str()?.len();
+            let to = n.get("content")?.as_str()?.len();
+            (to > 0).then(|| from.div_ceil(to).max(1))
+        }
+        "Sequence" => n
+            .get("normalizers")?
+            .as_array()?
+            .iter()
+            .try_fold(1usize, |f, each| f.checked_mul(normalizer_shrink(each)?)),
+        _ => None,
     }
 }

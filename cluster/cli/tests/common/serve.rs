@@ -42,9 +42,27 @@ impl Server {
 
     /// `BIN serve EXAMPLE --port 0 EXTRA...`.
     pub fn start_with(bin: &Path, scenario: &str, extra: &[&str]) -> Server {
+        Server::start_in_env(bin, scenario, extra, &[])
+    }
+
+    /// `lockstep serve EXAMPLE --port 0 EXTRA...` with the environment variables `env`.
+    pub fn start_env(scenario: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::start_in_env(
+            Path::new(env!("CARGO_BIN_EXE_lockstep")),
+            scenario,
+            extra,
+            env,
+        )
+    }
+
+    /// `BIN serve EXAMPLE --port 0 EXTRA...` with `env` set, and no API key from the
+    /// test's own environment.
+    fn start_in_env(bin: &Path, scenario: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(bin)
             .args(["serve", &example(scenario), "--port", "0"])
             .args(extra)
+            .env_remove(lockstep_serve::api_key::API_KEY_ENV)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
