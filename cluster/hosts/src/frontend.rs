@@ -51,9 +51,9 @@ struct Process {
 /// The front door.
 #[derive(Debug)]
 pub struct Frontend {
-    request_ns: f64,
-    prompt_token_ns: f64,
-    output_token_ns: f64,
+    costs: FrontendCosts,
+    /// Driver nanoseconds per modeled nanosecond.
+    scale: f64,
     processes: Vec<Process>,
     /// Requests entered and not yet handed on, and the most there were at once.
     in_door: u32,
@@ -63,11 +63,9 @@ pub struct Frontend {
 impl Frontend {
     /// A front door with `costs`, its times multiplied by `time_scale` (0: free).
     pub fn new(costs: FrontendCosts, time_scale: f64) -> Frontend {
-        let scale = time_scale.max(0.0);
         Frontend {
-            request_ns: costs.request_us * 1_000.0 * scale,
-            prompt_token_ns: costs.prompt_token_ns * scale,
-            output_token_ns: costs.output_token_ns * scale,
+            costs,
+            scale: time_scale.max(0.0),
             processes: (0..costs.processes.max(1))
                 .map(|_| Process::default())
                 .collect(),
@@ -85,51 +83,52 @@ impl Frontend {
         (id.saturating_sub(1) % self.processes.len() as u64) as usize
     }
 
-    /// Puts a job of `cost` on `process` at `now`: its wait, and whether it is done at
-    /// once (so it is not held).
-    fn enqueue(&mut self, process: usize, now: u64, cost: f64, job: Job) -> (u64, Option<Job>) {
+    /// A modeled cost (ns) in driver time.
+    fn scaled(&self, modeled_ns: f64) -> u64 {
+        (modeled_ns * self.scale).round() as u64
+    }
+
+    /// Takes `process` for a job of `cost` ns coming at `now`, after the jobs before it:
+    /// when it starts and when it is done.
+    fn serve(&mut self, process: usize, now: u64, cost: u64) -> (u64, u64) {
         let p = &mut self.processes[process];
         let start = now.max(p.free_at);
-        let cost = cost.round() as u64;
-        let done = start + cost;
-        p.free_at = done;
+        p.free_at = start + cost;
         p.busy_ns += cost;
-        if done <= now && p.held.is_empty() {
-            return (start - now, Some(job));
-        }
-        p.held.push_back((done, job));
-        (start - now, None)
+        (start, start + cost)
     }
 
     /// A request enters at `now`.
     pub fn admit(&mut self, now: u64, spec: RequestSpec) -> Admitted {
         let process = self.process_of(spec.id.0);
-        let cost = self.request_ns + self.prompt_token_ns * f64::from(spec.prompt_len);
-        let (queue_ns, passed) = self.enqueue(process, now, cost, Job::Request(spec));
-        let passed = match passed {
-            Some(Job::Request(spec)) => Some(spec),
-            _ => {
-                self.in_door += 1;
-                self.peak_in_door = self.peak_in_door.max(self.in_door);
-                None
-            }
+        let cost = self.scaled(self.costs.request_ns(spec.prompt_len));
+        let (start, done) = self.serve(process, now, cost);
+        let held = &mut self.processes[process].held;
+        let passed = if done <= now && held.is_empty() {
+            Some(spec)
+        } else {
+            held.push_back((done, Job::Request(spec)));
+            self.in_door += 1;
+            self.peak_in_door = self.peak_in_door.max(self.in_door);
+            None
         };
         Admitted {
-            queue_ns,
-            service_ns: cost.round() as u64,
+            queue_ns: start - now,
+            service_ns: cost,
             passed,
         }
     }
 
     /// One iteration's responses reach the front door at `now`: whether they all pass
     /// at once (else the door holds a copy of each process's share until
-    /// [`Frontend::release`] hands it on).
+    /// [`Frontend::release`] hands it on, in order with that process's other jobs).
     pub fn emit(&mut self, now: u64, responses: &[Response]) -> bool {
-        if self.output_token_ns == 0.0 && self.processes.iter().all(|p| p.held.is_empty()) {
+        if self.scaled(self.costs.output_ns(1)) == 0
+            && self.processes.iter().all(|p| p.held.is_empty())
+        {
             return true;
         }
-        let n = self.processes.len();
-        let mut shares: Vec<Vec<Response>> = (0..n).map(|_| Vec::new()).collect();
+        let mut shares: Vec<Vec<Response>> = self.processes.iter().map(|_| Vec::new()).collect();
         for r in responses {
             shares[self.process_of(r.id.0)].push(r.clone());
         }
@@ -137,15 +136,12 @@ impl Frontend {
             if share.is_empty() {
                 continue;
             }
-            let tokens: u64 = share.iter().map(|r| u64::from(r.new_tokens)).sum();
-            let cost = self.output_token_ns * tokens as f64;
-            // Never passed at once here: the caller applies them at release, in order.
-            let p = &mut self.processes[process];
-            let start = now.max(p.free_at);
-            let cost = cost.round() as u64;
-            p.free_at = start + cost;
-            p.busy_ns += cost;
-            p.held.push_back((start + cost, Job::Responses(share)));
+            let tokens = share.iter().map(|r| u64::from(r.new_tokens)).sum();
+            let cost = self.scaled(self.costs.output_ns(tokens));
+            let (_, done) = self.serve(process, now, cost);
+            self.processes[process]
+                .held
+                .push_back((done, Job::Responses(share)));
         }
         false
     }

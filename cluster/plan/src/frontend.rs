@@ -92,14 +92,14 @@ impl FrontendCosts {
         output_token_ns: 0.0,
     };
 
-    /// Whether nothing costs anything (requests and tokens pass at once).
-    pub fn is_free(&self) -> bool {
-        self.request_us == 0.0 && self.prompt_token_ns == 0.0 && self.output_token_ns == 0.0
-    }
-
     /// A request's service (ns) for a prompt of `prompt_len` tokens.
     pub fn request_ns(&self, prompt_len: u32) -> f64 {
         self.request_us * 1_000.0 + self.prompt_token_ns * f64::from(prompt_len)
+    }
+
+    /// The service (ns) of `tokens` output tokens.
+    pub fn output_ns(&self, tokens: u64) -> f64 {
+        self.output_token_ns * tokens as f64
     }
 }
 
@@ -222,12 +222,14 @@ mod tests {
             .unwrap()
             .costs();
         assert_eq!((c.request_us, c.prompt_token_ns), (3.0, 0.0));
-        assert!(parse("preset = \"none\"").unwrap().costs().is_free());
+        assert_eq!(
+            parse("preset = \"none\"").unwrap().costs(),
+            FrontendCosts::NONE
+        );
         assert_eq!(
             parse("preset = \"serve\"").unwrap().costs(),
             FrontendCosts::SERVE
         );
-        assert!(!FrontendCosts::PYTHON.is_free());
         assert_eq!(
             FrontendCosts::PYTHON.request_ns(8192),
             500_000.0 + 819_200.0
