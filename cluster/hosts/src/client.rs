@@ -9,7 +9,7 @@ use lockstep_actors::request::RequestSpec;
 use lockstep_actors::vocab::{FailureKind, Response};
 
 use crate::by_id::ById;
-use crate::frontend::{Frontend, Job};
+use crate::frontend::Frontend;
 use lockstep_plan::report::{ClientRecord, Itl};
 use lockstep_plan::workload::Workload;
 
@@ -136,14 +136,15 @@ impl Client {
             finished,
             ..
         } = self;
-        frontend.release(now, |job| match job {
-            Job::Request(spec) => out.push(ClientItem::Request(spec)),
-            Job::Responses(rs) => {
-                for r in &rs {
+        frontend.release(
+            now,
+            |spec| out.push(ClientItem::Request(spec)),
+            |rs| {
+                for r in rs {
                     *finished += receive(records, itl, workload, now, r);
                 }
-            }
-        });
+            },
+        );
     }
 
     /// The front passed on `responses` at `now`: they pass the front door on their way

@@ -531,12 +531,14 @@ impl Sim<'_, '_> {
         } else if control_ns == 0 {
             self.iterations_without_response = 0;
             // Rank 0's gathered responses reach the front at once: handled in place,
-            // and the same slice passed on to the client (no copy per iteration).
+            // and the same slice passed on to the client as one message (no copy per
+            // iteration), which the front door serves as one job per process, as in
+            // the real drivers.
             for (rank, range) in ranges {
-                let slice = &mut responses[range.clone()];
-                self.front.gathered(now, s, *rank, slice);
-                self.client.on_responses(now, slice);
+                self.front
+                    .gathered(now, s, *rank, &mut responses[range.clone()]);
             }
+            self.client.on_responses(now, responses);
             self.front.send_turn(now, &self.outbox);
             self.after_front();
         } else {
