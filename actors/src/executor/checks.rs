@@ -71,6 +71,22 @@ impl RankExecutor {
         self.iteration += 1;
     }
 
+    /// The pool's check (§10): conservation every iteration; the full structural walk
+    /// of the pool (O(blocks)) every `kv_full_check_every` iterations (every iteration
+    /// in tests).
+    pub(super) fn check_kv(&mut self) {
+        let every = self.setup.kv_full_check_every;
+        let full = every > 0 && self.iteration.is_multiple_of(every);
+        let kv_check = if full {
+            self.kv.check_invariants()
+        } else {
+            self.kv.check_conservation()
+        };
+        if let Err(e) = kv_check {
+            self.violation(InvariantKind::Blocks, e.to_string());
+        }
+    }
+
     /// The §10 checks at the end of an iteration.
     fn check_invariants(&mut self) {
         let seats = self.setup.sizes.seats;
@@ -106,18 +122,7 @@ impl RankExecutor {
                 format!("kv index pool {size} != seats {seats}"),
             );
         }
-        // Conservation every iteration; the full structural walk of the pool (O(blocks))
-        // every `kv_full_check_every` iterations (every iteration in tests).
-        let every = self.setup.kv_full_check_every;
-        let full = every > 0 && self.iteration.is_multiple_of(every);
-        let kv_check = if full {
-            self.kv.check_invariants()
-        } else {
-            self.kv.check_conservation()
-        };
-        if let Err(e) = kv_check {
-            self.violation(InvariantKind::Blocks, e.to_string());
-        }
+        self.check_kv();
         let sequences = self.kv.index_slots_used() as usize;
         if with_kv != sequences {
             self.violation(

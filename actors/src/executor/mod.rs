@@ -34,6 +34,7 @@
 mod admission;
 pub mod balance;
 mod checks;
+mod coast;
 pub mod messages;
 pub mod protocol;
 mod schedule;

@@ -412,11 +412,21 @@ impl RankExecutor {
         it.commands.clear();
         it.responses.rank = self.rank;
         it.responses.responses.clear();
-        let responses_due = !self.carried_responses.is_empty();
-        it.responses.responses.append(&mut self.carried_responses);
-        let counts = self.counts();
-        self.iter.gathered = Some((counts, self.resident.active.len()));
+        let state = self.gather_state();
+        self.iter
+            .responses
+            .responses
+            .append(&mut self.carried_responses);
+        self.iter.gathered = Some((state.counts, self.resident.active.len()));
         self.iter.balance = super::BalanceDecision::Off;
+        state
+    }
+
+    /// This rank's contribution to the gather, as it stands between iterations: its
+    /// counts, whether it holds responses due, whether its last iteration changed
+    /// anything, whether a transfer of its is in flight (and its ADP balance load).
+    pub fn gather_state(&self) -> RankState {
+        let counts = self.counts();
         let balance = if self.balance.is_some() {
             super::BalanceLoad::of(&self.resident.active)
         } else {
@@ -426,7 +436,7 @@ impl RankExecutor {
             rank: self.rank,
             balance,
             counts,
-            responses_due,
+            responses_due: !self.carried_responses.is_empty(),
             progressed: self.progressed_last,
             awaiting_transfer: counts.receiving > 0 || !self.resident.sending.is_empty(),
         }

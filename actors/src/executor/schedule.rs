@@ -194,7 +194,7 @@ impl RankExecutor {
         self.bufs.planned = planned;
     }
 
-    fn prepare_entry(&mut self, index: usize, kind: EntryKind) -> Option<ForwardEntry> {
+    pub(super) fn prepare_entry(&mut self, index: usize, kind: EntryKind) -> Option<ForwardEntry> {
         let id = self.resident.active[index].id();
         if !self.resident.active[index].holds_kv {
             let r = &self.resident.active[index];

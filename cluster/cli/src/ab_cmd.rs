@@ -71,7 +71,7 @@ pub(crate) fn run(
         for s in sets {
             scenario.apply_set(s)?;
         }
-        simulate(&scenario, seed_or_0, None, false, 10_000, None)
+        simulate(&scenario, seed_or_0, None, false, 10_000, None, true)
     };
     let mut a = side(&base, &base_set)?;
     let mut b = side(&treatment, &treatment_set)?;

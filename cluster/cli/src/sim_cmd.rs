@@ -29,9 +29,16 @@ pub(crate) struct SimArgs {
     /// Write the report as JSON.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
-    /// Write one JSON line per server iteration and rank.
+    /// Write one JSON line per server iteration and rank (every iteration then runs
+    /// the whole protocol: as with --no-skip).
     #[arg(long, value_name = "PATH")]
     iter_log: Option<PathBuf>,
+    /// Run every iteration through the whole protocol. By default the simulator coasts
+    /// through steady decode (iterations where every request only decodes and nothing
+    /// arrives, ends or transfers) without the collectives; the report is the same
+    /// either way, byte for byte.
+    #[arg(long)]
+    no_skip: bool,
     /// Goodput: requests per second completed within every objective given
     /// (`ttft_ms=200,tpot_ms=20,e2e_ms=5000`, any of them).
     #[arg(long, value_name = "KEY=MS,...")]
@@ -59,6 +66,7 @@ pub(crate) fn run(
         slo,
         preload,
         stall_timeout_ms,
+        no_skip,
         model,
     }: SimArgs,
 ) -> anyhow::Result<ExitCode> {
@@ -71,6 +79,7 @@ pub(crate) fn run(
         preload,
         stall_timeout_ms,
         model,
+        !no_skip,
     )?;
     if let Some(slo) = &slo {
         report.apply_slo(slo);
@@ -89,6 +98,7 @@ pub(crate) fn simulate(
     preload: bool,
     stall_timeout_ms: u64,
     model: Option<ModelBackend>,
+    skip: bool,
 ) -> anyhow::Result<Report> {
     let mut log_file = match iter_log {
         Some(p) => Some(BufWriter::new(
@@ -114,6 +124,7 @@ pub(crate) fn simulate(
             preload,
             stall_bound_ns: stall_timeout_ms.saturating_mul(1_000_000),
             model,
+            skip,
         },
     )?;
     if let Some(b) = bar {

@@ -125,6 +125,12 @@ impl Client {
         self.frontend.poll_timeout()
     }
 
+    /// When the front door is next done with something other than plain tokens
+    /// ([`Frontend::next_due_beyond_tokens`]).
+    pub fn next_due_beyond_tokens(&self) -> Option<u64> {
+        self.frontend.next_due_beyond_tokens()
+    }
+
     /// What the front door is done with by `now`: requests go into `out`, for the
     /// front; responses reach their records.
     pub fn handle_timeout(&mut self, now: u64, out: &mut Vec<ClientItem>) {

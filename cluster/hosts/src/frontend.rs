@@ -140,12 +140,16 @@ impl Frontend {
         // order); one pass per process keeps that without a vector of vectors.
         for process in 0..n {
             let mut share = self.spare.pop().unwrap_or_default();
-            share.extend(
-                responses
-                    .iter()
-                    .filter(|r| n == 1 || self.process_of(r.id.0) == process)
-                    .cloned(),
-            );
+            if n == 1 {
+                share.extend_from_slice(responses);
+            } else {
+                share.extend(
+                    responses
+                        .iter()
+                        .filter(|r| self.process_of(r.id.0) == process)
+                        .cloned(),
+                );
+            }
             if share.is_empty() {
                 self.spare.push(share);
                 continue;
@@ -158,6 +162,21 @@ impl Frontend {
                 .push_back((done, Job::Responses(share)));
         }
         false
+    }
+
+    /// When the first held job that is not one iteration's plain tokens (a request, or
+    /// responses with an ending among them) is done: before then, what the door hands
+    /// on only adds tokens to open requests' records (the simulator's horizon).
+    pub fn next_due_beyond_tokens(&self) -> Option<u64> {
+        self.processes
+            .iter()
+            .filter_map(|p| {
+                p.held.iter().find_map(|(due, job)| match job {
+                    Job::Responses(rs) if rs.iter().all(|r| r.finish.is_none()) => None,
+                    _ => Some(*due),
+                })
+            })
+            .min()
     }
 
     /// When the next held job is done.

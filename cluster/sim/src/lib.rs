@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+mod coast;
 mod iterlog;
 mod net;
 mod server;
@@ -92,6 +93,9 @@ pub struct SimOptions<'a> {
     pub stall_bound_ns: u64,
     /// A real model samples the tokens (time still comes from the cost model).
     pub model: Option<lockstep_plan::model_backend::ModelBackend>,
+    /// Coast through steady decode (`coast.rs`): the same report, sooner. Off: every
+    /// iteration runs the whole protocol (`--no-skip`).
+    pub skip: bool,
 }
 
 impl Default for SimOptions<'_> {
@@ -103,6 +107,7 @@ impl Default for SimOptions<'_> {
             preload: false,
             stall_bound_ns: 10_000_000_000,
             model: None,
+            skip: true,
         }
     }
 }
@@ -115,6 +120,9 @@ type EventKey = (u64, Phase, u32, u64);
 enum Event {
     /// A server's iteration reaches its process point.
     Process(usize),
+    /// A coasting server's last coasted iteration reaches its process point: its
+    /// responses leave, and the server goes on.
+    Coasted(usize),
     /// A waiting server's stall bound passes.
     StallBound { server: usize },
     /// A waiting server got an input this instant: its read ends after every delivery
@@ -158,11 +166,30 @@ struct Sim<'s, 'o> {
     backend: AnalyticBackend,
     outcome: Option<(Outcome, String)>,
     iterations_without_response: u64,
+    /// Coasting (`coast.rs`): windows, and the iterations coasted in them.
+    coasted: (u64, u64),
     opts: SimOptions<'o>,
+}
+
+/// What coasting through steady decode did in a run (`coast.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Coasting {
+    /// Stretches coasted.
+    pub windows: u64,
+    /// Server iterations coasted in them (of every server's).
+    pub iterations: u64,
 }
 
 /// Runs a scenario to the end and reports.
 pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError> {
+    run_counting(scenario, opts).map(|(report, _)| report)
+}
+
+/// [`run`], with what coasting did.
+pub fn run_counting(
+    scenario: &Scenario,
+    opts: SimOptions<'_>,
+) -> Result<(Report, Coasting), SimError> {
     let started = Instant::now();
     let fleet = Fleet::plan(scenario, opts.seed)?;
     if let Some(m) = &opts.model {
@@ -235,6 +262,7 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         servers,
         outcome: None,
         iterations_without_response: 0,
+        coasted: (0, 0),
         opts,
     };
     if sim.opts.preload {
@@ -245,7 +273,12 @@ pub fn run(scenario: &Scenario, opts: SimOptions<'_>) -> Result<Report, SimError
         sim.front_handles(items.into_iter().map(FrontInbound::Client));
     }
     sim.run_loop()?;
-    Ok(sim.report(started.elapsed().as_secs_f64()))
+    let coasting = Coasting {
+        windows: sim.coasted.0,
+        iterations: sim.coasted.1,
+    };
+    tracing::debug!(?coasting, "coasted through steady decode");
+    Ok((sim.report(started.elapsed().as_secs_f64()), coasting))
 }
 
 impl Sim<'_, '_> {
@@ -261,7 +294,7 @@ impl Sim<'_, '_> {
     /// An event's phase and participant within its instant ([`Phase`]).
     fn place(&self, e: &Event) -> (Phase, u32) {
         match e {
-            Event::Process(s) => (Phase::Process, *s as u32),
+            Event::Process(s) | Event::Coasted(s) => (Phase::Process, *s as u32),
             Event::ToFront(
                 Envelope::Responses { server, .. } | Envelope::ServerStopped { server },
             ) => (Phase::Front, *server),
@@ -401,6 +434,10 @@ impl Sim<'_, '_> {
                 let step = self.servers[s].process(now);
                 self.after_step(s, step)?;
             }
+            Event::Coasted(s) => {
+                self.emit_responses(s);
+                self.step_on(s)?;
+            }
             Event::StallBound { server } => {
                 // Only the waiting read's timer is live (ending a wait cancels it): the
                 // host ends the read with the stall-out.
@@ -487,6 +524,9 @@ impl Sim<'_, '_> {
                 }
                 Step::Ended => {
                     self.iteration_ended(s)?;
+                    if self.try_coast(s)? {
+                        return Ok(());
+                    }
                     step = self.servers[s].step(self.now, &self.backend);
                 }
                 Step::Finished => {
@@ -524,6 +564,31 @@ impl Sim<'_, '_> {
                 log.write_all(b"\n")?;
             }
         }
+        self.emit_responses(s);
+        let commands: Vec<(usize, Vec<_>)> = self.servers[s]
+            .group
+            .reports()
+            .enumerate()
+            .filter(|(_, r)| !r.transfer_commands.is_empty())
+            .map(|(i, r)| (i, r.transfer_commands.clone()))
+            .collect();
+        for (rank, cmds) in commands {
+            if let Some((t, _)) = &mut self.servers[s].transceivers[rank] {
+                for c in cmds {
+                    t.handle(now, TransceiverIn::Command(c));
+                }
+            }
+            // The host runs in this instant's transceiver phase, after every server's
+            // process point.
+            self.run_transceiver_now(s, rank);
+        }
+        Ok(())
+    }
+
+    /// The responses of server `s`'s iteration that ended now, to the front (and the
+    /// client), as every driver sends them.
+    fn emit_responses(&mut self, s: usize) {
+        let now = self.now;
         let control_ns = self.net.control_ns();
         let (responses, ranges) = self.servers[s].group.responses_by_rank();
         if responses.is_empty() {
@@ -561,24 +626,6 @@ impl Sim<'_, '_> {
             let (finished, total) = self.client.progress();
             p(finished, total);
         }
-        let commands: Vec<(usize, Vec<_>)> = self.servers[s]
-            .group
-            .reports()
-            .enumerate()
-            .filter(|(_, r)| !r.transfer_commands.is_empty())
-            .map(|(i, r)| (i, r.transfer_commands.clone()))
-            .collect();
-        for (rank, cmds) in commands {
-            if let Some((t, _)) = &mut self.servers[s].transceivers[rank] {
-                for c in cmds {
-                    t.handle(now, TransceiverIn::Command(c));
-                }
-            }
-            // The host runs in this instant's transceiver phase, after every server's
-            // process point.
-            self.run_transceiver_now(s, rank);
-        }
-        Ok(())
     }
 
     /// The front's host handles `inputs` at once; then what it sent becomes events,

@@ -11,7 +11,7 @@
 //! leave the ranks, in every driver alike.
 
 use lockstep_actors::config::Role;
-use lockstep_actors::executor::FetchBatch;
+use lockstep_actors::executor::{FetchBatch, FetchMode};
 use lockstep_actors::group::{GroupError, GroupNeed, ServerGroup, TokenSource};
 use lockstep_actors::ids::BatchNumber;
 use lockstep_actors::invariants::Violation;
@@ -74,6 +74,9 @@ pub struct SimServer {
     pub state: ServerState,
     /// The waiting read's stall-bound event.
     pub stall_timer: Option<u64>,
+    /// Rank 0's read taken when the server tried to coast and the fetch was not empty:
+    /// the next iteration's fetch.
+    pending_read: Option<FetchBatch>,
     next_forward: u64,
     /// The running iteration's host and device time.
     current: (u64, u64),
@@ -106,6 +109,7 @@ impl SimServer {
             transceivers: (0..dp).map(|_| None).collect(),
             state: ServerState::Busy,
             stall_timer: None,
+            pending_read: None,
             next_forward: 0,
             current: (0, 0),
             tokens,
@@ -125,14 +129,21 @@ impl SimServer {
         let _span = tracing::debug_span!("server", name = %self.name).entered();
         loop {
             match self.group.advance()? {
-                GroupNeed::ReadIngress(mode) => match self.host.read(mode, now) {
-                    Read::Fetch(batch) => self.begin(now, batch)?,
-                    Read::Wait { stall_ends_at } => {
-                        self.state = ServerState::Waiting {
-                            bounded: stall_ends_at.is_some(),
-                        };
-                        return Ok(Step::Waiting { stall_ends_at });
+                GroupNeed::ReadIngress(mode) => match self.pending_read.take() {
+                    Some(batch) => {
+                        // Read in this mode already (a server coasts only when it polls).
+                        debug_assert_eq!(mode, FetchMode::Poll);
+                        self.begin(now, batch)?
                     }
+                    None => match self.host.read(mode, now) {
+                        Read::Fetch(batch) => self.begin(now, batch)?,
+                        Read::Wait { stall_ends_at } => {
+                            self.state = ServerState::Waiting {
+                                bounded: stall_ends_at.is_some(),
+                            };
+                            return Ok(Step::Waiting { stall_ends_at });
+                        }
+                    },
                 },
                 GroupNeed::Forward { forward_ran } => {
                     let at = self.time_forward(forward_ran, backend);
@@ -198,6 +209,13 @@ impl SimServer {
             GroupNeed::IterationEnded => {}
             other => unreachable!("an iteration ends after its outputs, got {other:?}"),
         }
+        self.record_iteration(now);
+        Ok(Step::Ended)
+    }
+
+    /// The accounting of an iteration that ended at `now`: its time, every rank's
+    /// samples and violations.
+    fn record_iteration(&mut self, now: u64) {
         let t0 = self.host.fetched_at();
         self.iterations += 1;
         self.busy_ns += now.saturating_sub(t0);
@@ -215,7 +233,46 @@ impl SimServer {
                 }
             }
         }
-        Ok(Step::Ended)
+    }
+
+    /// Reads rank 0's ingress as a coasting server's fetch at `now` (it polls): whether
+    /// the read is empty, and a shutdown it brings. A read with anything in it is kept
+    /// for the next iteration's fetch, which then runs in full.
+    pub fn coast_read(&mut self, now: u64) -> Option<bool> {
+        if self.pending_read.is_some() {
+            return None;
+        }
+        let Read::Fetch(batch) = self.host.read(FetchMode::Poll, now) else {
+            unreachable!("a poll never waits")
+        };
+        let empty = batch.requests.is_empty()
+            && batch.cancellations.is_empty()
+            && batch.peers_ready.is_empty()
+            && batch.stalled_out.is_none();
+        if empty {
+            Some(batch.shutdown)
+        } else {
+            self.pending_read = Some(batch);
+            None
+        }
+    }
+
+    /// One coasted iteration (the group's `coast`), fetched at `fetch_at` with the
+    /// read's `shutdown`, timed as every iteration is: when it ends.
+    pub fn coast_iteration(
+        &mut self,
+        fetch_at: u64,
+        shutdown: bool,
+        backend: &AnalyticBackend,
+    ) -> Result<u64, GroupError> {
+        self.state = ServerState::Busy;
+        self.host.fetched(fetch_at);
+        self.group.coast_launch(fetch_at, shutdown);
+        let at = self.time_forward(true, backend);
+        self.group.sample_launched(self.tokens.as_mut())?;
+        self.group.coast_land(fetch_at);
+        self.record_iteration(at);
+        Ok(at)
     }
 
     /// The iteration log's lines for the iteration that ended.

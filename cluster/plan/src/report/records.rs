@@ -123,6 +123,10 @@ pub struct Itl {
     sum_ns: u128,
     warmup: u64,
     scale: f64,
+    /// The latest gaps while they repeat, not yet in `hist`: (gap, how many). The
+    /// requests of one front-door job all see the same gap, so a run is recorded with
+    /// one histogram update instead of one per token.
+    run: (u64, u64),
 }
 
 impl Itl {
@@ -133,6 +137,7 @@ impl Itl {
             sum_ns: 0,
             warmup,
             scale: 1.0,
+            run: (0, 0),
         }
     }
 
@@ -147,33 +152,49 @@ impl Itl {
     /// One gap of `gap_ns` in the token stream of `id`.
     pub fn record(&mut self, id: lockstep_actors::ids::ReqId, gap_ns: u64) {
         if id.0 > self.warmup {
-            // The histogram grows to the value (`saturating_record` would clamp it to
-            // the current range).
-            if self.hist.record(gap_ns).is_err() {
-                self.hist.saturating_record(gap_ns);
+            match &mut self.run {
+                (gap, n) if *n > 0 && *gap == gap_ns => *n += 1,
+                _ => {
+                    Self::add(&mut self.hist, &mut self.sum_ns, self.run);
+                    self.run = (gap_ns, 1);
+                }
             }
-            self.sum_ns += u128::from(gap_ns);
         }
+    }
+
+    /// Adds `n` gaps of `gap` ns.
+    fn add(hist: &mut hdrhistogram::Histogram<u64>, sum_ns: &mut u128, (gap, n): (u64, u64)) {
+        if n == 0 {
+            return;
+        }
+        // The histogram grows to the value (`saturating_record` would clamp it to the
+        // current range).
+        if hist.record_n(gap, n).is_err() {
+            hist.saturating_record_n(gap, n);
+        }
+        *sum_ns += u128::from(gap) * u128::from(n);
     }
 
     /// Gaps recorded.
     pub fn samples(&self) -> u64 {
-        self.hist.len()
+        self.hist.len() + self.run.1
     }
 
     /// Mean and percentiles in milliseconds (on the report's clock); zeros when no gap
     /// was recorded.
     pub fn percentiles(&self) -> super::schema::Percentiles {
+        let (mut hist, mut sum_ns) = (self.hist.clone(), self.sum_ns);
+        Self::add(&mut hist, &mut sum_ns, self.run);
         let scale = self.scale;
-        let n = self.hist.len();
+        let n = hist.len();
         if n == 0 {
             return super::schema::Percentiles::default();
         }
         let ms = |ns: f64| ns / 1e6 / scale;
-        let at = |q: f64| ms(self.hist.value_at_quantile(q) as f64);
+        let at = |q: f64| ms(hist.value_at_quantile(q) as f64);
         super::schema::Percentiles {
             samples: n,
-            mean: ms(self.sum_ns as f64 / n as f64),
+            mean: ms(sum_ns as f64 / n as f64),
             p50: at(0.5),
             p90: at(0.9),
             p99: at(0.99),

@@ -16,6 +16,8 @@ use crate::policy::Policy;
 use crate::token_path::deterministic_token;
 use crate::vocab::{PadIntent, Response};
 
+mod coast;
+
 /// A model backend as a host sees it: sampled tokens for a batch.
 ///
 /// The batch is all a source reads: a real model finds each entry's block table,
@@ -182,6 +184,8 @@ pub struct ServerGroup {
     spare_outputs: Vec<ForwardOutput>,
     /// Every rank's batch shape, from the last votes.
     shapes: Vec<crate::executor::BatchShape>,
+    /// Per rank while coasting: its counts and `expected` (`coast.rs`).
+    coast: Vec<(crate::counts::RankCounts, u32)>,
 }
 
 /// The ranks' contributions to the collective they ask for, copied out as each rank is
@@ -342,6 +346,7 @@ impl ServerGroup {
             outputs: (0..dp).map(|_| Vec::new()).collect(),
             spare_outputs: Vec::new(),
             shapes: Vec::new(),
+            coast: Vec::new(),
         })
     }
 

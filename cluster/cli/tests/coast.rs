@@ -1,0 +1,143 @@
+//! Coasting through steady decode (`cluster/sim/src/coast.rs`) changes nothing but the
+//! time a simulation takes: every example, under both presets, and a sample of swarm
+//! scenarios report the same, byte for byte (but for the wall time), with and without
+//! it. The tests also check that coasting happened, so that the comparison is not
+//! between two runs of the same path.
+//!
+//! The large sample: `LOCKSTEP_COAST_SWARM_RUNS=1000 cargo test --release -p lockstep
+//! --test coast -- --ignored`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use lockstep_plan::scenario::Scenario;
+use lockstep_sim::{self as sim, Coasting, SimOptions};
+
+/// A run's report as JSON without its wall time, or its error, and what coasting did.
+fn outcome(s: &Scenario, skip: bool) -> (Result<serde_json::Value, String>, Coasting) {
+    let opts = SimOptions {
+        skip,
+        ..SimOptions::default()
+    };
+    match sim::run_counting(s, opts) {
+        Ok((report, coasting)) => {
+            let mut v = serde_json::to_value(&report).expect("a report serializes");
+            v.as_object_mut()
+                .expect("a report is an object")
+                .remove("wall_time_s");
+            (Ok(v), coasting)
+        }
+        Err(e) => (Err(e.to_string()), Coasting::default()),
+    }
+}
+
+/// Runs `s` both ways, asserts the reports are the same, and says what coasting did.
+fn same_both_ways(what: &str, s: &Scenario) -> Coasting {
+    let (coasted, coasting) = outcome(s, true);
+    let (stepped, none) = outcome(s, false);
+    assert_eq!(none, Coasting::default(), "{what}: --no-skip coasted");
+    if coasted != stepped {
+        let show = |r: &Result<serde_json::Value, String>| match r {
+            Ok(v) => serde_json::to_string_pretty(v).unwrap(),
+            Err(e) => e.clone(),
+        };
+        let (a, b) = (show(&coasted), show(&stepped));
+        let first = a
+            .lines()
+            .zip(b.lines())
+            .position(|(x, y)| x != y)
+            .unwrap_or(0);
+        let context = |t: &str| {
+            t.lines()
+                .skip(first.saturating_sub(8))
+                .take(16)
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        panic!(
+            "{what}: the report differs with coasting ({coasting:?}); first difference at line {first}:\n--- coasted\n{}\n--- step by step\n{}",
+            context(&a),
+            context(&b)
+        );
+    }
+    coasting
+}
+
+fn examples() -> Vec<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let mut found = Vec::new();
+    let mut dirs = vec![root];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "toml") {
+                found.push(p);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+fn name(p: &Path) -> String {
+    p.display().to_string()
+}
+
+#[test]
+fn every_example_reports_the_same_with_and_without_coasting_under_both_presets() {
+    let found = examples();
+    assert!(found.len() >= 20, "{found:?}");
+    let mut coasted = 0;
+    for path in &found {
+        // The production-shaped benchmark runs whole in the benchmark; its first
+        // requests show every mechanism here.
+        let big = path.ends_with("disagg-8k1k-con4096.toml");
+        let n = if big { 60 } else { 150 };
+        for preset in ["fixed", "legacy"] {
+            let mut s = Scenario::load(path).expect("example loads");
+            // A workload without a request count to set runs whole.
+            let _ = s.apply_set(&format!("workload.num_requests={n}"));
+            s.apply_set(&format!("policy.preset=\"{preset}\""))
+                .expect("a preset");
+            let what = format!("{} ({preset})", name(path));
+            coasted += same_both_ways(&what, &s).iterations;
+        }
+    }
+    assert!(
+        coasted > 10_000,
+        "the examples coasted only {coasted} iterations: the comparison would not test coasting"
+    );
+}
+
+/// Swarm scenarios `first..first + runs`, each compared both ways; the iterations
+/// coasted in all.
+fn swarm_sample(first: u64, runs: u64) -> u64 {
+    let mut coasted = 0;
+    for seed in first..first + runs {
+        let text = lockstep_swarm::generate(seed);
+        let s = Scenario::parse(&text, "swarm")
+            .unwrap_or_else(|e| panic!("swarm seed {seed}: {e}\n{text}"));
+        coasted += same_both_ways(&format!("swarm seed {seed}:\n{text}\n"), &s).iterations;
+    }
+    coasted
+}
+
+#[test]
+fn swarm_scenarios_report_the_same_with_and_without_coasting() {
+    let coasted = swarm_sample(7_000, 40);
+    assert!(coasted > 1_000, "the sample coasted only {coasted} iterations");
+}
+
+#[test]
+#[ignore = "the large sample: run in release, see the file's comment"]
+fn many_swarm_scenarios_report_the_same_with_and_without_coasting() {
+    let runs = std::env::var("LOCKSTEP_COAST_SWARM_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000);
+    let coasted = swarm_sample(100_000, runs);
+    println!("{runs} swarm scenarios the same both ways; {coasted} iterations coasted");
+}
