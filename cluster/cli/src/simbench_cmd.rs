@@ -588,6 +588,10 @@ fn whole(x: f64) -> String {
     format!("{sign}{}", thousands(x.abs().round() as u64))
 }
 
+fn plural(n: u32) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
 /// The printed table.
 fn table(s: &Summary) -> String {
     use std::fmt::Write as _;
@@ -596,12 +600,13 @@ fn table(s: &Summary) -> String {
     if let Some(b) = &s.baseline {
         let _ = writeln!(
             o,
-            "  against {} (baseline), {} runs of each per workload, interleaved",
+            "  against {} (baseline), {} run{} of each per workload, interleaved",
             b.display(),
-            s.runs
+            s.runs,
+            plural(s.runs)
         );
     } else {
-        let _ = writeln!(o, "  {} runs per workload", s.runs);
+        let _ = writeln!(o, "  {} run{} per workload", s.runs, plural(s.runs));
     }
     if !s.extra_args.is_empty() {
         let _ = writeln!(
