@@ -22,6 +22,7 @@ mod report_cmd;
 mod run_cmd;
 mod serve_cmd;
 mod sim_cmd;
+mod simbench_cmd;
 mod swarm_cmd;
 mod trtllm_cmd;
 
@@ -99,6 +100,11 @@ enum Command {
     /// timeout, refused, ...), shrink every bad one and write it to --out. Exits 1 if any
     /// run is neither clean nor failed only by injected faults.
     Swarm(swarm_cmd::SwarmArgs),
+    /// The simulator's own speed and memory: CPU time, peak RSS, iterations per CPU
+    /// second and bytes per request of `sim` on built-in workloads (issue 25), each run a
+    /// child process; `--baseline PATH` runs a previous binary in turn with this one and
+    /// prints the ratios.
+    Simbench(simbench_cmd::SimbenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -156,5 +162,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .map(|()| ExitCode::SUCCESS)
             .map_err(Into::into),
         Command::Swarm(args) => swarm_cmd::run(args),
+        Command::Simbench(args) => simbench_cmd::run(args),
     }
 }
