@@ -363,7 +363,7 @@ pub struct ScheduledBatch {
     /// What a model reads beyond the entries (filled at launch, when the host said its
     /// device reads them: [`super::RankExecutor::set_forward_inputs`]).
     #[serde(default)]
-    pub inputs: ForwardInputs,
+    pub inputs: Box<ForwardInputs>,
 }
 
 impl Clone for ScheduledBatch {

@@ -128,7 +128,10 @@ fn swarm_sample(first: u64, runs: u64) -> u64 {
 #[test]
 fn swarm_scenarios_report_the_same_with_and_without_coasting() {
     let coasted = swarm_sample(7_000, 40);
-    assert!(coasted > 1_000, "the sample coasted only {coasted} iterations");
+    assert!(
+        coasted > 1_000,
+        "the sample coasted only {coasted} iterations"
+    );
 }
 
 #[test]
