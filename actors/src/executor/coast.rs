@@ -2,9 +2,10 @@
 //! for a host that holds every rank of a server in one thread (the simulator).
 //!
 //! In steady decode every rank holds only requests generating one token each, nothing
-//! waits, arrives, transfers or pads, and the fetch reads nothing. Every replicated
-//! decision of the iteration's first half is then known without running it: rank 0
-//! polls, nothing is admitted or routed, `expected` is the router's answer for no new
+//! arrives, transfers or pads, the fetch reads nothing, and admission pops nothing (the
+//! queue is empty or the fleet is full). Every replicated decision of the iteration's
+//! first half is then known without running it: rank 0 polls, nothing is admitted or
+//! routed, `expected` is the router's answer for no new
 //! request, no rank pads, the capacity and micro-batch schedulers take every request as
 //! one generation step. What is left is each request's step: its entry
 //! ([`RankExecutor::prepare_entry`], which takes a new KV block where the step needs
@@ -39,7 +40,8 @@ impl RankExecutor {
     /// Whether this rank, between iterations, is in steady decode as far as its own
     /// state goes: every request it holds generates one token per iteration with its
     /// seat and KV, nothing else is resident, pending or carried, and the last
-    /// iteration left no violation or transfer behind. Under overlap the batch in
+    /// iteration left no violation or transfer behind (what waits in the queue is the
+    /// group's to judge: [`RankExecutor::coast_expected`]). Under overlap the batch in
     /// flight is one step of every request, in order.
     pub fn coast_ready(&self) -> bool {
         let r = &self.resident;
@@ -53,7 +55,6 @@ impl RankExecutor {
             && self.setup.role != Role::Ctx
             && self.stop.is_none()
             && self.replicated.stalled_out.is_none()
-            && self.replicated.waiting.is_empty()
             && self.carried_responses.is_empty()
             && self.pending_transfer_events.is_empty()
             && r.dummy.is_none()
@@ -107,8 +108,8 @@ impl RankExecutor {
 
     /// The iteration's replicated decisions as the first half would take them from the
     /// gathered `states` (every rank's, in rank order) and the global pad intent: the
-    /// `expected` of routing no request, if the cap check passes and this rank needs no
-    /// dummy; `None` otherwise.
+    /// `expected` of routing no request, if admission pops nothing, the cap check
+    /// passes and this rank needs no dummy; `None` otherwise.
     pub fn coast_expected(&mut self, states: &[RankState], global: PadIntent) -> Option<u32> {
         let loads: Vec<RankLoad> = states
             .iter()
@@ -123,6 +124,13 @@ impl RankExecutor {
             max_per_rank: self.setup.sizes.max_admitted_per_rank,
             prefix_matches: None,
         });
+        // Admission pops nothing: the queue is empty, or the fleet's routable requests
+        // fill its capacity (§3.3).
+        let routable: u64 = states.iter().map(|s| u64::from(s.counts.routable)).sum();
+        if !self.replicated.waiting.is_empty() && routable < u64::from(self.setup.sizes.capacity)
+        {
+            return None;
+        }
         let counts = states.get(self.rank.index())?.counts;
         let admission_count = if self.setup.policy.admission.charge_retiring {
             self.resident.active.len() as u32
@@ -178,7 +186,7 @@ impl RankExecutor {
             seats_used: self.seats.used(),
             routed_to_rank: self.resident.routed_here,
             routed_total: self.replicated.routed_total,
-            waiting: 0,
+            waiting: self.replicated.waiting.len() as u32,
             progressed: true,
             num_tokens: n,
             max_rank_tokens: rank_tokens.iter().copied().max().unwrap_or(0),
