@@ -127,8 +127,7 @@ impl RankExecutor {
         // Admission pops nothing: the queue is empty, or the fleet's routable requests
         // fill its capacity (§3.3).
         let routable: u64 = states.iter().map(|s| u64::from(s.counts.routable)).sum();
-        if !self.replicated.waiting.is_empty() && routable < u64::from(self.setup.sizes.capacity)
-        {
+        if !self.replicated.waiting.is_empty() && routable < u64::from(self.setup.sizes.capacity) {
             return None;
         }
         let counts = states.get(self.rank.index())?.counts;
