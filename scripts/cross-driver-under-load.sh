@@ -12,7 +12,7 @@
 #
 # The debug build the test suite uses. Prints one line per run and a last line `agreed A of R runs`; exits non-zero if any run
 # disagreed. MPI: set LOCKSTEP_MPI_BIN (scripts/test.sh builds it at
-# target/mpi/release/lockstep) and have mpirun on PATH; otherwise the MPI cases print
+# target/mpi-driver/lockstep) and have mpirun on PATH; otherwise the MPI cases print
 # "skipped".
 set -uo pipefail
 cd "$(dirname "$0")/.."

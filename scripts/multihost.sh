@@ -265,7 +265,7 @@ mh_rtt() {
 # TCP round trip measured between the two hosts just before. With a delay the ranks
 # yield the core while they wait (mpi_yield_when_idle).
 mh_overhead() {
-  local iterations=1000 active=256 bin=${LOCKSTEP_MPI_BIN:-$MH_DIR/../target/mpi/release/lockstep}
+  local iterations=1000 active=256 bin=${LOCKSTEP_MPI_BIN:-$MH_DIR/../target/mpi-driver/lockstep}
   while [ $# -gt 0 ]; do
     case "$1" in
       --iterations) iterations=$2; shift 2 ;;
@@ -280,7 +280,7 @@ mh_overhead() {
     return 77
   fi
   if [ ! -x "$bin" ]; then
-    echo "no MPI driver at $bin: CARGO_TARGET_DIR=target/mpi cargo build --release -p lockstep --features mpi (or set LOCKSTEP_MPI_BIN)" >&2
+    echo "no MPI driver at $bin: scripts/test.sh builds it there (or cargo build --release -p lockstep --features mpi, and set LOCKSTEP_MPI_BIN=target/release/lockstep)" >&2
     return 1
   fi
   trap mh_teardown EXIT

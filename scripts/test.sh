@@ -2,7 +2,10 @@
 # The one test command (README.md). On a fresh Debian machine, run as root, it first
 # installs what the tests need (a C toolchain, OpenMPI, and libclang for the MPI driver's
 # bindgen step); then it runs, in order:
-#   1. the MPI driver build (release, --features mpi, in target/mpi);
+#   1. the MPI driver build (release, --features mpi, in the shared target directory:
+#      it reuses the main job's release artifacts of every crate MPI does not touch; the
+#      binary is copied to target/mpi-driver/, so a later plain release build can
+#      replace target/release/lockstep);
 #   2. the whole workspace suite (--all-targets --no-fail-fast); the MPI tests are
 #      #[ignore]d there (they need mpirun and the MPI build);
 #   3. the MPI tests (cluster/cli/tests/mpi.rs, the ignored ones), one at a time, through
@@ -15,7 +18,8 @@
 #      skipped, where namespaces cannot be made (not root, no iproute2);
 #   6. the official `openai` Python client against `lockstep serve` (installed from PyPI
 #      when missing; SKIPPED by name when it cannot be);
-#   7. the loom models (a separate build with --cfg lockstep_loom, in target/loom).
+#   7. the loom models (release, loom-tests' `loom` feature: only the transport and what
+#      builds on it are rebuilt; every other crate's release artifacts are shared).
 # A failing stage does not stop the later ones. At the end it prints how long each stage
 # took, which stages failed or were skipped, and one closing line summed over every test
 # runner:
@@ -135,7 +139,9 @@ install_browser() {
 }
 
 build_mpi_driver() {
-  env CARGO_TARGET_DIR=target/mpi cargo build --release -p lockstep --features mpi
+  cargo build --release -p lockstep --features mpi &&
+    mkdir -p target/mpi-driver &&
+    cp target/release/lockstep target/mpi-driver/lockstep
 }
 
 stage "system packages" install_packages
@@ -157,11 +163,11 @@ if [ ${#mpi_missing[@]} -gt 0 ]; then
   stage_times+=("== MPI driver build: skipped")
 elif ! stage "MPI driver build" build_mpi_driver; then
   echo "!! MPI driver build FAILED: the MPI test cases will not run and this run fails" >&2
-elif [ ! -x target/mpi/release/lockstep ]; then
-  echo "!! MPI driver build produced no target/mpi/release/lockstep: the MPI test cases will not run and this run fails" >&2
+elif [ ! -x target/mpi-driver/lockstep ]; then
+  echo "!! MPI driver build produced no target/mpi-driver/lockstep: the MPI test cases will not run and this run fails" >&2
   failed_stages+=("MPI driver build (no binary)")
 else
-  export LOCKSTEP_MPI_BIN="$PWD/target/mpi/release/lockstep"
+  export LOCKSTEP_MPI_BIN="$PWD/target/mpi-driver/lockstep"
 fi
 
 stage "workspace tests" logged cargo test --workspace --all-targets --no-fail-fast
@@ -218,8 +224,7 @@ else
   stage_times+=("== openai client test: skipped")
 fi
 
-stage "loom models" logged env RUSTFLAGS="--cfg lockstep_loom" CARGO_TARGET_DIR=target/loom \
-  cargo test --release -p loom-tests --tests
+stage "loom models" logged cargo test --release -p loom-tests --features loom --tests
 
 echo
 printf '%s\n' "${stage_times[@]}"

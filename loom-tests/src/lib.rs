@@ -2,19 +2,19 @@
 //! run `lockstep-runtime`'s rank host (`rank_host::run_rank`, what the `threads`
 //! and `mpi` drivers run) with the real executor protocol, over `lockstep-transport`'s
 //! in-process collective group and ingress queue. Those are built on the transport's
-//! `sync` shim, which re-exports loom's primitives under `--cfg lockstep_loom`, so loom
+//! `sync` shim, which re-exports loom's primitives under its `loom` feature, so loom
 //! explores every interleaving of the ranks' collectives and the client's queue
 //! operations. Nothing of the iteration is copied into the models.
 //!
 //! # Running
 //!
 //! ```text
-//! RUSTFLAGS="--cfg lockstep_loom" CARGO_TARGET_DIR=target/loom \
-//!     cargo test --release -p loom-tests
+//! cargo test --release -p loom-tests --features loom
 //! ```
 //!
-//! (`scripts/test.sh` runs exactly this.) A separate target directory keeps the loom
-//! build from invalidating the normal one. Without the cfg every model is compiled out
+//! (`scripts/test.sh` runs exactly this.) The feature changes only the crates the models
+//! check (the transport and what builds on it); every other crate's release artifacts
+//! are shared with the release build. Without the feature every model is compiled out
 //! and `cargo test -p loom-tests` runs zero tests. Each model bounds preemptions at 2
 //! unless `LOOM_MAX_PREEMPTIONS` says otherwise; `LOOM_LOG=1` and `LOOM_LOCATION=1` help
 //! read a failure, `LOOM_CHECKPOINT_FILE` replays one.

@@ -27,7 +27,7 @@
 //!   `without_rollback_a_vetoed_dummy_survives` (`pad.rollback = false`: the survivor is
 //!   reported).
 
-#![cfg(lockstep_loom)]
+#![cfg(feature = "loom")]
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! - [`IngressQueue`]: the bounded front door → rank 0 queue that the idle decision
 //!   (§3.2) blocks on or drains.
 //! - [`sync`]: the std/loom shim; protocol code imports only it, so `loom-tests` checks
-//!   the shipped code (build with `RUSTFLAGS="--cfg lockstep_loom"`).
+//!   the shipped code (built with the `loom` feature).
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -26,5 +26,5 @@ pub use ingress::{IngressError, IngressQueue, Popped};
 #[cfg(feature = "mpi")]
 pub use mpi_group::{HEARTBEAT_CHANNEL, MpiMember, MpiPeers};
 
-#[cfg(all(test, not(lockstep_loom)))]
+#[cfg(all(test, not(feature = "loom")))]
 mod tests;

@@ -11,14 +11,14 @@
 //!   no timeout ever fires; timeouts only turn a hang into an error on real threads.
 //! - [`cell::UnsafeCell`] offers loom's closure API (`with` / `with_mut`) on both sides.
 //!
-//! Build with `RUSTFLAGS="--cfg lockstep_loom"` to get the loom side.
+//! Build with the `loom` feature to get the loom side (`loom-tests` does).
 
-#[cfg(lockstep_loom)]
+#[cfg(feature = "loom")]
 mod mocked;
-#[cfg(lockstep_loom)]
+#[cfg(feature = "loom")]
 pub use mocked::*;
 
-#[cfg(not(lockstep_loom))]
+#[cfg(not(feature = "loom"))]
 mod real;
-#[cfg(not(lockstep_loom))]
+#[cfg(not(feature = "loom"))]
 pub use real::*;
