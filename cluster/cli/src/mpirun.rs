@@ -22,6 +22,19 @@ pub(crate) fn require_mpi_build() -> anyhow::Result<()> {
     }
 }
 
+/// `--preload` with a workload that cannot be delivered up front, refused before any
+/// process starts (by the launcher, and by every process of a job started by hand):
+/// under mpirun the ranks would otherwise wait for a front process that refused.
+pub(crate) fn check_preload(scenario: &Scenario, real: &RealArgs) -> anyhow::Result<()> {
+    if real.preload {
+        let fleet = lockstep_plan::fleet::Fleet::plan(scenario, real.seed.unwrap_or(0))?;
+        if let Some(why) = fleet.workload()?.preload_blocker() {
+            anyhow::bail!("--preload delivers every request before the first iteration, but {why}");
+        }
+    }
+    Ok(())
+}
+
 /// The processes of an MPI run of `scenario`: the front process and every server's ranks.
 pub(crate) fn processes_of(scenario: &Scenario) -> anyhow::Result<u32> {
     let mut processes = 1;
@@ -113,8 +126,9 @@ pub(crate) fn relaunch_under_mpirun(
     real: &RealArgs,
     mpirun: &MpirunArgs,
 ) -> anyhow::Result<ExitCode> {
-    require_mpi_build()?;
     let scenario = load(args, real.policy.as_deref(), real.seed)?;
+    check_preload(&scenario, real)?;
+    require_mpi_build()?;
     let mut cmd = mpirun_command(processes_of(&scenario)?, mpirun)?;
     cmd.arg("rank").args(args_for_each_process(
         "run",

@@ -90,3 +90,35 @@ fn ordered_needs_preload_and_refuses_a_time_scale() {
     assert!(!paced.status.success());
     assert!(String::from_utf8_lossy(&paced.stderr).contains("--time-scale 0.5"));
 }
+
+#[test]
+fn an_mpi_run_that_cannot_be_preloaded_is_refused_before_mpirun_starts() {
+    // The README's MPI example once hung here: the front refused after mpirun had
+    // started every rank, and the ranks waited for it forever. The refusal comes before
+    // any process starts, with the words `sim` and `threads` use, and in a build without
+    // MPI too.
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args([
+            "run",
+            "--driver",
+            "mpi",
+            "examples/disagg-small.toml",
+            "--preload",
+        ])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .output()
+        .expect("lockstep runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--preload delivers every request before the first iteration")
+            && err.contains("workload.concurrency"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
+}
