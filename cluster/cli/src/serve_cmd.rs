@@ -74,10 +74,11 @@ pub(crate) struct ServeArgs {
     /// send_timeout); then its connection is closed and its request cancelled.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     write_timeout_s: u64,
-    /// Output events (one per step) a stream may have waiting for a client that does
-    /// not read as fast as they come; one more cancels the request, and the stream ends
-    /// with an error event saying why.
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    /// Output events (one per step) a stream may have waiting for a client that reads
+    /// nothing (its connection's buffers full for a second): one more cancels the
+    /// request, and the stream ends with an error event saying why. An HTTP worker
+    /// merely behind the fleet is never cut off.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     stream_buffer: u64,
     /// A collective waiting longer fails naming the missing ranks.
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]

@@ -1538,3 +1538,33 @@ fn a_client_that_half_closes_after_sending_still_gets_its_answer() {
     assert_eq!(sample(&after, "lockstep_request_success_total"), 2.0);
     assert_eq!(sample(&after, "lockstep_request_cancelled_total"), 0.0);
 }
+
+#[test]
+fn streams_whose_clients_read_are_never_cut_off_by_their_buffer() {
+    // Zero-cost: the fleet outruns the HTTP workers, so each stream falls far more than
+    // its 8 events behind, while its client reads everything it is sent.
+    let s = Server::start("agg-balanced.toml", &["--stream-buffer", "8"]);
+    let clients: Vec<_> = (0..16)
+        .map(|_| {
+            let url = s.url("/v1/completions");
+            std::thread::spawn(move || {
+                post(
+                    &url,
+                    &json!({"prompt": "a b", "max_tokens": 3000, "stream": true}).to_string(),
+                    None,
+                )
+            })
+        })
+        .collect();
+    for c in clients {
+        let (code, body) = c.join().expect("a client");
+        assert_eq!(code, 200, "{body}");
+        let events = sse_events(&body);
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+        let error = events.iter().find(|e| e.starts_with("{\"error\""));
+        assert!(error.is_none(), "a reading client was cut off: {error:?}");
+    }
+    let after = scrape(&s);
+    assert_eq!(sample(&after, "lockstep_request_cancelled_total"), 0.0);
+    assert_eq!(sample(&after, "lockstep_request_success_total"), 16.0);
+}

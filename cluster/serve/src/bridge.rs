@@ -2,18 +2,18 @@
 //! in `lockstep run` — on the caller's thread of the threads driver, sending
 //! [`ClientItem`]s to the front host and taking the responses it passes on — but its
 //! requests come from the HTTP handlers over a channel, and each request's tokens go
-//! back to its handler over a channel of its own, bounded: a request whose handler is
-//! too far behind (its client is not reading) is cancelled rather than buffered.
+//! back to its handler over a channel of its own. What waits in that channel is
+//! bounded for a client that takes nothing: past `--stream-buffer` events, with its
+//! connection waiting on it, the request is cancelled rather than buffered further.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, at, never, select};
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::mpsc::Sender as EventSender;
-use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::UnboundedSender;
 
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::request::RequestSpec;
@@ -46,9 +46,10 @@ pub enum BridgeMsg {
         end_ids: Vec<u32>,
         /// When the HTTP server received it.
         received: Instant,
-        /// Where its events go: a bounded channel, one place of which is kept for the
-        /// request's end.
-        events: EventSender<Event>,
+        /// Where its events go.
+        events: UnboundedSender<Event>,
+        /// How far behind its handler is.
+        backlog: Arc<Backlog>,
         /// Its place in `--max-pending`.
         place: Place,
     },
@@ -119,6 +120,68 @@ impl Pending {
     }
 }
 
+/// A request's events sent and not yet taken by its handler, and since when the
+/// handler's connection has held bytes for its client without asking for more (the
+/// client is not reading): what the bridge needs to tell a client that stopped reading
+/// from an HTTP worker that is merely behind, and what the handler's write watchdog
+/// reads.
+#[derive(Debug, Default)]
+pub struct Backlog {
+    queued: AtomicUsize,
+    /// Nanoseconds since [`epoch`], plus one; 0 while not blocked.
+    blocked_since: AtomicU64,
+}
+
+/// The instant [`Backlog`]'s times count from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl Backlog {
+    fn sent(&self) {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The handler took an event.
+    pub fn took(&self) {
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Events waiting for the handler.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// The connection took bytes from the handler and holds them for the client.
+    pub fn block(&self) {
+        let ns = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        self.blocked_since.store(ns + 1, Ordering::Relaxed);
+    }
+
+    /// The connection asked for more: what it held was taken.
+    pub fn unblock(&self) {
+        self.blocked_since.store(0, Ordering::Relaxed);
+    }
+
+    /// How long the connection has held bytes for its client without asking for more.
+    pub fn blocked_for(&self) -> Option<Duration> {
+        match self.blocked_since.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(
+                epoch()
+                    .elapsed()
+                    .saturating_sub(Duration::from_nanos(t - 1)),
+            ),
+        }
+    }
+}
+
+/// How long a stream's connection must have waited on its client, with more than
+/// `--stream-buffer` events behind it, for the client to count as not reading (an HTTP
+/// worker that is merely behind asks for more within microseconds).
+pub const CLIENT_STALLED: Duration = Duration::from_secs(1);
+
 /// One place in [`Pending`], shared by the request's handler and the bridge: given back
 /// when the last clone drops.
 #[derive(Debug, Clone)]
@@ -134,13 +197,14 @@ impl Drop for Taken {
 }
 
 struct Open {
-    events: EventSender<Event>,
+    events: UnboundedSender<Event>,
+    backlog: Arc<Backlog>,
     received: Instant,
     first_token: bool,
     cancelled: bool,
     /// Cancelled because a stop string ended its answer (a success).
     stopped: bool,
-    /// Cancelled because its handler fell a whole buffer behind.
+    /// Cancelled because its client took nothing while a whole buffer waited.
     overflowed: bool,
     /// Held until the request ends here.
     _place: Place,
@@ -159,6 +223,7 @@ pub fn run(
     to_front: Sender<ClientItem>,
     from_front: Receiver<Vec<Response>>,
     metrics: &Metrics,
+    stream_buffer: usize,
 ) -> u64 {
     let mut open: HashMap<ReqId, Open> = HashMap::new();
     let mut taken = 0u64;
@@ -183,12 +248,13 @@ pub fn run(
                     end_ids,
                     received,
                     events,
+                    backlog,
                     place,
                 }) => {
                     taken += 1;
                     if cut {
                         metrics.request_failure.inc();
-                        let _ = events.try_send(Event::Cut);
+                        send(&events, &backlog, Event::Cut);
                         continue;
                     }
                     metrics.prompt_tokens.inc_by(u64::from(prompt_tokens));
@@ -200,7 +266,7 @@ pub fn run(
                     spec.end_ids = end_ids;
                     if to_front.send(ClientItem::Request(spec)).is_err() {
                         metrics.request_failure.inc();
-                        let _ = events.try_send(Event::Failed {
+                        send(&events, &backlog, Event::Failed {
                             why: "every server has stopped".into(),
                             unavailable: true,
                         });
@@ -211,6 +277,7 @@ pub fn run(
                         id,
                         Open {
                             events,
+                            backlog,
                             received,
                             first_token: false,
                             cancelled: false,
@@ -248,7 +315,7 @@ pub fn run(
             recv(from_front) -> batch => match batch {
                 Ok(batch) => {
                     for r in batch {
-                        deliver(&mut open, r, metrics, &to_front);
+                        deliver(&mut open, r, metrics, &to_front, stream_buffer);
                     }
                 }
                 Err(_) => break,
@@ -268,12 +335,24 @@ pub fn run(
         } else {
             metrics.waiting.dec();
         }
-        let _ = o.events.try_send(Event::Failed {
-            why: STOPPED.into(),
-            unavailable: true,
-        });
+        send(
+            &o.events,
+            &o.backlog,
+            Event::Failed {
+                why: STOPPED.into(),
+                unavailable: true,
+            },
+        );
     }
     taken
+}
+
+/// Sends a handler an event, counting it in its backlog (a handler that left has
+/// nothing to do with it).
+fn send(events: &UnboundedSender<Event>, backlog: &Backlog, event: Event) {
+    if events.send(event).is_ok() {
+        backlog.sent();
+    }
 }
 
 /// The drain's deadline passed: every request still running is cancelled on its rank
@@ -291,8 +370,7 @@ fn cut_all(open: &mut HashMap<ReqId, Open>, metrics: &Metrics, to_front: &Sender
         } else {
             metrics.waiting.dec();
         }
-        // The place kept for the end is free: nothing else ended it.
-        let _ = o.events.try_send(Event::Cut);
+        send(&o.events, &o.backlog, Event::Cut);
         false
     });
 }
@@ -302,6 +380,7 @@ fn deliver(
     r: Response,
     metrics: &Metrics,
     to_front: &Sender<ClientItem>,
+    stream_buffer: usize,
 ) {
     let Some(o) = open.get_mut(&r.id) else {
         return;
@@ -314,20 +393,22 @@ fn deliver(
             metrics.ttft.observe(o.received.elapsed().as_secs_f64());
         }
         metrics.generation_tokens.inc_by(u64::from(r.new_tokens));
-        // One place stays free for the request's end. A handler that left (its client
-        // disconnected) has nothing to do with them; one a whole buffer behind (its
-        // client is not reading) gets no more: the request is cancelled, and the end
-        // says why.
-        let sent = if o.events.capacity() > 1 {
-            o.events.try_send(Event::Tokens {
+        send(
+            &o.events,
+            &o.backlog,
+            Event::Tokens {
                 last: r.last_token,
                 count: r.new_tokens,
                 generated: r.generated,
-            })
-        } else {
-            Err(TrySendError::Full(Event::Completed))
-        };
-        if matches!(sent, Err(TrySendError::Full(_))) && !o.cancelled {
+            },
+        );
+        // More than a buffer behind, and its connection waiting on its client: the
+        // client is not reading. It gets no more, and its request is cancelled (the end
+        // says why). An HTTP worker merely behind a fast fleet buffers on.
+        if !o.cancelled
+            && o.backlog.queued() > stream_buffer
+            && o.backlog.blocked_for().is_some_and(|d| d >= CLIENT_STALLED)
+        {
             o.overflowed = true;
             o.cancelled = true;
             let _ = to_front.send(ClientItem::Cancel(r.id));
@@ -342,8 +423,7 @@ fn deliver(
         },
         Some(Finish::Cancelled) if o.overflowed => Event::Failed {
             why: format!(
-                "cancelled: the client fell {} output events behind (--stream-buffer)",
-                o.events.max_capacity() - 1
+                "cancelled: the client read nothing while more than {stream_buffer} output events waited for it (--stream-buffer)"
             ),
             unavailable: false,
         },
@@ -376,5 +456,5 @@ fn deliver(
             metrics.request_failure.inc();
         }
     }
-    let _ = o.events.try_send(end);
+    send(&o.events, &o.backlog, end);
 }

@@ -19,10 +19,10 @@ use futures_util::{Stream, StreamExt};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use tokio::sync::mpsc::{Receiver, channel};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::api::{self, ApiError, Endpoint, Parsed};
-use super::bridge::{BridgeMsg, Event, Pending, Place};
+use super::bridge::{Backlog, BridgeMsg, Event, Pending, Place};
 use super::stop::{Released, StopWatch};
 use lockstep_actors::config::RequestShape;
 use lockstep_actors::ids::ReqId;
@@ -52,8 +52,6 @@ pub struct AppState {
     pub max_pending: usize,
     /// How long an answer may wait on a client that takes none of it.
     pub write_timeout: Duration,
-    /// Output events a stream may have waiting for its client.
-    pub stream_buffer: usize,
     /// Counts the streams closed for `write_timeout`.
     pub stalled: prometheus_client::metrics::counter::Counter,
     /// The drain, once it began.
@@ -231,15 +229,24 @@ enum Departure {
 }
 
 /// What an answer's body and its watchdog share (on one worker thread).
-#[derive(Default)]
 struct Flow {
-    /// When the body last gave the connection bytes and has not been asked for more
-    /// since: the connection is writing them, or waiting on its client.
-    handed: Cell<Option<Instant>>,
+    /// The request's events not yet taken, and since when the connection has held the
+    /// body's bytes without asking for more (shared with the bridge).
+    backlog: Arc<Backlog>,
     /// The body ended, or was dropped.
     over: Notify,
     /// A drain cut was answered or counted for this answer.
     cut_counted: Cell<bool>,
+}
+
+impl Flow {
+    fn new(backlog: Arc<Backlog>) -> Rc<Flow> {
+        Rc::new(Flow {
+            backlog,
+            over: Notify::new(),
+            cut_counted: Cell::new(false),
+        })
+    }
 }
 
 /// An answer's body on its way to the client: it holds the request's `--max-pending`
@@ -291,10 +298,10 @@ impl Stream for Delivery {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
         // Asked for more: what it gave last has been taken.
-        this.flow.handed.set(None);
+        this.flow.backlog.unblock();
         match this.body.as_mut().poll_next(cx) {
             Poll::Ready(Some(item)) => {
-                this.flow.handed.set(Some(Instant::now()));
+                this.flow.backlog.block();
                 Poll::Ready(Some(item))
             }
             Poll::Ready(None) => {
@@ -334,9 +341,9 @@ async fn watchdog(
             () = flow.over.notified() => return,
             () = tokio::time::sleep(wait) => {}
         }
-        wait = match flow.handed.get() {
-            Some(t) if t.elapsed() >= timeout => break,
-            Some(t) => timeout - t.elapsed(),
+        wait = match flow.backlog.blocked_for() {
+            Some(d) if d >= timeout => break,
+            Some(d) => timeout - d,
             None => timeout,
         };
     }
@@ -567,8 +574,8 @@ async fn generate(
         ),
         None => (None, Vec::new(), Vec::new()),
     };
-    // The stream's buffer, and one place for the request's end.
-    let (events, rx) = channel(state.stream_buffer + 1);
+    let (events, rx) = unbounded_channel();
+    let backlog = Arc::new(Backlog::default());
     let submit = BridgeMsg::Submit {
         id,
         prompt_tokens: parsed.prompt_tokens,
@@ -580,6 +587,7 @@ async fn generate(
         end_ids,
         received,
         events,
+        backlog: backlog.clone(),
         place: place.clone(),
     };
     if state.bridge.send(submit).is_err() {
@@ -617,6 +625,7 @@ async fn generate(
     let answer = Answer {
         shape,
         rx,
+        backlog,
         guard,
         generated: 0,
         front_output: state.front_output.clone(),
@@ -631,7 +640,9 @@ async fn generate(
 /// A request's answer in the making: its events, and what turns them into text.
 struct Answer {
     shape: Shape,
-    rx: Receiver<Event>,
+    rx: UnboundedReceiver<Event>,
+    /// Its events not yet taken.
+    backlog: Arc<Backlog>,
     /// Armed until the request ends: dropped armed, it cancels the request.
     guard: CancelOnDrop,
     /// Output tokens so far.
@@ -798,11 +809,20 @@ enum WholeEnd {
 }
 
 impl Answer {
+    /// The request's next event (`None`: the bridge is gone). Cancel-safe.
+    async fn next(&mut self) -> Option<Event> {
+        let event = self.rx.recv().await;
+        if event.is_some() {
+            self.backlog.took();
+        }
+        event
+    }
+
     /// Takes the request's events until it ends, gathering the text into `text`.
     /// Cancel-safe: dropped while waiting, it loses nothing, and may be called again.
     async fn gather(&mut self, text: &mut String, watch: &mut StopWatch) -> WholeEnd {
         loop {
-            match self.rx.recv().await {
+            match self.next().await {
                 Some(Event::Tokens { last, count, .. }) => {
                     let began = Instant::now();
                     let released = self.shape.release(watch, last, count, self.generated);
@@ -919,7 +939,7 @@ fn committed(
     id: ReqId,
     place: Place,
 ) -> HttpResponse {
-    let flow = Rc::new(Flow::default());
+    let flow = Flow::new(answer.backlog.clone());
     let (cut, drain) = (flow.clone(), state.drain.clone());
     let body = futures_util::stream::unfold(Some((answer, text, watch)), move |st| {
         let (cut, drain) = (cut.clone(), drain.clone());
@@ -970,7 +990,7 @@ fn stream(
         flow: Rc<Flow>,
         drain: Arc<Drain>,
     }
-    let flow = Rc::new(Flow::default());
+    let flow = Flow::new(answer.backlog.clone());
     let watch = StopWatch::new(answer.shape.parsed.stop.clone());
     let st = St {
         answer,
@@ -998,7 +1018,7 @@ fn stream(
             Bytes::from(format!("data: {v}\n\n"))
         };
         let done = Bytes::from_static(b"data: [DONE]\n\n");
-        match st.answer.rx.recv().await {
+        match st.answer.next().await {
             Some(Event::Tokens { last, count, .. }) => {
                 let began = Instant::now();
                 let before = st.answer.generated;

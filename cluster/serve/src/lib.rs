@@ -65,8 +65,8 @@ pub struct ServeOptions {
     /// How long a response may wait on a client that reads nothing before its
     /// connection is closed and its request cancelled.
     pub write_timeout: Duration,
-    /// Output events a stream may have waiting for its client; one more cancels the
-    /// request.
+    /// Output events a stream may have waiting for a client that reads nothing; one
+    /// more cancels the request.
     pub stream_buffer: usize,
 }
 
@@ -217,7 +217,6 @@ impl HttpSide {
             pending: metrics.pending.clone(),
             max_pending: opts.max_pending,
             write_timeout: opts.write_timeout,
-            stream_buffer: opts.stream_buffer.max(1),
             stalled: metrics.request_stalled.clone(),
             drain: drain.clone(),
             tokens_per_block: fleet.tokens_per_block,
@@ -343,6 +342,7 @@ impl HttpSide {
         self,
         to_front: crossbeam_channel::Sender<ClientItem>,
         from_front: crossbeam_channel::Receiver<Vec<lockstep_actors::vocab::Response>>,
+        stream_buffer: usize,
     ) -> (impl FnOnce() -> u64 + Send + 'static, Running) {
         let HttpSide {
             running,
@@ -350,7 +350,7 @@ impl HttpSide {
             metrics,
         } = self;
         (
-            move || bridge::run(bridge_rx, to_front, from_front, &metrics),
+            move || bridge::run(bridge_rx, to_front, from_front, &metrics, stream_buffer),
             running,
         )
     }
@@ -389,7 +389,7 @@ pub fn serve(
     let (to_client, from_front) = unbounded();
     let board = StatusBoard::default();
     let http = HttpSide::start(&fleet, opts, listener, board.clone(), text, announce)?;
-    let (bridge, http) = http.split(client_tx, from_front);
+    let (bridge, http) = http.split(client_tx, from_front, opts.stream_buffer);
     let outcome = run_hosts(
         real,
         &fleet,
@@ -447,7 +447,8 @@ pub fn serve_process(
             let started = bind(opts)
                 .and_then(|listener| HttpSide::start(&fleet, opts, listener, board, text, announce))
                 .map_err(|e| RuntimeError::ClientStart(e.to_string()))?;
-            let (bridge, handle) = started.split(ends.to_front, ends.from_front);
+            let (bridge, handle) =
+                started.split(ends.to_front, ends.from_front, opts.stream_buffer);
             http = Some(handle);
             Ok(bridge)
         },
