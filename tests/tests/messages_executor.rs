@@ -658,6 +658,32 @@ fn refused_and_cancelled_requests_are_answered_in_the_responses() {
     assert_eq!(h.iterate(), Outcome::Idle);
 }
 
+#[test]
+fn a_request_cancelled_in_the_fetch_that_brings_it_never_runs() {
+    // A client that leaves at once: its cancel reaches rank 0's ingress before the
+    // request was read, and both come in one fetch.
+    let mut h = Host::new(&server(1, false));
+    h.control(FetchBatch {
+        requests: vec![RequestSpec::new(5, 16, 8)],
+        cancellations: vec![ReqId(5)],
+        ..FetchBatch::default()
+    });
+    let (responses, _, _) = ran(h.iterate());
+    assert_eq!(
+        responses,
+        vec![Response {
+            id: ReqId(5),
+            new_tokens: 0,
+            last_token: 0,
+            generated: 0,
+            finish: Some(Finish::Cancelled),
+        }]
+    );
+    assert!(h.ranks[0].active().is_empty());
+    assert_eq!(h.ranks[0].kv().used_blocks(), 0);
+    assert_eq!(h.iterate(), Outcome::Idle);
+}
+
 // ---- malformed inputs ----
 
 /// Inputs that are wrong for what `asked` asks (wrong kind, wrong arity, wrong batch).

@@ -60,18 +60,16 @@ impl RankExecutor {
                 .all(|s| s.counts.live == 0 && !s.responses_due)
     }
 
-    /// The fetch broadcast on every rank: a stall-out fails everything; cancellations
-    /// apply; new requests are validated and queued (rank 0 answers a refused one);
-    /// generation-first notices promote; then admission.
+    /// The fetch broadcast on every rank: a stall-out fails everything; new requests
+    /// are validated and queued (rank 0 answers a refused one); cancellations apply
+    /// (after the requests: a client that left at once has its cancel in the same fetch
+    /// as its request); generation-first notices promote; then admission.
     pub(super) fn on_fetch(&mut self, fetched: &FetchBatch) {
         self.replicated.shutdown |= fetched.shutdown;
         self.iter.now_ns = fetched.now_ns;
         self.iter.stats.started_ns = fetched.now_ns;
         if let Some(why) = &fetched.stalled_out {
             self.stall_out(why);
-        }
-        for &id in &fetched.cancellations {
-            self.cancel(id);
         }
         for spec in &fetched.requests {
             match self.validate_request(spec) {
@@ -87,6 +85,9 @@ impl RankExecutor {
                     }
                 }
             }
+        }
+        for &id in &fetched.cancellations {
+            self.cancel(id);
         }
         for &id in &fetched.peers_ready {
             self.peer_ready(id);

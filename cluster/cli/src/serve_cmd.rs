@@ -61,13 +61,25 @@ pub(crate) struct ServeArgs {
     /// Longest prompt in tokens (400 past it).
     #[arg(long, default_value_t = 32_768, value_parser = clap::value_parser!(u32).range(1..))]
     max_prompt_tokens: u32,
-    /// Seconds a shutdown waits for the requests in flight.
+    /// Seconds a shutdown waits for the requests in flight; those still running then
+    /// are cut (each answered 503 or an error event) and the exit status is non-zero.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     drain_timeout_s: u64,
-    /// Requests accepted and not ended past which a new one is answered 429 with
-    /// `Retry-After` (the queue bound; TGI's --max-concurrent-requests).
+    /// Requests accepted and not both ended and delivered past which a new one is
+    /// answered 429 with `Retry-After` (the queue bound; TGI's
+    /// --max-concurrent-requests).
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
     max_pending: u64,
+    /// Seconds an answer may wait on a client that reads none of it (nginx's
+    /// send_timeout); then its connection is closed and its request cancelled.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    write_timeout_s: u64,
+    /// Output events (one per step) a stream may have waiting for a client that reads
+    /// nothing (its connection's buffers full for a second): one more cancels the
+    /// request, and the stream ends with an error event saying why. An HTTP worker
+    /// merely behind the fleet is never cut off.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    stream_buffer: u64,
     /// A collective waiting longer fails naming the missing ranks.
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
     timeout_ms: u64,
@@ -95,6 +107,8 @@ pub(crate) fn run(
         max_prompt_tokens,
         drain_timeout_s,
         max_pending,
+        write_timeout_s,
+        stream_buffer,
         timeout_ms,
         seed,
         model: model_args,
@@ -129,6 +143,8 @@ pub(crate) fn run(
         drain_timeout: std::time::Duration::from_secs(drain_timeout_s),
         workers: 2,
         max_pending: usize::try_from(max_pending).unwrap_or(usize::MAX),
+        write_timeout: std::time::Duration::from_secs(write_timeout_s),
+        stream_buffer: usize::try_from(stream_buffer).unwrap_or(usize::MAX),
     };
     let real = RealOptions {
         time_scale,
@@ -167,7 +183,7 @@ pub(crate) fn run(
             let summary = lockstep_serve::serve(&scenario, &real, &opts, listener, |addr| {
                 announce(&opts.model, addr)
             })?;
-            Ok(serve_ended(&summary))
+            Ok(serve_ended(&summary, drain_timeout_s))
         }
     }
 }
@@ -178,19 +194,26 @@ fn announce(model: &str, addr: std::net::SocketAddr) {
 }
 
 /// The closing lines of a serve run, and its exit status: non-zero if a rank did not
-/// drain.
-fn serve_ended(summary: &lockstep_serve::ServeSummary) -> ExitCode {
-    let failed: Vec<String> = summary
+/// drain, or if the drain timeout cut answers.
+fn serve_ended(summary: &lockstep_serve::ServeSummary, drain_timeout_s: u64) -> ExitCode {
+    let mut failed: Vec<String> = summary
         .ranks
         .iter()
         .filter(|r| !matches!(r.ending, lockstep_plan::report::RankEnding::Drained))
         .map(|r| format!("server {} rank {}: {:?}", r.server, r.rank, r.ending))
         .collect();
     println!(
-        "lockstep serve: stopped after {} requests; {} ranks ended",
+        "lockstep serve: stopped after {} requests; {} ranks ended; {} cut at the drain timeout",
         summary.requests,
-        summary.ranks.len()
+        summary.ranks.len(),
+        summary.cut,
     );
+    if summary.cut > 0 {
+        failed.push(format!(
+            "the drain was incomplete: {} answers were not finished within --drain-timeout-s {drain_timeout_s} and were cut (each told so, if its client was reading)",
+            summary.cut
+        ));
+    }
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -235,7 +258,7 @@ fn serve_rank(
                 let _ = std::io::stdout().flush();
                 std::process::exit(1);
             }
-            Ok(serve_ended(&front.summary))
+            Ok(serve_ended(&front.summary, opts.drain_timeout.as_secs()))
         }
         Ok(None) => Ok(ExitCode::SUCCESS),
         Err(e) => {

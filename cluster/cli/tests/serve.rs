@@ -1273,3 +1273,298 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A streamed completion of `max_tokens` whose client reads the head and the first
+/// event, then nothing: zero-cost, its output fills the socket's buffers (a few MB on
+/// loopback) within seconds and then waits on the client.
+fn stalled_stream(s: &Server, max_tokens: u32) -> std::net::TcpStream {
+    start_request(
+        s,
+        &json!({"prompt": "a b", "max_tokens": max_tokens, "stream": true}),
+        true,
+    )
+}
+
+/// Reads what is left of a connection (with a deadline): the bytes, and whether it
+/// ended with an error (a reset) rather than an end of file.
+fn read_rest(c: &mut std::net::TcpStream) -> (Vec<u8>, bool) {
+    c.set_read_timeout(Some(DEADLINE)).expect("a timeout");
+    let mut rest = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => return (rest, false),
+            Ok(n) => rest.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                assert_ne!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock,
+                    "the connection stayed open"
+                );
+                return (rest, true);
+            }
+        }
+    }
+}
+
+/// Reads a chunked stream's connection up to the stream's end (the last chunk, after
+/// `data: [DONE]`), with a deadline.
+fn read_stream_end(c: &mut std::net::TcpStream) -> Vec<u8> {
+    c.set_read_timeout(Some(DEADLINE)).expect("a timeout");
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    while !seen.ends_with(b"data: [DONE]\n\n\r\n0\r\n\r\n") {
+        let n = c.read(&mut buf).expect("the rest of the stream");
+        assert!(n > 0, "the stream ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    seen
+}
+
+/// The payload of an HTTP/1.1 response body sent chunked (the chunk sizes dropped).
+fn dechunk(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let mut out = String::new();
+    let mut rest: &str = &text;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16)
+            .unwrap_or_else(|_| panic!("not a chunk size: {size:?}"));
+        if n == 0 {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+    out
+}
+
+#[test]
+fn a_stream_whose_client_stops_reading_is_cancelled_after_the_write_timeout() {
+    let s = Server::start("agg-balanced.toml", &["--write-timeout-s", "1"]);
+    // 200,000 tokens take far longer than the test: the request still runs when the
+    // client has read nothing for the timeout.
+    let mut c = stalled_stream(&s, 200_000);
+    let after = scrape_until(&s, |m| {
+        sample(m, "lockstep_request_cancelled_total") == 1.0
+            && over_ranks(m, "lockstep_kv_cache_used_blocks") == 0.0
+            && over_ranks(m, "lockstep_rank_requests_resident") == 0.0
+    });
+    assert_eq!(
+        sample(&after, "lockstep_request_cancelled_total"),
+        1.0,
+        "a client that stopped reading was not cut off: {after:?}"
+    );
+    assert_eq!(sample(&after, "lockstep_request_stalled_total"), 1.0);
+    assert_eq!(over_ranks(&after, "lockstep_kv_cache_used_blocks"), 0.0);
+    assert_eq!(sample(&after, "lockstep_request_success_total"), 0.0);
+    assert_eq!(sample(&after, "lockstep_num_requests_pending"), 0.0);
+    // Its connection was closed: what the kernel had buffered, then the end, never
+    // the end of the stream.
+    let (rest, _) = read_rest(&mut c);
+    assert!(
+        !String::from_utf8_lossy(&rest).contains("[DONE]"),
+        "a stalled stream ended normally"
+    );
+    // The server goes on serving.
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        r#"{"prompt": "a", "max_tokens": 2}"#,
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+}
+
+#[test]
+fn a_stream_further_behind_than_its_buffer_is_cancelled_and_told_why() {
+    // A write timeout longer than the test: only the buffer's bound can end it.
+    let s = Server::start(
+        "agg-balanced.toml",
+        &["--write-timeout-s", "600", "--stream-buffer", "64"],
+    );
+    let mut c = stalled_stream(&s, 200_000);
+    let after = scrape_until(&s, |m| {
+        sample(m, "lockstep_request_cancelled_total") == 1.0
+            && over_ranks(m, "lockstep_kv_cache_used_blocks") == 0.0
+    });
+    assert_eq!(
+        sample(&after, "lockstep_request_cancelled_total"),
+        1.0,
+        "a stream 64 events behind was not cancelled: {after:?}"
+    );
+    assert_eq!(over_ranks(&after, "lockstep_kv_cache_used_blocks"), 0.0);
+    assert_eq!(sample(&after, "lockstep_request_stalled_total"), 0.0);
+    // The client reads again: what was buffered, an error event naming the bound, the
+    // end.
+    let text = String::from_utf8_lossy(&read_stream_end(&mut c)).into_owned();
+    let at = text.rfind("data: {\"error\"").expect("an error event");
+    let error = json_of(&text[at + 6..at + text[at..].find("\n\n").expect("an event")]);
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("--stream-buffer")),
+        "{error}"
+    );
+}
+
+#[test]
+fn max_pending_holds_a_place_until_the_answer_is_delivered() {
+    // The whole output fits the stream's buffer: the request ends on its rank long before
+    // its client has read it.
+    let s = Server::start(
+        "agg-balanced.toml",
+        &["--max-pending", "1", "--stream-buffer", "100000"],
+    );
+    let mut c = stalled_stream(&s, 40_000);
+    let ended = scrape_until(&s, |m| sample(m, "lockstep_request_success_total") == 1.0);
+    assert_eq!(sample(&ended, "lockstep_request_success_total"), 1.0);
+    // Generated, not delivered: its place is still taken.
+    let refused = agent()
+        .post(&s.url("/v1/completions"))
+        .set("Content-Type", "application/json")
+        .send_string(r#"{"prompt": "a", "max_tokens": 2}"#);
+    assert!(
+        matches!(refused, Err(ureq::Error::Status(429, _))),
+        "a second request was taken while the first was undelivered: {refused:?}"
+    );
+    // Once its client has read it all, the place is free again.
+    let text = read_stream_end(&mut c);
+    assert!(!String::from_utf8_lossy(&text).contains("\"error\""));
+    let free = scrape_until(&s, |m| sample(m, "lockstep_num_requests_pending") == 0.0);
+    assert_eq!(sample(&free, "lockstep_num_requests_pending"), 0.0);
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        r#"{"prompt": "a", "max_tokens": 2}"#,
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+}
+
+#[test]
+fn requests_cut_by_the_drain_timeout_get_an_error_and_the_exit_status_says_so() {
+    // Paced by the model: 2,000 tokens take far longer than the 1 s drain.
+    let mut s = Server::start(
+        "agg-balanced.toml",
+        &["--time-scale", "1", "--drain-timeout-s", "1"],
+    );
+    let long =
+        |stream: bool| json!({"prompt": "a b c", "max_tokens": 2000, "stream": stream}).to_string();
+    let resp = agent()
+        .post(&s.url("/v1/completions"))
+        .set("Content-Type", "application/json")
+        .send_string(&long(true))
+        .expect("the stream starts");
+    let mut reader = BufReader::new(resp.into_reader());
+    let mut first = String::new();
+    reader.read_line(&mut first).expect("a first event");
+    let url = s.url("/v1/completions");
+    let whole = std::thread::spawn(move || {
+        match agent()
+            .post(&url)
+            .set("Content-Type", "application/json")
+            .send_string(&long(false))
+        {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => (0, e.to_string()),
+        }
+    });
+    scrape_until(&s, |m| sample(m, "lockstep_num_requests_running") == 2.0);
+    s.signal("TERM");
+    let mut rest = String::new();
+    let read = reader.read_to_string(&mut rest);
+    assert!(read.is_ok(), "the stream was cut without an end: {read:?}");
+    let events = sse_events(&format!("{first}{rest}"));
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let error = json_of(&events[events.len() - 2]);
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("--drain-timeout-s")),
+        "{error}"
+    );
+    let (code, body) = whole.join().expect("the whole answer's thread");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("--drain-timeout-s"), "{body}");
+    let (status, out) = s.wait_exit();
+    assert!(!status.success(), "an incomplete drain exited 0: {out:?}");
+    assert!(
+        out.iter().any(|l| l.contains("2 cut at the drain timeout")),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_client_that_half_closes_after_sending_still_gets_its_answer() {
+    // Paced by the model: the half-close comes while the answer is generated.
+    let s = Server::start("agg-balanced.toml", &["--time-scale", "1"]);
+    for stream in [false, true] {
+        let body = json!({"prompt": "a b c", "max_tokens": 40, "stream": stream}).to_string();
+        let addr = s.base.trim_start_matches("http://");
+        let mut c = std::net::TcpStream::connect(addr).expect("connecting");
+        std::io::Write::write_all(
+            &mut c,
+            format!(
+                "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .expect("sending");
+        c.shutdown(std::net::Shutdown::Write).expect("half-closing");
+        let (answer, reset) = read_rest(&mut c);
+        assert!(!reset, "stream {stream}: reset");
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let (head, body) = answer.split_once("\r\n\r\n").expect("a head");
+        assert!(head.starts_with("HTTP/1.1 200"), "stream {stream}: {head}");
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body.as_bytes())
+        } else {
+            body.to_string()
+        };
+        if stream {
+            let events = sse_events(&body);
+            assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+        } else {
+            let v = json_of(body.trim());
+            assert_eq!(v["usage"]["completion_tokens"], 40, "{body}");
+            assert_eq!(v["choices"][0]["finish_reason"], "length", "{body}");
+        }
+    }
+    let after = scrape_until(&s, |m| sample(m, "lockstep_request_success_total") == 2.0);
+    assert_eq!(sample(&after, "lockstep_request_success_total"), 2.0);
+    assert_eq!(sample(&after, "lockstep_request_cancelled_total"), 0.0);
+}
+
+#[test]
+fn streams_whose_clients_read_are_never_cut_off_by_their_buffer() {
+    // Zero-cost: the fleet outruns the HTTP workers, so each stream falls far more than
+    // its 8 events behind, while its client reads everything it is sent.
+    let s = Server::start("agg-balanced.toml", &["--stream-buffer", "8"]);
+    let clients: Vec<_> = (0..16)
+        .map(|_| {
+            let url = s.url("/v1/completions");
+            std::thread::spawn(move || {
+                post(
+                    &url,
+                    &json!({"prompt": "a b", "max_tokens": 3000, "stream": true}).to_string(),
+                    None,
+                )
+            })
+        })
+        .collect();
+    for c in clients {
+        let (code, body) = c.join().expect("a client");
+        assert_eq!(code, 200, "{body}");
+        let events = sse_events(&body);
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+        let error = events.iter().find(|e| e.starts_with("{\"error\""));
+        assert!(error.is_none(), "a reading client was cut off: {error:?}");
+    }
+    let after = scrape(&s);
+    assert_eq!(sample(&after, "lockstep_request_cancelled_total"), 0.0);
+    assert_eq!(sample(&after, "lockstep_request_success_total"), 16.0);
+}

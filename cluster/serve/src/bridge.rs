@@ -2,14 +2,17 @@
 //! in `lockstep run` — on the caller's thread of the threads driver, sending
 //! [`ClientItem`]s to the front host and taking the responses it passes on — but its
 //! requests come from the HTTP handlers over a channel, and each request's tokens go
-//! back to its handler over a channel of its own.
+//! back to its handler over a channel of its own. What waits in that channel is
+//! bounded for a client that takes nothing: past `--stream-buffer` events, with its
+//! connection waiting on it, the request is cancelled rather than buffered further.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, never, select};
+use crossbeam_channel::{Receiver, Sender, at, never, select};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::mpsc::UnboundedSender;
 
 use lockstep_actors::ids::ReqId;
@@ -23,7 +26,7 @@ use lockstep_runtime::client::ClientItem;
 #[derive(Debug)]
 pub enum BridgeMsg {
     /// A new request; its events go to `events`. Its handler reserved a place in
-    /// [`Pending`] for it; the bridge gives the place back when the request ends.
+    /// [`Pending`] for it: the bridge holds it until the request ends on its rank.
     Submit {
         /// Its id (the handler's, unique in this server's life).
         id: ReqId,
@@ -45,6 +48,10 @@ pub enum BridgeMsg {
         received: Instant,
         /// Where its events go.
         events: UnboundedSender<Event>,
+        /// How far behind its handler is.
+        backlog: Arc<Backlog>,
+        /// Its place in `--max-pending`.
+        place: Place,
     },
     /// The handler of a request is gone before the request ended (its client
     /// disconnected): the request is cancelled on its rank, and its KV freed.
@@ -52,6 +59,9 @@ pub enum BridgeMsg {
     /// A stop string ended the request's answer: the rest is cancelled on its rank (its
     /// KV freed) and the request counts as a success, as vLLM counts a stop.
     Stop(ReqId),
+    /// The server is draining (SIGTERM): requests still running at this instant are
+    /// cut — cancelled on their ranks, and their handlers told ([`Event::Cut`]).
+    Drain(Instant),
     /// The HTTP server stopped: no request will come.
     Shutdown,
 }
@@ -78,43 +88,126 @@ pub enum Event {
         /// the request failing on them (500).
         unavailable: bool,
     },
+    /// The drain timeout passed before the request finished: it was cancelled on its
+    /// rank.
+    Cut,
 }
 
-/// Requests accepted and not ended: handlers reserve a place before submitting (and
-/// answer 429 past the bound), the bridge frees it when the request ends.
+/// Requests accepted and not yet both ended and delivered: handlers reserve a
+/// [`Place`] before submitting (and answer 429 past the bound); the place is given back
+/// when the bridge (the request ended on its rank) and the handler (its answer was
+/// handed to the connection, or the connection dropped) have both let go of it. Its
+/// value is `/metrics`' `lockstep_num_requests_pending`.
 #[derive(Debug, Clone, Default)]
-pub struct Pending(Arc<AtomicUsize>);
+pub struct Pending(Gauge);
 
 impl Pending {
     /// Takes a place if fewer than `bound` are taken.
-    pub fn reserve(&self, bound: usize) -> bool {
+    pub fn reserve(&self, bound: usize) -> Option<Place> {
+        let bound = i64::try_from(bound).unwrap_or(i64::MAX);
         self.0
+            .inner()
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < bound).then_some(n + 1)
             })
-            .is_ok()
+            .ok()
+            .map(|_| Place(Arc::new(Taken(self.clone()))))
     }
 
-    /// Gives a place back.
-    pub fn release(&self) {
-        let _ = self
-            .0
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    /// The gauge `/metrics` shows.
+    pub fn gauge(&self) -> Gauge {
+        self.0.clone()
+    }
+}
+
+/// A request's events sent and not yet taken by its handler, and since when the
+/// handler's connection has held bytes for its client without asking for more (the
+/// client is not reading): what the bridge needs to tell a client that stopped reading
+/// from an HTTP worker that is merely behind, and what the handler's write watchdog
+/// reads.
+#[derive(Debug, Default)]
+pub struct Backlog {
+    queued: AtomicUsize,
+    /// Nanoseconds since [`epoch`], plus one; 0 while not blocked.
+    blocked_since: AtomicU64,
+}
+
+/// The instant [`Backlog`]'s times count from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl Backlog {
+    fn sent(&self) {
+        self.queued.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Places taken.
-    pub fn taken(&self) -> usize {
-        self.0.load(Ordering::Acquire)
+    /// The handler took an event.
+    pub fn took(&self) {
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Events waiting for the handler.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// The connection took bytes from the handler and holds them for the client.
+    pub fn block(&self) {
+        let ns = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        self.blocked_since.store(ns + 1, Ordering::Relaxed);
+    }
+
+    /// The connection asked for more: what it held was taken.
+    pub fn unblock(&self) {
+        self.blocked_since.store(0, Ordering::Relaxed);
+    }
+
+    /// How long the connection has held bytes for its client without asking for more.
+    pub fn blocked_for(&self) -> Option<Duration> {
+        match self.blocked_since.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(
+                epoch()
+                    .elapsed()
+                    .saturating_sub(Duration::from_nanos(t - 1)),
+            ),
+        }
+    }
+}
+
+/// How long a stream's connection must have waited on its client, with more than
+/// `--stream-buffer` events behind it, for the client to count as not reading (an HTTP
+/// worker that is merely behind asks for more within microseconds).
+pub const CLIENT_STALLED: Duration = Duration::from_secs(1);
+
+/// One place in [`Pending`], shared by the request's handler and the bridge: given back
+/// when the last clone drops.
+#[derive(Debug, Clone)]
+pub struct Place(#[allow(dead_code)] Arc<Taken>);
+
+#[derive(Debug)]
+struct Taken(Pending);
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        self.0.0.dec();
     }
 }
 
 struct Open {
     events: UnboundedSender<Event>,
+    backlog: Arc<Backlog>,
     received: Instant,
     first_token: bool,
     cancelled: bool,
     /// Cancelled because a stop string ended its answer (a success).
     stopped: bool,
+    /// Cancelled because its client took nothing while a whole buffer waited.
+    overflowed: bool,
+    /// Held until the request ends here.
+    _place: Place,
 }
 
 const STOPPED: &str = "the servers stopped before the request finished";
@@ -122,20 +215,26 @@ const STOPPED: &str = "the servers stopped before the request finished";
 /// Runs until the front closes its channel (every server stopped): requests from
 /// `http` go to the front as [`ClientItem::Request`]s, the responses from the front go
 /// to each request's handler; [`BridgeMsg::Shutdown`] (or every sender gone) sends the
-/// front the client's shutdown, after which the servers drain and stop. Returns the
+/// front the client's shutdown, after which the servers drain and stop;
+/// [`BridgeMsg::Drain`] sets when the requests still running are cut. Returns the
 /// requests taken.
 pub fn run(
     http: Receiver<BridgeMsg>,
     to_front: Sender<ClientItem>,
     from_front: Receiver<Vec<Response>>,
     metrics: &Metrics,
-    pending: &Pending,
+    stream_buffer: usize,
 ) -> u64 {
     let mut open: HashMap<ReqId, Open> = HashMap::new();
     let mut taken = 0u64;
     let mut http = Some(http);
+    // The drain's deadline, until it passes; then `cut` (a request coming later is cut
+    // at once).
+    let mut drain_until: Option<Instant> = None;
+    let mut cut = false;
     loop {
         let from_http = http.as_ref().map_or(never(), Clone::clone);
+        let deadline = drain_until.map_or(never(), at);
         select! {
             recv(from_http) -> m => match m {
                 Ok(BridgeMsg::Submit {
@@ -149,8 +248,15 @@ pub fn run(
                     end_ids,
                     received,
                     events,
+                    backlog,
+                    place,
                 }) => {
                     taken += 1;
+                    if cut {
+                        metrics.request_failure.inc();
+                        send(&events, &backlog, Event::Cut);
+                        continue;
+                    }
                     metrics.prompt_tokens.inc_by(u64::from(prompt_tokens));
                     let mut spec = RequestSpec::new(id.0, prompt_tokens, max_tokens);
                     spec.block_hashes = block_hashes;
@@ -160,8 +266,7 @@ pub fn run(
                     spec.end_ids = end_ids;
                     if to_front.send(ClientItem::Request(spec)).is_err() {
                         metrics.request_failure.inc();
-                        pending.release();
-                        let _ = events.send(Event::Failed {
+                        send(&events, &backlog, Event::Failed {
                             why: "every server has stopped".into(),
                             unavailable: true,
                         });
@@ -172,10 +277,13 @@ pub fn run(
                         id,
                         Open {
                             events,
+                            backlog,
                             received,
                             first_token: false,
                             cancelled: false,
                             stopped: false,
+                            overflowed: false,
+                            _place: place,
                         },
                     );
                 }
@@ -193,6 +301,11 @@ pub fn run(
                         let _ = to_front.send(ClientItem::Cancel(id));
                     }
                 }
+                Ok(BridgeMsg::Drain(until)) => {
+                    if !cut {
+                        drain_until = Some(until);
+                    }
+                }
                 Ok(BridgeMsg::Shutdown) | Err(_) => {
                     http = None;
                     // The front may be gone already (every server stopped).
@@ -202,35 +315,77 @@ pub fn run(
             recv(from_front) -> batch => match batch {
                 Ok(batch) => {
                     for r in batch {
-                        deliver(&mut open, r, metrics, pending);
+                        deliver(&mut open, r, metrics, &to_front, stream_buffer);
                     }
                 }
                 Err(_) => break,
+            },
+            recv(deadline) -> _ => {
+                drain_until = None;
+                cut = true;
+                cut_all(&mut open, metrics, &to_front);
             },
         }
     }
     // The servers stopped: whatever is still open will never finish.
     for (_, o) in open.drain() {
         metrics.request_failure.inc();
-        pending.release();
         if o.first_token {
             metrics.running.dec();
         } else {
             metrics.waiting.dec();
         }
-        let _ = o.events.send(Event::Failed {
-            why: STOPPED.into(),
-            unavailable: true,
-        });
+        send(
+            &o.events,
+            &o.backlog,
+            Event::Failed {
+                why: STOPPED.into(),
+                unavailable: true,
+            },
+        );
     }
     taken
 }
 
-fn deliver(open: &mut HashMap<ReqId, Open>, r: Response, metrics: &Metrics, pending: &Pending) {
+/// Sends a handler an event, counting it in its backlog (a handler that left has
+/// nothing to do with it).
+fn send(events: &UnboundedSender<Event>, backlog: &Backlog, event: Event) {
+    if events.send(event).is_ok() {
+        backlog.sent();
+    }
+}
+
+/// The drain's deadline passed: every request still running is cancelled on its rank
+/// and its handler told (it answers 503, or a stream's error event); each counts as a
+/// failure. One already cancelled ends as it would have.
+fn cut_all(open: &mut HashMap<ReqId, Open>, metrics: &Metrics, to_front: &Sender<ClientItem>) {
+    open.retain(|&id, o| {
+        if o.cancelled {
+            return true;
+        }
+        let _ = to_front.send(ClientItem::Cancel(id));
+        metrics.request_failure.inc();
+        if o.first_token {
+            metrics.running.dec();
+        } else {
+            metrics.waiting.dec();
+        }
+        send(&o.events, &o.backlog, Event::Cut);
+        false
+    });
+}
+
+fn deliver(
+    open: &mut HashMap<ReqId, Open>,
+    r: Response,
+    metrics: &Metrics,
+    to_front: &Sender<ClientItem>,
+    stream_buffer: usize,
+) {
     let Some(o) = open.get_mut(&r.id) else {
         return;
     };
-    if r.new_tokens > 0 {
+    if r.new_tokens > 0 && !o.overflowed {
         if !o.first_token {
             o.first_token = true;
             metrics.waiting.dec();
@@ -238,12 +393,26 @@ fn deliver(open: &mut HashMap<ReqId, Open>, r: Response, metrics: &Metrics, pend
             metrics.ttft.observe(o.received.elapsed().as_secs_f64());
         }
         metrics.generation_tokens.inc_by(u64::from(r.new_tokens));
-        // A handler that left (its client disconnected) has nothing to do with them.
-        let _ = o.events.send(Event::Tokens {
-            last: r.last_token,
-            count: r.new_tokens,
-            generated: r.generated,
-        });
+        send(
+            &o.events,
+            &o.backlog,
+            Event::Tokens {
+                last: r.last_token,
+                count: r.new_tokens,
+                generated: r.generated,
+            },
+        );
+        // More than a buffer behind, and its connection waiting on its client: the
+        // client is not reading. It gets no more, and its request is cancelled (the end
+        // says why). An HTTP worker merely behind a fast fleet buffers on.
+        if !o.cancelled
+            && o.backlog.queued() > stream_buffer
+            && o.backlog.blocked_for().is_some_and(|d| d >= CLIENT_STALLED)
+        {
+            o.overflowed = true;
+            o.cancelled = true;
+            let _ = to_front.send(ClientItem::Cancel(r.id));
+        }
     }
     let end = match r.finish {
         None | Some(Finish::ContextDone) => return,
@@ -251,6 +420,12 @@ fn deliver(open: &mut HashMap<ReqId, Open>, r: Response, metrics: &Metrics, pend
         Some(Finish::Failed(why)) => Event::Failed {
             unavailable: why.kind() == FailureKind::Unavailable,
             why: why.to_string(),
+        },
+        Some(Finish::Cancelled) if o.overflowed => Event::Failed {
+            why: format!(
+                "cancelled: the client read nothing while more than {stream_buffer} output events waited for it (--stream-buffer)"
+            ),
+            unavailable: false,
         },
         Some(Finish::Cancelled) => Event::Failed {
             why: "cancelled".into(),
@@ -260,7 +435,6 @@ fn deliver(open: &mut HashMap<ReqId, Open>, r: Response, metrics: &Metrics, pend
     let Some(o) = open.remove(&r.id) else {
         return;
     };
-    pending.release();
     if o.first_token {
         metrics.running.dec();
     } else {
@@ -282,5 +456,5 @@ fn deliver(open: &mut HashMap<ReqId, Open>, r: Response, metrics: &Metrics, pend
             metrics.request_failure.inc();
         }
     }
-    let _ = o.events.send(end);
+    send(&o.events, &o.backlog, end);
 }

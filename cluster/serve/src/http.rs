@@ -2,22 +2,27 @@
 //! `/version`, `/metrics`;
 //! the API key, the body limit, and server-sent events.
 
-use std::sync::Arc;
+use std::cell::Cell;
+use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, OnceLock, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::{AUTHORIZATION, CONTENT_LENGTH, RETRY_AFTER};
 use actix_web::web::{self, Bytes};
 use actix_web::{HttpRequest, HttpResponse};
 use crossbeam_channel::Sender;
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
+use tokio::sync::Notify;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::api::{self, ApiError, Endpoint, Parsed};
-use super::bridge::{BridgeMsg, Event, Pending};
+use super::bridge::{Backlog, BridgeMsg, Event, Pending, Place};
 use super::stop::{Released, StopWatch};
 use lockstep_actors::config::RequestShape;
 use lockstep_actors::ids::ReqId;
@@ -41,10 +46,16 @@ pub struct AppState {
     pub created: u64,
     /// The next request's id.
     pub next_id: AtomicU64,
-    /// Requests accepted and not ended.
+    /// Requests accepted and not both ended and delivered.
     pub pending: Pending,
     /// More pending than this answers 429.
     pub max_pending: usize,
+    /// How long an answer may wait on a client that takes none of it.
+    pub write_timeout: Duration,
+    /// Counts the streams closed for `write_timeout`.
+    pub stalled: prometheus_client::metrics::counter::Counter,
+    /// The drain, once it began.
+    pub drain: Arc<Drain>,
     /// The fleet's KV block size (for the prompt's block hashes).
     pub tokens_per_block: u32,
     /// Whether some server could run a request of a given size.
@@ -62,6 +73,43 @@ pub struct AppState {
 /// Seconds the front door spent on output tokens.
 pub type FrontOutput =
     prometheus_client::metrics::counter::Counter<f64, std::sync::atomic::AtomicU64>;
+
+/// The drain (SIGTERM): its deadline once it began, and the answers it cut.
+#[derive(Debug, Default)]
+pub struct Drain {
+    deadline: OnceLock<Instant>,
+    cut: AtomicU64,
+}
+
+impl Drain {
+    /// The drain began; answers not sent by `deadline` are cut.
+    pub fn begin(&self, deadline: Instant) {
+        let _ = self.deadline.set(deadline);
+    }
+
+    /// Answers cut: requests still running at the deadline, and answers still on their
+    /// way to a client when the server closed their connections.
+    pub fn cut(&self) -> u64 {
+        self.cut.load(Ordering::Acquire)
+    }
+
+    fn past_deadline(&self) -> bool {
+        self.deadline.get().is_some_and(|d| Instant::now() >= *d)
+    }
+
+    fn count_cut(&self) {
+        self.cut.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// What a request cut at the drain timeout is answered.
+fn cut_error() -> ApiError {
+    ApiError::status(
+        503,
+        "server_error",
+        "the server is shutting down, and its drain timeout (--drain-timeout-s) passed before this request finished: it was cancelled",
+    )
+}
 
 /// The routes.
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -136,28 +184,173 @@ impl Peer {
             .map(|s| Peer(Arc::new(s)))
     }
 
-    /// The client closed its end (or the connection broke). The socket is
-    /// non-blocking (tokio's): a peek finds data, nothing yet, or the end.
-    fn gone(&self) -> bool {
+    /// Whether the client has closed its sending half (or the connection broke). The
+    /// socket is non-blocking (tokio's): a peek finds data, nothing yet, the end, or an
+    /// error.
+    fn departed(&self) -> Option<Departure> {
         let mut byte = [std::mem::MaybeUninit::uninit(); 1];
         match self.0.peek(&mut byte) {
-            Ok(0) => true,
-            Ok(_) => false,
-            Err(e) => !matches!(
+            Ok(0) => Some(Departure::HalfClosed),
+            Ok(_) => None,
+            Err(e) => (!matches!(
                 e.kind(),
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-            ),
+            ))
+            .then_some(Departure::Broken),
         }
     }
 
-    /// Returns once the client has gone.
-    async fn departure(&self) {
+    /// Returns once the client has closed its sending half, or the connection broke.
+    async fn departure(&self) -> Departure {
         loop {
             tokio::time::sleep(PEER_CHECK_EVERY).await;
-            if self.gone() {
-                return;
+            if let Some(d) = self.departed() {
+                return d;
             }
         }
+    }
+
+    /// Closes the connection under its server (whose writes then fail), with a reset:
+    /// what it had buffered for the client is dropped.
+    fn close(socket: &socket2::Socket) {
+        let _ = socket.set_linger(Some(Duration::ZERO));
+        let _ = socket.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// How a client waiting for a whole answer left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Departure {
+    /// It sent its end of file: it closed its socket, or only its sending half (and
+    /// still reads), which no peek can tell apart.
+    HalfClosed,
+    /// The connection broke (a reset).
+    Broken,
+}
+
+/// What an answer's body and its watchdog share (on one worker thread).
+struct Flow {
+    /// The request's events not yet taken, and since when the connection has held the
+    /// body's bytes without asking for more (shared with the bridge).
+    backlog: Arc<Backlog>,
+    /// The body ended, or was dropped.
+    over: Notify,
+    /// A drain cut was answered or counted for this answer.
+    cut_counted: Cell<bool>,
+}
+
+impl Flow {
+    fn new(backlog: Arc<Backlog>) -> Rc<Flow> {
+        Rc::new(Flow {
+            backlog,
+            over: Notify::new(),
+            cut_counted: Cell::new(false),
+        })
+    }
+}
+
+/// An answer's body on its way to the client: it holds the request's `--max-pending`
+/// place until its last byte is handed to the connection (or the connection drops it),
+/// and its watchdog closes the connection of a client that takes nothing for the write
+/// timeout — a stalled client cannot hold a place, a buffer or its request's KV beyond
+/// that.
+struct Delivery {
+    body: Pin<Box<dyn Stream<Item = Result<Bytes, actix_web::Error>>>>,
+    flow: Rc<Flow>,
+    drain: Arc<Drain>,
+    finished: bool,
+    _place: Place,
+}
+
+impl Delivery {
+    /// `body`, sent over `req`'s connection, watched; a stall cancels request `id`.
+    fn new(
+        state: &AppState,
+        req: &HttpRequest,
+        id: ReqId,
+        place: Place,
+        flow: Rc<Flow>,
+        body: impl Stream<Item = Result<Bytes, actix_web::Error>> + 'static,
+    ) -> Delivery {
+        if let Some(peer) = req.conn_data::<Peer>() {
+            actix_web::rt::spawn(watchdog(
+                flow.clone(),
+                state.write_timeout,
+                Arc::downgrade(&peer.0),
+                state.stalled.clone(),
+                state.bridge.clone(),
+                id,
+            ));
+        }
+        Delivery {
+            body: Box::pin(body),
+            flow,
+            drain: state.drain.clone(),
+            finished: false,
+            _place: place,
+        }
+    }
+}
+
+impl Stream for Delivery {
+    type Item = Result<Bytes, actix_web::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        // Asked for more: what it gave last has been taken.
+        this.flow.backlog.unblock();
+        match this.body.as_mut().poll_next(cx) {
+            Poll::Ready(Some(item)) => {
+                this.flow.backlog.block();
+                Poll::Ready(Some(item))
+            }
+            Poll::Ready(None) => {
+                this.finished = true;
+                this.flow.over.notify_one();
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        self.flow.over.notify_one();
+        // Closed under it at the end of the drain: an answer its client never got.
+        if !self.finished && self.drain.past_deadline() && !self.flow.cut_counted.replace(true) {
+            self.drain.count_cut();
+        }
+    }
+}
+
+/// Watches an answer's body until it ends: once the connection has held bytes for its
+/// client for `timeout` without asking the body for more (the client reads nothing),
+/// it counts a stall, cancels request `id` and closes the connection.
+async fn watchdog(
+    flow: Rc<Flow>,
+    timeout: Duration,
+    peer: Weak<socket2::Socket>,
+    stalled: prometheus_client::metrics::counter::Counter,
+    bridge: Sender<BridgeMsg>,
+    id: ReqId,
+) {
+    let mut wait = timeout;
+    loop {
+        tokio::select! {
+            () = flow.over.notified() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = match flow.backlog.blocked_for() {
+            Some(d) if d >= timeout => break,
+            Some(d) => timeout - d,
+            None => timeout,
+        };
+    }
+    stalled.inc();
+    let _ = bridge.send(BridgeMsg::Cancel(id));
+    if let Some(socket) = peer.upgrade() {
+        Peer::close(&socket);
     }
 }
 
@@ -358,7 +551,7 @@ async fn generate(
         return error(&e);
     }
     // Never waits: past the bound the answer is 429 at once.
-    if !state.pending.reserve(state.max_pending) {
+    let Some(place) = state.pending.reserve(state.max_pending) else {
         state.rejected.inc();
         let mut e = ApiError::status(
             429,
@@ -370,7 +563,7 @@ async fn generate(
         );
         e.code = Some("rate_limit_exceeded");
         return error(&e);
-    }
+    };
     let id = ReqId(state.next_id.fetch_add(1, Ordering::Relaxed));
     // Only a model samples: the other backends get none of these.
     let (sampling, logit_bias, end_ids) = match &state.text {
@@ -382,6 +575,7 @@ async fn generate(
         None => (None, Vec::new(), Vec::new()),
     };
     let (events, rx) = unbounded_channel();
+    let backlog = Arc::new(Backlog::default());
     let submit = BridgeMsg::Submit {
         id,
         prompt_tokens: parsed.prompt_tokens,
@@ -393,9 +587,10 @@ async fn generate(
         end_ids,
         received,
         events,
+        backlog: backlog.clone(),
+        place: place.clone(),
     };
     if state.bridge.send(submit).is_err() {
-        state.pending.release();
         return error(&ApiError::status(
             503,
             "server_error",
@@ -427,19 +622,32 @@ async fn generate(
         parsed,
         decoder,
     };
-    let front_output = state.front_output.clone();
+    let answer = Answer {
+        shape,
+        rx,
+        backlog,
+        guard,
+        generated: 0,
+        front_output: state.front_output.clone(),
+    };
     if streamed {
-        stream(shape, rx, guard, front_output)
+        stream(answer, &state, &req, id, place)
     } else {
-        whole(
-            shape,
-            rx,
-            guard,
-            req.conn_data::<Peer>().cloned(),
-            front_output,
-        )
-        .await
+        whole(answer, &state, &req, id, place).await
     }
+}
+
+/// A request's answer in the making: its events, and what turns them into text.
+struct Answer {
+    shape: Shape,
+    rx: UnboundedReceiver<Event>,
+    /// Its events not yet taken.
+    backlog: Arc<Backlog>,
+    /// Armed until the request ends: dropped armed, it cancels the request.
+    guard: CancelOnDrop,
+    /// Output tokens so far.
+    generated: u32,
+    front_output: FrontOutput,
 }
 
 /// The error a failed request answers with.
@@ -590,84 +798,174 @@ impl Shape {
     }
 }
 
-/// The whole answer, once the request ended. If `peer` leaves first, `guard` cancels
-/// the request.
+/// How a whole answer's wait ended.
+enum WholeEnd {
+    /// The answer is complete.
+    Done,
+    /// The request failed.
+    Failed(ApiError),
+    /// The drain timeout cut it.
+    Cut,
+}
+
+impl Answer {
+    /// The request's next event (`None`: the bridge is gone). Cancel-safe.
+    async fn next(&mut self) -> Option<Event> {
+        let event = self.rx.recv().await;
+        if event.is_some() {
+            self.backlog.took();
+        }
+        event
+    }
+
+    /// Takes the request's events until it ends, gathering the text into `text`.
+    /// Cancel-safe: dropped while waiting, it loses nothing, and may be called again.
+    async fn gather(&mut self, text: &mut String, watch: &mut StopWatch) -> WholeEnd {
+        loop {
+            match self.next().await {
+                Some(Event::Tokens { last, count, .. }) => {
+                    let began = Instant::now();
+                    let released = self.shape.release(watch, last, count, self.generated);
+                    text.push_str(&released.text);
+                    self.generated += count;
+                    self.front_output.inc_by(began.elapsed().as_secs_f64());
+                    if released.stopped {
+                        self.guard.stop();
+                        return WholeEnd::Done;
+                    }
+                }
+                Some(Event::Completed) => {
+                    text.push_str(&watch.finish());
+                    self.guard.disarm();
+                    return WholeEnd::Done;
+                }
+                Some(Event::Failed { why, unavailable }) => {
+                    self.guard.disarm();
+                    return WholeEnd::Failed(failure(why, unavailable));
+                }
+                Some(Event::Cut) => {
+                    self.guard.disarm();
+                    return WholeEnd::Cut;
+                }
+                None => {
+                    self.guard.disarm();
+                    return WholeEnd::Failed(failure(STOPPED.into(), true));
+                }
+            }
+        }
+    }
+
+    /// The whole answer's JSON.
+    fn whole_json(&self, text: String, watch: &StopWatch) -> Value {
+        let finish = if watch.stopped() { "stop" } else { "length" };
+        let choices = match self.shape.endpoint {
+            Endpoint::Completions => json!([{
+                "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+            }]),
+            Endpoint::Chat => json!([{
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": finish,
+            }]),
+        };
+        self.shape.wrap(
+            false,
+            choices,
+            api::usage(self.shape.parsed.prompt_tokens, self.generated),
+        )
+    }
+}
+
+const STOPPED: &str = "the servers stopped before the request finished";
+
+/// The whole answer, once the request ended. While it waits, the client's connection is
+/// watched: a reset cancels the request (the armed guard, dropped). An end of file
+/// cannot tell a client that closed its socket from one that only closed its sending
+/// half and still reads (HTTP/1.1 allows it), so it commits the answer: a 200 whose
+/// JSON body is preceded by a space every `PEER_CHECK_EVERY` — the first writes make a
+/// closed socket answer with a reset, which fails the next and cancels the request; a
+/// half-closed client reads the spaces (JSON whitespace) and then its answer, or the
+/// error object if the request fails after all.
 async fn whole(
-    mut shape: Shape,
-    mut rx: UnboundedReceiver<Event>,
-    mut guard: CancelOnDrop,
-    peer: Option<Peer>,
-    front_output: FrontOutput,
+    mut answer: Answer,
+    state: &AppState,
+    req: &HttpRequest,
+    id: ReqId,
+    place: Place,
 ) -> HttpResponse {
     let mut text = String::new();
-    let mut generated = 0;
-    let mut watch = StopWatch::new(shape.parsed.stop.clone());
-    // One watch for the whole wait (a watch per event would restart its clock at every
-    // token and never look).
+    let mut watch = StopWatch::new(answer.shape.parsed.stop.clone());
+    let peer = req.conn_data::<Peer>().cloned();
     let departure = async {
         match &peer {
             Some(p) => p.departure().await,
             None => std::future::pending().await,
         }
     };
-    tokio::pin!(departure);
-    loop {
-        let event = tokio::select! {
-            e = rx.recv() => e,
-            () = &mut departure => {
-                // Nobody reads this answer; the armed guard cancels the request.
-                return HttpResponse::new(
-                    StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-                );
-            }
-        };
-        match event {
-            Some(Event::Tokens { last, count, .. }) => {
-                let began = Instant::now();
-                let released = shape.release(&mut watch, last, count, generated);
-                text.push_str(&released.text);
-                generated += count;
-                front_output.inc_by(began.elapsed().as_secs_f64());
-                if released.stopped {
-                    guard.stop();
-                    break;
-                }
-            }
-            Some(Event::Completed) => {
-                text.push_str(&watch.finish());
-                break;
-            }
-            Some(Event::Failed { why, unavailable }) => {
-                guard.disarm();
-                return error(&failure(why, unavailable));
-            }
-            None => {
-                guard.disarm();
-                return error(&failure(
-                    "the servers stopped before the request finished".into(),
-                    true,
+    let end = tokio::select! {
+        end = answer.gather(&mut text, &mut watch) => end,
+        how = departure => match how {
+            // Nobody reads this answer; the armed guard cancels the request.
+            Departure::Broken => {
+                return error(&ApiError::status(
+                    400,
+                    "invalid_request_error",
+                    "the client's connection broke before the answer",
                 ));
             }
+            Departure::HalfClosed => {
+                return committed(answer, text, watch, state, req, id, place);
+            }
+        }
+    };
+    match end {
+        WholeEnd::Done => HttpResponse::Ok().json(answer.whole_json(text, &watch)),
+        WholeEnd::Failed(e) => error(&e),
+        WholeEnd::Cut => {
+            state.drain.count_cut();
+            error(&cut_error())
         }
     }
-    guard.disarm();
-    let finish = if watch.stopped() { "stop" } else { "length" };
-    let choices = match shape.endpoint {
-        Endpoint::Completions => json!([{
-            "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
-        }]),
-        Endpoint::Chat => json!([{
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": null,
-            "finish_reason": finish,
-        }]),
-    };
-    HttpResponse::Ok().json(shape.wrap(
-        false,
-        choices,
-        api::usage(shape.parsed.prompt_tokens, generated),
-    ))
+}
+
+/// A whole answer whose client sent its end of file: see [`whole`].
+fn committed(
+    answer: Answer,
+    text: String,
+    watch: StopWatch,
+    state: &AppState,
+    req: &HttpRequest,
+    id: ReqId,
+    place: Place,
+) -> HttpResponse {
+    let flow = Flow::new(answer.backlog.clone());
+    let (cut, drain) = (flow.clone(), state.drain.clone());
+    let body = futures_util::stream::unfold(Some((answer, text, watch)), move |st| {
+        let (cut, drain) = (cut.clone(), drain.clone());
+        async move {
+            let (mut answer, mut text, mut watch) = st?;
+            let end = tokio::select! {
+                end = answer.gather(&mut text, &mut watch) => end,
+                () = tokio::time::sleep(PEER_CHECK_EVERY) => {
+                    return Some((Ok(Bytes::from_static(b" ")), Some((answer, text, watch))));
+                }
+            };
+            let v = match end {
+                WholeEnd::Done => answer.whole_json(text, &watch),
+                WholeEnd::Failed(e) => e.body(),
+                WholeEnd::Cut => {
+                    cut.cut_counted.set(true);
+                    drain.count_cut();
+                    cut_error().body()
+                }
+            };
+            Some((Ok(Bytes::from(v.to_string())), None))
+        }
+    });
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .streaming(Delivery::new(state, req, id, place, flow, body))
 }
 
 fn sse(v: &Value) -> Result<Bytes, actix_web::Error> {
@@ -677,33 +975,31 @@ fn sse(v: &Value) -> Result<Bytes, actix_web::Error> {
 /// Server-sent events: `data: {chunk}` per step, the usage chunk if asked, `data: [DONE]`.
 /// The stream dropped before the request ended (the client disconnected) cancels it.
 fn stream(
-    shape: Shape,
-    rx: UnboundedReceiver<Event>,
-    guard: CancelOnDrop,
-    front_output: FrontOutput,
+    answer: Answer,
+    state: &AppState,
+    req: &HttpRequest,
+    id: ReqId,
+    place: Place,
 ) -> HttpResponse {
     struct St {
-        front_output: FrontOutput,
-        shape: Shape,
-        rx: UnboundedReceiver<Event>,
-        generated: u32,
+        answer: Answer,
         first: bool,
         done: bool,
         tail: Vec<Bytes>,
-        guard: CancelOnDrop,
         watch: StopWatch,
+        flow: Rc<Flow>,
+        drain: Arc<Drain>,
     }
-    let watch = StopWatch::new(shape.parsed.stop.clone());
+    let flow = Flow::new(answer.backlog.clone());
+    let watch = StopWatch::new(answer.shape.parsed.stop.clone());
     let st = St {
-        front_output,
-        shape,
-        rx,
-        generated: 0,
+        answer,
         first: true,
         done: false,
         tail: Vec::new(),
-        guard,
         watch,
+        flow: flow.clone(),
+        drain: state.drain.clone(),
     };
     let body = futures_util::stream::unfold(st, |mut st| async move {
         if let Some(b) = st.tail.pop() {
@@ -713,52 +1009,56 @@ fn stream(
             return None;
         }
         let usage = |st: &St| {
-            let v = st.shape.wrap(
+            let shape = &st.answer.shape;
+            let v = shape.wrap(
                 true,
                 json!([]),
-                api::usage(st.shape.parsed.prompt_tokens, st.generated),
+                api::usage(shape.parsed.prompt_tokens, st.answer.generated),
             );
             Bytes::from(format!("data: {v}\n\n"))
         };
         let done = Bytes::from_static(b"data: [DONE]\n\n");
-        match st.rx.recv().await {
+        match st.answer.next().await {
             Some(Event::Tokens { last, count, .. }) => {
                 let began = Instant::now();
-                let released = st.shape.release(&mut st.watch, last, count, st.generated);
-                st.generated += count;
+                let before = st.answer.generated;
+                let released = st.answer.shape.release(&mut st.watch, last, count, before);
+                st.answer.generated += count;
                 let finish = if released.stopped {
                     // The answer ends here; the rest of the request is cancelled.
                     st.done = true;
-                    st.guard.stop();
+                    st.answer.guard.stop();
                     st.tail.push(done);
-                    if st.shape.parsed.include_usage {
+                    if st.answer.shape.parsed.include_usage {
                         st.tail.push(usage(&st));
                     }
                     Some("stop")
                 } else {
                     None
                 };
-                let chunk = st.shape.wrap(
+                let shape = &st.answer.shape;
+                let chunk = shape.wrap(
                     true,
-                    st.shape.delta(Some(&released.text), finish, st.first),
+                    shape.delta(Some(&released.text), finish, st.first),
                     Value::Null,
                 );
                 st.first = false;
                 let event = sse(&chunk);
-                st.front_output.inc_by(began.elapsed().as_secs_f64());
+                st.answer.front_output.inc_by(began.elapsed().as_secs_f64());
                 Some((event, st))
             }
             Some(Event::Completed) => {
                 st.done = true;
-                st.guard.disarm();
+                st.answer.guard.disarm();
                 st.tail.push(done);
-                if st.shape.parsed.include_usage {
+                if st.answer.shape.parsed.include_usage {
                     st.tail.push(usage(&st));
                 }
                 let rest = st.watch.finish();
-                let chunk = st.shape.wrap(
+                let shape = &st.answer.shape;
+                let chunk = shape.wrap(
                     true,
-                    st.shape.delta(
+                    shape.delta(
                         (!rest.is_empty()).then_some(rest.as_str()),
                         Some("length"),
                         st.first,
@@ -770,13 +1070,15 @@ fn stream(
             other => {
                 let e = match other {
                     Some(Event::Failed { why, unavailable }) => failure(why, unavailable),
-                    _ => failure(
-                        "the servers stopped before the request finished".into(),
-                        true,
-                    ),
+                    Some(Event::Cut) => {
+                        st.flow.cut_counted.set(true);
+                        st.drain.count_cut();
+                        cut_error()
+                    }
+                    _ => failure(STOPPED.into(), true),
                 };
                 st.done = true;
-                st.guard.disarm();
+                st.answer.guard.disarm();
                 st.tail.push(done);
                 Some((sse(&e.body()), st))
             }
@@ -785,5 +1087,5 @@ fn stream(
     HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header(("Cache-Control", "no-cache"))
-        .streaming(body)
+        .streaming(Delivery::new(state, req, id, place, flow, body))
 }

@@ -8,8 +8,9 @@
 //! channel and response channel the workload client uses).
 //!
 //! Shutdown: SIGTERM or Ctrl-C stops the server from accepting; in-flight requests are
-//! answered (up to `drain_timeout`); then the bridge sends the front the client's
-//! shutdown, the servers drain and stop, and `serve` returns.
+//! answered (up to `drain_timeout`: those still running then are cut, each told so, and
+//! counted in the summary); then the bridge sends the front the client's shutdown, the
+//! servers drain and stop, and `serve` returns.
 
 #![forbid(unsafe_code)]
 
@@ -24,7 +25,7 @@ pub mod stop;
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::{App, HttpServer, web};
 use crossbeam_channel::unbounded;
@@ -58,9 +59,20 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     /// HTTP worker threads.
     pub workers: usize,
-    /// Requests accepted and not ended past which a new one gets 429.
+    /// Requests accepted and not both ended and delivered past which a new one gets
+    /// 429.
     pub max_pending: usize,
+    /// How long a response may wait on a client that reads nothing before its
+    /// connection is closed and its request cancelled.
+    pub write_timeout: Duration,
+    /// Output events a stream may have waiting for a client that reads nothing; one
+    /// more cancels the request.
+    pub stream_buffer: usize,
 }
+
+/// How long the HTTP server waits past the drain timeout for the requests cut then to
+/// be answered, before it closes their connections.
+const CUT_GRACE: Duration = Duration::from_secs(2);
 
 /// Why `lockstep serve` could not run.
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +129,9 @@ fn model_text_of(real: &RealOptions) -> Result<Option<Arc<model_text::ModelText>
 pub struct ServeSummary {
     /// Requests taken.
     pub requests: u64,
+    /// Answers cut at the drain timeout: requests still running then, and answers still
+    /// being sent to their clients (the drain did not complete if any).
+    pub cut: u64,
     /// Every rank's summary.
     pub ranks: Vec<RankSummary>,
 }
@@ -153,11 +168,16 @@ pub fn bind(opts: &ServeOptions) -> Result<TcpListener, ServeError> {
 /// The HTTP side of a serve run, started: the server on its own thread, and what the
 /// bridge needs to stand in the client's place.
 struct HttpSide {
-    handle: actix_web::dev::ServerHandle,
-    thread: std::thread::JoinHandle<std::io::Result<()>>,
+    running: Running,
     bridge_rx: crossbeam_channel::Receiver<bridge::BridgeMsg>,
     metrics: metrics::Metrics,
-    pending: bridge::Pending,
+}
+
+/// The HTTP server, running.
+struct Running {
+    handle: actix_web::dev::ServerHandle,
+    thread: std::thread::JoinHandle<std::io::Result<()>>,
+    drain: Arc<http::Drain>,
 }
 
 impl HttpSide {
@@ -181,7 +201,7 @@ impl HttpSide {
                 .map(|p| p.config.name.clone())
                 .collect(),
         );
-        let pending = bridge::Pending::default();
+        let drain = Arc::new(http::Drain::default());
         let addr = listener.local_addr().map_err(ServeError::Http)?;
         let state = web::Data::new(http::AppState {
             bridge: bridge_tx.clone(),
@@ -194,8 +214,11 @@ impl HttpSide {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             next_id: AtomicU64::new(1),
-            pending: pending.clone(),
+            pending: metrics.pending.clone(),
             max_pending: opts.max_pending,
+            write_timeout: opts.write_timeout,
+            stalled: metrics.request_stalled.clone(),
+            drain: drain.clone(),
             tokens_per_block: fleet.tokens_per_block,
             shapes: fleet.shape_check(),
             rejected: metrics.request_rejected.clone(),
@@ -205,7 +228,10 @@ impl HttpSide {
         });
         let (handle_tx, handle_rx) = crossbeam_channel::bounded(1);
         let workers = opts.workers.max(1);
-        let drain_s = opts.drain_timeout.as_secs().max(1);
+        // Past the drain timeout the requests still running are cut and answered so;
+        // the server waits a little longer for those answers to go out.
+        let shutdown_s = (opts.drain_timeout + CUT_GRACE).as_secs().max(1);
+        let to_bridge = bridge_tx.clone();
         let thread = std::thread::Builder::new()
             .name("http".into())
             .spawn(move || {
@@ -229,7 +255,7 @@ impl HttpSide {
                     })
                     .workers(workers)
                     .disable_signals()
-                    .shutdown_timeout(drain_s)
+                    .shutdown_timeout(shutdown_s)
                     .listen(listener);
                     let server = match built {
                         Ok(s) => s.run(),
@@ -282,11 +308,15 @@ impl HttpSide {
                 source,
             })?;
         let on_signal = handle.clone();
+        let (draining, drain_timeout) = (drain.clone(), opts.drain_timeout);
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
                 if signal_rx.recv().is_ok() {
                     tracing::info!("stopping: no new connections; draining in-flight requests");
+                    let until = Instant::now() + drain_timeout;
+                    draining.begin(until);
+                    let _ = to_bridge.send(bridge::BridgeMsg::Drain(until));
                     actix_web::rt::System::new().block_on(on_signal.stop(true));
                 }
             })
@@ -296,11 +326,13 @@ impl HttpSide {
             })?;
         announce(addr);
         Ok(HttpSide {
-            handle,
-            thread,
+            running: Running {
+                handle,
+                thread,
+                drain,
+            },
             bridge_rx,
             metrics,
-            pending,
         })
     }
 
@@ -310,39 +342,34 @@ impl HttpSide {
         self,
         to_front: crossbeam_channel::Sender<ClientItem>,
         from_front: crossbeam_channel::Receiver<Vec<lockstep_actors::vocab::Response>>,
-    ) -> (
-        impl FnOnce() -> u64 + Send + 'static,
-        (
-            actix_web::dev::ServerHandle,
-            std::thread::JoinHandle<std::io::Result<()>>,
-        ),
-    ) {
+        stream_buffer: usize,
+    ) -> (impl FnOnce() -> u64 + Send + 'static, Running) {
         let HttpSide {
-            handle,
-            thread,
+            running,
             bridge_rx,
             metrics,
-            pending,
         } = self;
         (
-            move || bridge::run(bridge_rx, to_front, from_front, &metrics, &pending),
-            (handle, thread),
+            move || bridge::run(bridge_rx, to_front, from_front, &metrics, stream_buffer),
+            running,
         )
     }
 
     /// The fleet stopped: stops taking requests too (if a signal has not already) and
-    /// waits for the HTTP thread.
+    /// waits for the HTTP thread. Returns the answers cut at the drain timeout.
     fn finish(
-        (handle, thread): (
-            actix_web::dev::ServerHandle,
-            std::thread::JoinHandle<std::io::Result<()>>,
-        ),
-    ) -> Result<(), ServeError> {
+        Running {
+            handle,
+            thread,
+            drain,
+        }: Running,
+    ) -> Result<u64, ServeError> {
         actix_web::rt::System::new().block_on(handle.stop(true));
         let http = thread.join().map_err(|_| RuntimeError::Panicked {
             what: "the HTTP server".into(),
         })?;
-        http.map_err(ServeError::Http)
+        http.map_err(ServeError::Http)?;
+        Ok(drain.cut())
     }
 }
 
@@ -362,7 +389,7 @@ pub fn serve(
     let (to_client, from_front) = unbounded();
     let board = StatusBoard::default();
     let http = HttpSide::start(&fleet, opts, listener, board.clone(), text, announce)?;
-    let (bridge, http) = http.split(client_tx, from_front);
+    let (bridge, http) = http.split(client_tx, from_front, opts.stream_buffer);
     let outcome = run_hosts(
         real,
         &fleet,
@@ -377,9 +404,10 @@ pub fn serve(
     // The fleet stopped on its own (every server failed): stop taking requests too.
     let stopped = HttpSide::finish(http);
     let (end, requests) = outcome?;
-    stopped?;
+    let cut = stopped?;
     Ok(ServeSummary {
         requests,
+        cut,
         ranks: end.summaries,
     })
 }
@@ -419,7 +447,8 @@ pub fn serve_process(
             let started = bind(opts)
                 .and_then(|listener| HttpSide::start(&fleet, opts, listener, board, text, announce))
                 .map_err(|e| RuntimeError::ClientStart(e.to_string()))?;
-            let (bridge, handle) = started.split(ends.to_front, ends.from_front);
+            let (bridge, handle) =
+                started.split(ends.to_front, ends.from_front, opts.stream_buffer);
             http = Some(handle);
             Ok(bridge)
         },
@@ -427,12 +456,14 @@ pub fn serve_process(
     let Some(side) = side else {
         return Ok(None);
     };
-    if let Some(h) = http {
-        HttpSide::finish(h)?;
-    }
+    let cut = match http {
+        Some(h) => HttpSide::finish(h)?,
+        None => 0,
+    };
     Ok(Some(MpiServeSummary {
         summary: ServeSummary {
             requests: side.client,
+            cut,
             ranks: side.end.summaries,
         },
         lost: side.end.lost,

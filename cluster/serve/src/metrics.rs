@@ -46,8 +46,12 @@ pub struct Metrics {
     pub request_success: Counter,
     /// Requests that failed.
     pub request_failure: Counter,
-    /// Requests cancelled because their client disconnected.
+    /// Requests cancelled because their client disconnected or stopped reading.
     pub request_cancelled: Counter,
+    /// Streams closed because their client read nothing for `--write-timeout-s`.
+    pub request_stalled: Counter,
+    /// Requests holding a `--max-pending` place.
+    pub pending: crate::bridge::Pending,
     /// Requests refused with 429 (too many pending).
     pub request_rejected: Counter,
     /// Seconds from receipt to the first token.
@@ -75,6 +79,8 @@ impl Metrics {
             request_success: Counter::default(),
             request_failure: Counter::default(),
             request_cancelled: Counter::default(),
+            request_stalled: Counter::default(),
+            pending: crate::bridge::Pending::default(),
             request_rejected: Counter::default(),
             ttft: Histogram::new(TTFT_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
@@ -113,9 +119,19 @@ impl Metrics {
             m.request_failure.clone(),
         );
         r.register(
+            "num_requests_pending",
+            "Requests holding a --max-pending place: accepted, and not both ended and handed to their connection",
+            m.pending.gauge(),
+        );
+        r.register(
             "request_cancelled",
-            "Requests cancelled on their ranks because their client disconnected",
+            "Requests cancelled on their ranks because their client disconnected or stopped reading",
             m.request_cancelled.clone(),
+        );
+        r.register(
+            "request_stalled",
+            "Streams closed because their client read nothing for --write-timeout-s (their requests cancelled)",
+            m.request_stalled.clone(),
         );
         r.register(
             "request_rejected",
