@@ -65,7 +65,8 @@ pub(crate) struct ModelArgs {
     /// A model directory (`lockstep model init DIR`, or a Hugging Face Llama / Qwen2 /
     /// Mistral checkpoint): every forward runs it on the CPU and its tokens are the
     /// model's. `sim` still times forwards with the cost model; `run` and `serve` take
-    /// the model's own time. Aggregated servers only.
+    /// the model's own time. Aggregated and disaggregated fleets alike (a ctx server's
+    /// ranks hand the model's K/V to the gen server's).
     #[arg(long, value_name = "DIR")]
     pub(crate) model: Option<PathBuf>,
     /// With --model.

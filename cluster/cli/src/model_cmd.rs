@@ -28,8 +28,12 @@ pub enum ModelCommand {
     /// Write a random model (config.json, model.safetensors with seeded weights, a
     /// byte-level BPE tokenizer.json, tokenizer_config.json) into DIR.
     Init {
-        /// The directory to write (created if absent).
+        /// The directory to write (created if absent; a directory that already holds a
+        /// model's files is refused unless --force).
         dir: PathBuf,
+        /// Overwrite the model files of an existing directory.
+        #[arg(long)]
+        force: bool,
         /// Transformer blocks.
         #[arg(long, default_value_t = 2)]
         layers: usize,
@@ -165,6 +169,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
     match command {
         ModelCommand::Init {
             dir,
+            force,
             layers,
             hidden,
             heads,
@@ -187,6 +192,23 @@ pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
                 intermediate: intermediate.unwrap_or_else(|| (hidden * 8 / 3).div_ceil(64) * 64),
                 seed,
             };
+            if !force {
+                let taken: Vec<&str> = [
+                    "config.json",
+                    "model.safetensors",
+                    "tokenizer.json",
+                    "tokenizer_config.json",
+                ]
+                .into_iter()
+                .filter(|f| dir.join(f).exists())
+                .collect();
+                anyhow::ensure!(
+                    taken.is_empty(),
+                    "{} already holds {}: choose another directory, or give --force to overwrite them",
+                    dir.display(),
+                    taken.join(", ")
+                );
+            }
             let config = write_random_model(&dir, &options)?;
             println!("wrote {} ({})", dir.display(), config.summary());
             Ok(ExitCode::SUCCESS)
@@ -202,7 +224,8 @@ pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
             tokens_per_block,
         } => {
             let params = sampling.params(seed);
-            let text = generate(
+            let started = std::time::Instant::now();
+            let generated = generate(
                 &model,
                 &prompt,
                 chat,
@@ -211,7 +234,18 @@ pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
                 chunk as usize,
                 tokens_per_block as usize,
             )?;
-            println!("{text}");
+            println!("{}", generated.text);
+            // What vLLM's offline example shows beside the text, on stderr so that
+            // stdout stays the text alone.
+            let secs = started.elapsed().as_secs_f64();
+            eprintln!(
+                "{} prompt tokens, {} generated ({:.1} tokens/s decode and prefill together, {:.2} s); finish reason: {}",
+                generated.prompt_tokens,
+                generated.tokens,
+                generated.tokens as f64 / secs.max(1e-9),
+                secs,
+                if generated.stopped { "stop" } else { "length" }
+            );
             Ok(ExitCode::SUCCESS)
         }
         ModelCommand::Calibrate {
@@ -263,6 +297,15 @@ fn load(dir: &Path) -> anyhow::Result<Model> {
 
 /// Prefill in chunks, then decode one token per forward until the end-of-sequence
 /// token or `max_tokens`; returns the generated text.
+/// What `model generate` produced.
+struct Generated {
+    text: String,
+    prompt_tokens: usize,
+    tokens: usize,
+    /// An end-of-answer token stopped it (else `--max-tokens` did).
+    stopped: bool,
+}
+
 fn generate(
     dir: &Path,
     prompt: &str,
@@ -271,7 +314,7 @@ fn generate(
     params: SamplingParams,
     chunk: usize,
     tokens_per_block: usize,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<Generated> {
     let model = load(dir)?;
     let tokenizer = TextTokenizer::load(dir)?;
     let mut sampler = Sampler::new(params)?;
@@ -301,9 +344,11 @@ fn generate(
         position += piece.len();
     }
     let mut generated = Vec::with_capacity(max_tokens);
+    let mut stopped = false;
     while generated.len() < max_tokens {
         let next = sampler.sample(&logits)?;
         if stop.contains(&next) {
+            stopped = true;
             break;
         }
         generated.push(next);
@@ -319,7 +364,12 @@ fn generate(
         logits = forward_paged(&model, &mut cache, &[entry])?.remove(0);
         position += 1;
     }
-    Ok(tokenizer.decode(&generated)?)
+    Ok(Generated {
+        text: tokenizer.decode(&generated)?,
+        prompt_tokens: prompt_ids.len(),
+        tokens: generated.len(),
+        stopped,
+    })
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -309,3 +309,65 @@ fn a_real_runs_forward_log_calibrates_a_profile() {
     ]);
     assert!(err.contains("--model"), "{err}");
 }
+
+#[test]
+fn init_refuses_a_directory_that_holds_a_model_unless_forced() {
+    let dir = TempDir::new("init-twice");
+    init(&dir.0);
+    let config = std::fs::read(dir.0.join("config.json")).unwrap();
+    let err = fails(&["model", "init", dir.0.to_str().unwrap(), "--seed", "9"]);
+    assert!(
+        err.contains("already holds config.json, model.safetensors") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(dir.0.join("config.json")).unwrap(),
+        config,
+        "a refused init changed the model"
+    );
+    let out = ok(lockstep(&[
+        "model",
+        "init",
+        dir.0.to_str().unwrap(),
+        "--seed",
+        "9",
+        "--force",
+    ]));
+    assert!(out.contains("wrote"), "{out}");
+}
+
+#[test]
+fn generate_says_how_many_tokens_how_fast_and_why_it_stopped() {
+    let dir = TempDir::new("generate-summary");
+    init(&dir.0);
+    let out = lockstep(&[
+        "model",
+        "generate",
+        "--model",
+        dir.0.to_str().unwrap(),
+        "--prompt",
+        "hello",
+        "--max-tokens",
+        "5",
+    ]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let summary = err.lines().last().unwrap_or_default();
+    assert!(
+        summary.contains("prompt tokens")
+            && summary.contains("tokens/s")
+            && summary.contains("finish reason: "),
+        "{err}"
+    );
+    let generated: usize = summary
+        .split(", ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no generated count in {summary:?}"));
+    match generated {
+        5 => assert!(summary.ends_with("finish reason: length"), "{summary}"),
+        0..5 => assert!(summary.ends_with("finish reason: stop"), "{summary}"),
+        n => panic!("{n} tokens for --max-tokens 5: {summary}"),
+    }
+}
