@@ -43,7 +43,7 @@ mod update;
 
 use std::collections::{BTreeSet, VecDeque};
 
-use crate::config::{CapacitySchedulerPolicy, DerivedSizes, Role, ServerConfig};
+use crate::config::{DerivedSizes, Role, ServerConfig, ServerLimits};
 use crate::counts::RankCounts;
 use crate::ids::{BatchNumber, RankId, ReqId};
 use crate::kv::{KvConfig, KvManager};
@@ -137,9 +137,8 @@ struct Setup {
     schedule: CollectiveSchedule,
     /// ctx server in generation-first mode (§8): arrivals wait for their gen peer.
     generation_first: bool,
-    chunked_prefill: bool,
-    /// The capacity scheduler's policy (request validation reads it).
-    capacity_policy: CapacitySchedulerPolicy,
+    /// What the server can run (request validation reads it).
+    limits: ServerLimits,
     window: SchedulableWindow,
     kv_full_check_every: u64,
     /// The host's device reads each launched batch's [`ForwardInputs`] (a real model):
@@ -362,8 +361,7 @@ impl RankExecutor {
                 schedule,
                 generation_first: server.role == Role::Ctx
                     && server.cache_transceiver_config.generation_first,
-                chunked_prefill: server.enable_chunked_prefill,
-                capacity_policy: server.scheduler_config.capacity_scheduler_policy,
+                limits: ServerLimits::of(server, sizes),
                 window,
                 kv_full_check_every: default_kv_full_check_every(sizes.kv_blocks_per_rank),
                 forward_inputs: false,

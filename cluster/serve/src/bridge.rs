@@ -74,9 +74,10 @@ pub enum Event {
     Failed {
         /// Why.
         why: String,
-        /// The servers have stopped (503: try again later, elsewhere), rather than
-        /// the request failing on them (500).
-        unavailable: bool,
+        /// What kind of failure: the servers have stopped (`Unavailable`, 503: try
+        /// again later, elsewhere); no server could run it (`Refused`, 400); the
+        /// request failed on them (anything else, 500).
+        kind: FailureKind,
     },
 }
 
@@ -163,7 +164,7 @@ pub fn run(
                         pending.release();
                         let _ = events.send(Event::Failed {
                             why: "every server has stopped".into(),
-                            unavailable: true,
+                            kind: FailureKind::Unavailable,
                         });
                         continue;
                     }
@@ -220,7 +221,7 @@ pub fn run(
         }
         let _ = o.events.send(Event::Failed {
             why: STOPPED.into(),
-            unavailable: true,
+            kind: FailureKind::Unavailable,
         });
     }
     taken
@@ -249,12 +250,12 @@ fn deliver(open: &mut HashMap<ReqId, Open>, r: Response, metrics: &Metrics, pend
         None | Some(Finish::ContextDone) => return,
         Some(Finish::Completed) => Event::Completed,
         Some(Finish::Failed(why)) => Event::Failed {
-            unavailable: why.kind() == FailureKind::Unavailable,
+            kind: why.kind(),
             why: why.to_string(),
         },
         Some(Finish::Cancelled) => Event::Failed {
             why: "cancelled".into(),
-            unavailable: false,
+            kind: FailureKind::Cancelled,
         },
     };
     let Some(o) = open.remove(&r.id) else {

@@ -21,6 +21,7 @@ use super::bridge::{BridgeMsg, Event, Pending};
 use super::stop::{Released, StopWatch};
 use lockstep_actors::config::RequestShape;
 use lockstep_actors::ids::ReqId;
+use lockstep_actors::vocab::FailureKind;
 use lockstep_plan::fleet::ShapeCheck;
 
 /// What every handler shares.
@@ -171,6 +172,7 @@ fn check_size(state: &AppState, parsed: &Parsed, endpoint: Endpoint) -> Result<(
         prompt_len: parsed.prompt_tokens,
         max_new_tokens,
         draft_len: 0,
+        pinned_rank: None,
     };
     let (param, why) = if let Some(why) = state.shapes.refusal(shape(1)) {
         (api::prompt_param(endpoint), why)
@@ -443,11 +445,12 @@ async fn generate(
 }
 
 /// The error a failed request answers with.
-fn failure(why: String, unavailable: bool) -> ApiError {
-    if unavailable {
-        ApiError::status(503, "server_error", why)
-    } else {
-        ApiError::status(500, "server_error", why)
+fn failure(why: String, kind: FailureKind) -> ApiError {
+    match kind {
+        FailureKind::Unavailable => ApiError::status(503, "server_error", why),
+        // No server can run it (the front's rule, which `check_size` applies first).
+        FailureKind::Refused => ApiError::status(400, "invalid_request_error", why),
+        _ => ApiError::status(500, "server_error", why),
     }
 }
 
@@ -490,6 +493,7 @@ fn context_left(state: &AppState, parsed: &Parsed, max_positions: u32) -> u32 {
                 prompt_len: parsed.prompt_tokens,
                 max_new_tokens,
                 draft_len: 0,
+                pinned_rank: None,
             })
             .is_none()
     };
@@ -637,15 +641,15 @@ async fn whole(
                 text.push_str(&watch.finish());
                 break;
             }
-            Some(Event::Failed { why, unavailable }) => {
+            Some(Event::Failed { why, kind }) => {
                 guard.disarm();
-                return error(&failure(why, unavailable));
+                return error(&failure(why, kind));
             }
             None => {
                 guard.disarm();
                 return error(&failure(
                     "the servers stopped before the request finished".into(),
-                    true,
+                    FailureKind::Unavailable,
                 ));
             }
         }
@@ -769,10 +773,10 @@ fn stream(
             }
             other => {
                 let e = match other {
-                    Some(Event::Failed { why, unavailable }) => failure(why, unavailable),
+                    Some(Event::Failed { why, kind }) => failure(why, kind),
                     _ => failure(
                         "the servers stopped before the request finished".into(),
-                        true,
+                        FailureKind::Unavailable,
                     ),
                 };
                 st.done = true;
