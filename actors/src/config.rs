@@ -501,8 +501,10 @@ impl ServerConfig {
             });
         }
         // A prefill chunk is a whole number of KV blocks: a budget below one block would
-        // round every chunk down to nothing, and a long prompt would never start (§4).
-        if self.enable_chunked_prefill && t < tpb {
+        // round every chunk down to nothing, and a long prompt would never start (§4). A
+        // gen server never prefills (a MAX_UTILIZATION pause never picks a request whose
+        // recompute could not run there).
+        if self.enable_chunked_prefill && t < tpb && self.role != Role::Gen {
             return Err(ConfigError::Inconsistent {
                 server: name.to_string(),
                 message: format!(
@@ -666,8 +668,6 @@ pub struct ServerLimits {
     pub max_draft_len: u32,
     /// DP ranks.
     pub dp: u32,
-    /// The capacity scheduler's policy.
-    pub capacity_policy: CapacitySchedulerPolicy,
 }
 
 impl ServerLimits {
@@ -679,7 +679,6 @@ impl ServerLimits {
         kv_blocks_per_rank: u32::MAX,
         max_draft_len: u32::MAX,
         dp: u32::MAX,
-        capacity_policy: CapacitySchedulerPolicy::GuaranteedNoEvict,
     };
 
     /// A server's limits, from its configuration and derived sizes.
@@ -691,7 +690,6 @@ impl ServerLimits {
             kv_blocks_per_rank: sizes.kv_blocks_per_rank,
             max_draft_len: sizes.draft_len,
             dp: sizes.dp,
-            capacity_policy: config.scheduler_config.capacity_scheduler_policy,
         }
     }
 
@@ -726,21 +724,6 @@ impl ServerLimits {
                 draft_len: r.draft_len,
                 max_num_tokens: self.max_num_tokens,
                 chunk_tokens: self.chunked_prefill.then_some(self.tokens_per_block),
-            });
-        }
-        // MAX_UTILIZATION pauses a request by resetting it to a context of its prompt and
-        // what it generated so far; without chunked prefill that recompute must fit one
-        // forward, or the request would block the head of the queue forever (§4).
-        let recompute = r.prompt_len + r.max_new_tokens.saturating_sub(1);
-        if self.capacity_policy == CapacitySchedulerPolicy::MaxUtilization
-            && !self.chunked_prefill
-            && recompute + r.draft_len > self.max_num_tokens
-        {
-            return Some(SizeRefusal::Recompute {
-                prompt_len: r.prompt_len,
-                max_new_tokens: r.max_new_tokens,
-                recompute: recompute + r.draft_len,
-                max_num_tokens: self.max_num_tokens,
             });
         }
         let total = u64::from(r.prompt_len) + u64::from(r.max_new_tokens);
@@ -789,20 +772,6 @@ pub enum SizeRefusal {
         /// Blocks a rank has.
         blocks_per_rank: u32,
     },
-    /// A MAX_UTILIZATION pause could leave a recompute longer than `max_num_tokens`.
-    #[error(
-        "prompt_len {prompt_len} + max_new_tokens {max_new_tokens} could need a recompute of {recompute} tokens after a MAX_UTILIZATION pause, more than max_num_tokens {max_num_tokens} with chunked prefill off"
-    )]
-    Recompute {
-        /// Prompt tokens.
-        prompt_len: u32,
-        /// Output tokens.
-        max_new_tokens: u32,
-        /// The longest recompute.
-        recompute: u32,
-        /// T.
-        max_num_tokens: u32,
-    },
     /// More draft tokens than the server's `max_draft_len`.
     #[error("draft_len {draft_len} exceeds the server's max_draft_len {max_draft_len}")]
     Draft {
@@ -840,7 +809,7 @@ impl SizeRefusal {
     /// The configuration key whose value is the limit.
     pub fn field(&self) -> &'static str {
         match self {
-            SizeRefusal::Prompt { .. } | SizeRefusal::Recompute { .. } => "max_num_tokens",
+            SizeRefusal::Prompt { .. } => "max_num_tokens",
             SizeRefusal::KvBlocks { .. } => "kv_cache_config.max_tokens",
             SizeRefusal::Draft { .. } => "max_draft_len",
             SizeRefusal::Pin { .. } => "tensor_parallel_size",

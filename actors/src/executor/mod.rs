@@ -53,7 +53,7 @@ use crate::request::{Request, RequestSpec, SchedulableWindow};
 use crate::router::{RankLoad, Router};
 use crate::scheduler::{
     BatchEntry, CapacityConfig, CapacityOutput, CapacityScheduler, Classes, MicroBatchConfig,
-    MicroBatchScheduler, published_window,
+    MicroBatchScheduler, PauseRule, published_window,
 };
 use crate::seats::SlotPool;
 use crate::vocab::{Response, TransferCommand, TransferEvent};
@@ -330,6 +330,11 @@ impl RankExecutor {
             window,
             window_ends_at_complete: policy.admission.charge_retiring,
             count_transfers_as_requests: policy.gne.count_transfers_as_requests,
+            pause: PauseRule {
+                max_num_tokens: sizes.max_num_tokens,
+                chunked_prefill: server.enable_chunked_prefill,
+                prefill_only: server.role == Role::Ctx,
+            },
         });
         let micro = MicroBatchScheduler::new(MicroBatchConfig {
             max_batch_size: sizes.max_batch_size,

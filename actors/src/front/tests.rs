@@ -430,7 +430,6 @@ fn limited(name: &str, role: Role, t: u32) -> FrontServer {
             kv_blocks_per_rank: 16,
             max_draft_len: 0,
             dp: 2,
-            ..ServerLimits::UNBOUNDED
         },
     }
 }

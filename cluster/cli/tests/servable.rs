@@ -1,5 +1,6 @@
-//! Nothing valid is refused and nothing servable fails (issue 29, item 7): the front
-//! door sends a request only to a server that can run it.
+//! Nothing valid is refused and nothing servable fails (issue 29, items 7 and 8): the
+//! front door sends a request only to a server that can run it, and the MAX_UTILIZATION
+//! recompute rule applies only where a pause can happen.
 
 mod common;
 
@@ -150,5 +151,73 @@ fn a_request_no_server_can_run_is_refused_naming_every_servers_limit() {
                 );
             }
         }
+    }
+}
+
+/// Item 8: a ctx server only prefills, so a paused request there recomputes its prompt
+/// alone: the recompute rule does not count `max_new_tokens` on it.
+#[test]
+fn a_ctx_server_under_max_utilization_is_not_refused_for_the_output_length() {
+    let mut ctx = server("ctx0", "ctx", 128, false, 65536);
+    ctx.push_str("[server.scheduler_config]\ncapacity_scheduler_policy = \"MAX_UTILIZATION\"\n");
+    let text = fleet(
+        "round_robin",
+        &[ctx, server("gen0", "gen", 4096, true, 65536)],
+        "kind = \"closed_loop\"\nconcurrency = 4\nnum_requests = 12\ninput_len = 100\noutput_len = 64",
+    );
+    completed_all(&simulate(&parse(&text, &[])));
+}
+
+/// Item 8: with one request a rank (B 1) a request's step never waits on another's
+/// KV, so no pause is needed to make room: a recompute longer than `max_num_tokens`
+/// is no reason to refuse it.
+#[test]
+fn a_batch_size_one_server_under_max_utilization_runs_every_request() {
+    let mut agg = server("agg0", "agg", 100, false, 65536);
+    agg = agg.replace("max_batch_size = 4", "max_batch_size = 1");
+    agg.push_str("[server.scheduler_config]\ncapacity_scheduler_policy = \"MAX_UTILIZATION\"\n");
+    let text = fleet(
+        "round_robin",
+        &[agg],
+        "kind = \"closed_loop\"\nconcurrency = 2\nnum_requests = 10\ninput_len = [30, 70]\noutput_len = 40",
+    );
+    completed_all(&simulate(&parse(&text, &[])));
+}
+
+/// Item 8: a request whose recompute could not run is never chosen to pause; its
+/// blocks to completion stay reserved instead (as GUARANTEED_NO_EVICT reserves them),
+/// so two such requests that together exceed the rank's KV do not deadlock: the second
+/// waits for the first. 10 blocks; each request needs 6 to complete (32 + 64 tokens)
+/// and could recompute 95 > 64 tokens.
+#[test]
+fn requests_whose_recompute_cannot_run_are_never_paused_and_never_deadlock() {
+    let mut agg = server("agg0", "agg", 64, false, 160);
+    agg.push_str("[server.scheduler_config]\ncapacity_scheduler_policy = \"MAX_UTILIZATION\"\n");
+    let text = fleet(
+        "round_robin",
+        &[agg],
+        "kind = \"closed_loop\"\nconcurrency = 2\nnum_requests = 6\ninput_len = 32\noutput_len = 64",
+    );
+    let r = simulate(&parse(&text, &[]));
+    completed_all(&r);
+    assert_eq!(r.servers[0].preemptions, 0, "nothing could be paused");
+}
+
+/// Item 8: a gen server never prefills (a MAX_UTILIZATION pause aside, whose recompute
+/// is checked where the pause is decided), so a token budget below one KV block with
+/// chunked prefill is no reason to refuse it.
+#[test]
+fn a_gen_server_with_chunked_prefill_and_a_budget_below_one_block_runs() {
+    for policy in ["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"] {
+        let mut gen_server = server("gen0", "gen", 8, true, 640);
+        gen_server.push_str(&format!(
+            "[server.scheduler_config]\ncapacity_scheduler_policy = \"{policy}\"\n"
+        ));
+        let text = fleet(
+            "round_robin",
+            &[server("ctx0", "ctx", 4096, false, 65536), gen_server],
+            "kind = \"closed_loop\"\nconcurrency = 4\nnum_requests = 16\ninput_len = [16, 100]\noutput_len = [2, 40]",
+        );
+        completed_all(&simulate(&parse(&text, &[])));
     }
 }
