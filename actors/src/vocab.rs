@@ -217,6 +217,23 @@ pub enum FailureKind {
     Client,
 }
 
+impl FailureKind {
+    /// The one word a report records (as serialised).
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::Refused => "refused",
+            FailureKind::Unavailable => "unavailable",
+            FailureKind::Deadlocked => "deadlocked",
+            FailureKind::TransferTimeout => "transfer_timeout",
+            FailureKind::TransferFailed => "transfer_failed",
+            FailureKind::FleetLost => "fleet_lost",
+            FailureKind::Cancelled => "cancelled",
+            FailureKind::Unfinished => "unfinished",
+            FailureKind::Client => "client",
+        }
+    }
+}
+
 /// Why a KV transfer failed, as the side that saw it says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TransferFailure {

@@ -1,10 +1,13 @@
 //! Nothing valid is refused and nothing servable fails (issue 29, items 7 and 8): the
-//! front door sends a request only to a server that can run it, and the MAX_UTILIZATION
-//! recompute rule applies only where a pause can happen.
+//! front door sends a request only to a server that can run it, the MAX_UTILIZATION
+//! recompute rule applies only where a pause can happen, and a run that completes
+//! fewer requests than it submitted says so in its outcome and exit status.
 
 mod common;
 
-use common::parse;
+use std::process::Command;
+
+use common::{parse, temp};
 use lockstep_plan::report::{Outcome, Report};
 use lockstep_plan::scenario::Scenario;
 use lockstep_sim::{self as sim, SimOptions};
@@ -220,4 +223,33 @@ fn a_gen_server_with_chunked_prefill_and_a_budget_below_one_block_runs() {
         );
         completed_all(&simulate(&parse(&text, &[])));
     }
+}
+
+/// Item 8: a run that completes fewer requests than it submitted says so: its outcome
+/// is `incomplete` (with the count by kind) and `lockstep sim` exits 3.
+#[test]
+fn a_run_that_fails_requests_says_so_in_its_outcome_and_exit_status() {
+    let text = fleet(
+        "round_robin",
+        &[server("agg0", "agg", 128, false, 65536)],
+        "kind = \"closed_loop\"\nconcurrency = 2\nnum_requests = 2\ninput_len = [100, 300]\noutput_len = 4",
+    );
+    let path = temp("servable-incomplete.toml");
+    std::fs::write(&path, &text).unwrap();
+    let json = temp("servable-incomplete.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["sim", path.to_str().unwrap(), "--json"])
+        .arg(&json)
+        .output()
+        .expect("lockstep runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    // Both prompts are longer than the server's 128 tokens: 0 of 2 complete.
+    assert_eq!(report.requests.completed, 0, "{:?}", report.requests);
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    assert_eq!(report.outcome, Outcome::Incomplete);
+    assert!(
+        stdout.contains("outcome incomplete: 2 of 2 requests did not complete (2 refused)"),
+        "{stdout}"
+    );
 }
