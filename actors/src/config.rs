@@ -501,8 +501,10 @@ impl ServerConfig {
             });
         }
         // A prefill chunk is a whole number of KV blocks: a budget below one block would
-        // round every chunk down to nothing, and a long prompt would never start (§4).
-        if self.enable_chunked_prefill && t < tpb {
+        // round every chunk down to nothing, and a long prompt would never start (§4). A
+        // gen server never prefills (a MAX_UTILIZATION pause never picks a request whose
+        // recompute could not run there).
+        if self.enable_chunked_prefill && t < tpb && self.role != Role::Gen {
             return Err(ConfigError::Inconsistent {
                 server: name.to_string(),
                 message: format!(
@@ -614,47 +616,251 @@ pub struct RequestShape {
     pub max_new_tokens: u32,
     /// Draft tokens per step.
     pub draft_len: u32,
+    /// The DP rank it is pinned to, if any (`attention_dp_rank`).
+    pub pinned_rank: Option<u32>,
 }
 
-/// Why a server of `role` with these sizes can never serve a request of this shape, if
-/// it cannot: one rule for the executor (which refuses the request at fetch) and for
-/// the scenario check (which refuses a workload none of whose requests could run).
-pub fn size_refusal(
-    r: &RequestShape,
-    role: Role,
+impl RequestShape {
+    /// A request's shape.
+    pub fn of(spec: &crate::request::RequestSpec) -> RequestShape {
+        RequestShape {
+            prompt_len: spec.prompt_len,
+            max_new_tokens: spec.max_new_tokens,
+            draft_len: spec.draft_len,
+            pinned_rank: spec.pinned.map(|p| p.rank.0),
+        }
+    }
+}
+
+/// Whether a context of `context_len` tokens (a prompt, or a paused request's
+/// recompute) with `draft_len` draft tokens can ever run in a forward of `max_num_tokens`
+/// tokens: whole, or, with chunked prefill, a block-sized chunk at a time (§4: a chunk
+/// that does not finish the context is a whole number of blocks, and the draft rides
+/// with it).
+pub fn context_can_run(
+    context_len: u32,
+    draft_len: u32,
+    max_num_tokens: u32,
     chunked_prefill: bool,
-    capacity_policy: CapacitySchedulerPolicy,
-    s: &DerivedSizes,
-) -> Option<String> {
-    // A gen server receives the prompt's KV; only prefilling servers compute it.
-    if role != Role::Gen && !chunked_prefill && r.prompt_len + r.draft_len > s.max_num_tokens {
-        return Some(format!(
-            "prompt_len {} exceeds max_num_tokens {} with chunked prefill off",
-            r.prompt_len, s.max_num_tokens
-        ));
+    tokens_per_block: u32,
+) -> bool {
+    let t = u64::from(max_num_tokens);
+    let draft = u64::from(draft_len);
+    u64::from(context_len) + draft <= t
+        || (chunked_prefill && u64::from(tokens_per_block) + draft <= t)
+}
+
+/// What a server can run: the limits every request's shape is checked against, by the
+/// server's ranks when it arrives and by the front when it picks a server for it (and
+/// by `lockstep serve` before anything reaches the front). One rule, so the front never
+/// sends a request where it would be refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Chunked prefill on.
+    pub chunked_prefill: bool,
+    /// T.
+    pub max_num_tokens: u32,
+    /// Tokens per KV block.
+    pub tokens_per_block: u32,
+    /// KV blocks per rank.
+    pub kv_blocks_per_rank: u32,
+    /// `max_draft_len`.
+    pub max_draft_len: u32,
+    /// DP ranks.
+    pub dp: u32,
+}
+
+impl ServerLimits {
+    /// No limit at all (tests, and hosts that leave the check to the ranks).
+    pub const UNBOUNDED: ServerLimits = ServerLimits {
+        chunked_prefill: true,
+        max_num_tokens: u32::MAX,
+        tokens_per_block: 1,
+        kv_blocks_per_rank: u32::MAX,
+        max_draft_len: u32::MAX,
+        dp: u32::MAX,
+    };
+
+    /// A server's limits, from its configuration and derived sizes.
+    pub fn of(config: &ServerConfig, sizes: &DerivedSizes) -> ServerLimits {
+        ServerLimits {
+            chunked_prefill: config.enable_chunked_prefill,
+            max_num_tokens: sizes.max_num_tokens,
+            tokens_per_block: sizes.tokens_per_block,
+            kv_blocks_per_rank: sizes.kv_blocks_per_rank,
+            max_draft_len: sizes.draft_len,
+            dp: sizes.dp,
+        }
     }
-    // MAX_UTILIZATION pauses a request by resetting it to a context of its prompt and
-    // what it generated so far; without chunked prefill that recompute must fit one
-    // forward, or the request would block the head of the queue forever (§4). As vLLM
-    // refuses `max_num_batched_tokens < max_model_len` without chunked prefill, a
-    // request whose recompute could not fit is refused up front.
-    let recompute = r.prompt_len + r.max_new_tokens.saturating_sub(1) + r.draft_len;
-    if capacity_policy == CapacitySchedulerPolicy::MaxUtilization
-        && !chunked_prefill
-        && recompute > s.max_num_tokens
-    {
-        return Some(format!(
-            "prompt_len {} + max_new_tokens {} could need a recompute of {recompute} tokens after a MAX_UTILIZATION pause, more than max_num_tokens {} with chunked prefill off",
-            r.prompt_len, r.max_new_tokens, s.max_num_tokens
-        ));
+
+    /// Why a server of `role` with these limits can never run a request of this shape,
+    /// if it cannot.
+    pub fn refusal(&self, role: Role, r: &RequestShape) -> Option<SizeRefusal> {
+        if r.draft_len > self.max_draft_len {
+            return Some(SizeRefusal::Draft {
+                draft_len: r.draft_len,
+                max_draft_len: self.max_draft_len,
+            });
+        }
+        if let Some(rank) = r.pinned_rank
+            && rank >= self.dp
+        {
+            return Some(SizeRefusal::Pin { rank, dp: self.dp });
+        }
+        // A gen server receives the prompt's KV; only prefilling servers compute it. (A
+        // MAX_UTILIZATION pause recomputes a context anywhere; the capacity scheduler
+        // never pauses a request whose recompute could not run, §4.)
+        if role != Role::Gen
+            && !context_can_run(
+                r.prompt_len,
+                r.draft_len,
+                self.max_num_tokens,
+                self.chunked_prefill,
+                self.tokens_per_block,
+            )
+        {
+            return Some(SizeRefusal::Prompt {
+                prompt_len: r.prompt_len,
+                draft_len: r.draft_len,
+                max_num_tokens: self.max_num_tokens,
+                chunk_tokens: self.chunked_prefill.then_some(self.tokens_per_block),
+            });
+        }
+        let total = u64::from(r.prompt_len) + u64::from(r.max_new_tokens);
+        let blocks = total.div_ceil(u64::from(self.tokens_per_block.max(1)));
+        if blocks > u64::from(self.kv_blocks_per_rank) {
+            return Some(SizeRefusal::KvBlocks {
+                prompt_len: r.prompt_len,
+                max_new_tokens: r.max_new_tokens,
+                blocks,
+                blocks_per_rank: self.kv_blocks_per_rank,
+            });
+        }
+        None
     }
-    let total = u64::from(r.prompt_len) + u64::from(r.max_new_tokens);
-    let blocks = total.div_ceil(u64::from(s.tokens_per_block));
-    if blocks > u64::from(s.kv_blocks_per_rank) {
-        return Some(format!(
-            "prompt_len {} + max_new_tokens {} needs {blocks} KV blocks, a rank has {}",
-            r.prompt_len, r.max_new_tokens, s.kv_blocks_per_rank
-        ));
+}
+
+/// Why a server can never run a request: the limit, with the request's numbers and the
+/// server's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum SizeRefusal {
+    /// The prompt cannot go through a forward: longer than `max_num_tokens` without
+    /// chunked prefill, or with chunked prefill whose budget holds not even one block
+    /// with the draft.
+    #[error("{}", prompt_text(*.prompt_len, *.draft_len, *.max_num_tokens, *.chunk_tokens))]
+    Prompt {
+        /// Prompt tokens.
+        prompt_len: u32,
+        /// Draft tokens per step.
+        draft_len: u32,
+        /// T.
+        max_num_tokens: u32,
+        /// With chunked prefill, the smallest chunk (one block).
+        chunk_tokens: Option<u32>,
+    },
+    /// Prompt plus output need more KV blocks than a rank has.
+    #[error(
+        "prompt_len {prompt_len} + max_new_tokens {max_new_tokens} needs {blocks} KV blocks, a rank has {blocks_per_rank}"
+    )]
+    KvBlocks {
+        /// Prompt tokens.
+        prompt_len: u32,
+        /// Output tokens.
+        max_new_tokens: u32,
+        /// Blocks needed.
+        blocks: u64,
+        /// Blocks a rank has.
+        blocks_per_rank: u32,
+    },
+    /// More draft tokens than the server's `max_draft_len`.
+    #[error("draft_len {draft_len} exceeds the server's max_draft_len {max_draft_len}")]
+    Draft {
+        /// Asked for.
+        draft_len: u32,
+        /// The server's.
+        max_draft_len: u32,
+    },
+    /// Pinned to a DP rank the server does not have.
+    #[error("attention_dp_rank {rank} is out of range for dp = {dp}")]
+    Pin {
+        /// The rank asked for.
+        rank: u32,
+        /// The server's DP ranks.
+        dp: u32,
+    },
+}
+
+fn prompt_text(prompt_len: u32, draft_len: u32, t: u32, chunk: Option<u32>) -> String {
+    let prompt = if draft_len == 0 {
+        format!("prompt_len {prompt_len}")
+    } else {
+        format!("prompt_len {prompt_len} + draft_len {draft_len}")
+    };
+    match chunk {
+        None => format!("{prompt} exceeds max_num_tokens {t} with chunked prefill off"),
+        Some(block) => format!(
+            "{prompt} exceeds max_num_tokens {t}, which cannot hold a chunk of one KV block \
+             ({block} tokens) with the draft either"
+        ),
     }
-    None
+}
+
+impl SizeRefusal {
+    /// The configuration key whose value is the limit.
+    pub fn field(&self) -> &'static str {
+        match self {
+            SizeRefusal::Prompt { .. } => "max_num_tokens",
+            SizeRefusal::KvBlocks { .. } => "kv_cache_config.max_tokens",
+            SizeRefusal::Draft { .. } => "max_draft_len",
+            SizeRefusal::Pin { .. } => "tensor_parallel_size",
+        }
+    }
+}
+
+/// No server of a role can run a request: each server's refusal, in server order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{}", list(.servers))]
+pub struct Unservable {
+    /// The role the request needed.
+    pub role: Role,
+    /// `(server name, why)` for every server of the role.
+    pub servers: Vec<(String, SizeRefusal)>,
+}
+
+fn list(servers: &[(String, SizeRefusal)]) -> String {
+    let parts: Vec<String> = servers
+        .iter()
+        .map(|(name, why)| format!("server `{name}`: {why}"))
+        .collect();
+    parts.join("; ")
+}
+
+/// The roles a request needs, in order: an aggregated server, or a ctx server and
+/// (unless its one output token comes from the ctx server) a gen server.
+pub fn roles_needed(disaggregated: bool, max_new_tokens: u32) -> &'static [Role] {
+    match (disaggregated, max_new_tokens > 1) {
+        (false, _) => &[Role::Agg],
+        (true, true) => &[Role::Ctx, Role::Gen],
+        (true, false) => &[Role::Ctx],
+    }
+}
+
+/// Why no server of `role` among `servers` (`(name, role, limits)`, in server order)
+/// can run a request of shape `r`, if none can.
+pub fn unservable<'a>(
+    role: Role,
+    servers: impl IntoIterator<Item = (&'a str, Role, &'a ServerLimits)>,
+    r: &RequestShape,
+) -> Option<Unservable> {
+    let mut why = Vec::new();
+    for (name, server_role, limits) in servers {
+        if server_role != role {
+            continue;
+        }
+        match limits.refusal(role, r) {
+            None => return None,
+            Some(w) => why.push((name.to_string(), w)),
+        }
+    }
+    Some(Unservable { role, servers: why })
 }

@@ -135,6 +135,9 @@ pub struct Response {
 pub enum Failure {
     /// The server refused the request at admission: it can never run there (§3.3).
     Refused(String),
+    /// The front refused it: no server of a role it needs can ever run it (each
+    /// server's limit named); it reached no server.
+    Unservable(crate::config::Unservable),
     /// No server of the role the request needs next (`agg`, `ctx`, or `gen` once a ctx
     /// server produced its first token).
     NoServer {
@@ -159,7 +162,7 @@ impl Failure {
     /// What kind of failure this is, for reports and for whoever classifies runs.
     pub fn kind(&self) -> FailureKind {
         match self {
-            Failure::Refused(_) => FailureKind::Refused,
+            Failure::Refused(_) | Failure::Unservable(_) => FailureKind::Refused,
             Failure::NoServer { .. } | Failure::Undeliverable(_) => FailureKind::Unavailable,
             Failure::Deadlocked(_) => FailureKind::Deadlocked,
             Failure::KvSend(t) | Failure::KvReceive(t) if t.is_timeout() => {
@@ -177,6 +180,9 @@ impl std::fmt::Display for Failure {
             Failure::Refused(why) | Failure::Undeliverable(why) | Failure::FleetLost(why) => {
                 f.write_str(why)
             }
+            Failure::Unservable(u) => {
+                write!(f, "no {} server can run the request: {u}", u.role.name())
+            }
             Failure::NoServer { role } => write!(f, "no {role} server to take the request"),
             Failure::Deadlocked(why) => write!(f, "deadlocked: {why}"),
             Failure::KvSend(t) => write!(f, "kv send failed: {t}"),
@@ -190,7 +196,7 @@ impl std::fmt::Display for Failure {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureKind {
-    /// Refused at admission.
+    /// Refused at admission, or by the front (no server could run it).
     Refused,
     /// No server could take it (none of the role, or its ingress full or closed).
     Unavailable,
@@ -209,6 +215,23 @@ pub enum FailureKind {
     Unfinished,
     /// The client's exchange with an HTTP server failed (`lockstep bench`).
     Client,
+}
+
+impl FailureKind {
+    /// The one word a report records (as serialised).
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::Refused => "refused",
+            FailureKind::Unavailable => "unavailable",
+            FailureKind::Deadlocked => "deadlocked",
+            FailureKind::TransferTimeout => "transfer_timeout",
+            FailureKind::TransferFailed => "transfer_failed",
+            FailureKind::FleetLost => "fleet_lost",
+            FailureKind::Cancelled => "cancelled",
+            FailureKind::Unfinished => "unfinished",
+            FailureKind::Client => "client",
+        }
+    }
 }
 
 /// Why a KV transfer failed, as the side that saw it says.

@@ -9,7 +9,7 @@ use lockstep_actors::invariants::InvariantKind;
 use lockstep_actors::kv::{KvCommand, KvConfig, KvManager, KvReply};
 use lockstep_actors::policy::{PadPredicate, Policy};
 use lockstep_actors::request::{Request, RequestSpec, RequestState, SchedulableWindow};
-use lockstep_actors::scheduler::{CapacityConfig, CapacityScheduler};
+use lockstep_actors::scheduler::{CapacityConfig, CapacityScheduler, PauseRule};
 use lockstep_tests::{ClosedLoop, Harness, SoloRank, adp_server, peer_with};
 
 /// dp=2, B=2, overlap on, output length 1, concurrency far above capacity (§2).
@@ -218,6 +218,7 @@ fn gne_with(count_transfers: bool) -> Vec<usize> {
         window: SchedulableWindow::published(false),
         window_ends_at_complete: false,
         count_transfers_as_requests: count_transfers,
+        pause: PauseRule::ANY,
     });
     s.schedule(&active, &kv).fitting
 }

@@ -4,7 +4,7 @@
 //! ingress queue each, fed by `ToServer`) and the client (what the rewritten responses
 //! and `ToClient` tell it).
 
-use lockstep_actors::config::Role;
+use lockstep_actors::config::{Role, ServerLimits};
 use lockstep_actors::front::{Front, FrontConfig, FrontIn, FrontOut, FrontPolicy, FrontServer};
 use lockstep_actors::ids::{RankId, ReqId};
 use lockstep_actors::request::IngressItem;
@@ -36,6 +36,8 @@ impl World {
                 .map(|&role| FrontServer {
                     role,
                     generation_first: false,
+                    name: String::new(),
+                    limits: ServerLimits::UNBOUNDED,
                 })
                 .collect(),
         )
@@ -321,14 +323,20 @@ fn generation_first_names_the_gen_peer_at_arrival_and_hands_off_to_it() {
             FrontServer {
                 role: Role::Ctx,
                 generation_first: true,
+                name: String::new(),
+                limits: ServerLimits::UNBOUNDED,
             },
             FrontServer {
                 role: Role::Gen,
                 generation_first: false,
+                name: String::new(),
+                limits: ServerLimits::UNBOUNDED,
             },
             FrontServer {
                 role: Role::Gen,
                 generation_first: false,
+                name: String::new(),
+                limits: ServerLimits::UNBOUNDED,
             },
         ],
     );

@@ -11,7 +11,7 @@ use lockstep_actors::kv::{KvCommand, KvConfig, KvManager, KvReply};
 use lockstep_actors::request::{Request, RequestSpec, RequestState};
 use lockstep_actors::scheduler::{
     BatchEntry, CapacityConfig, CapacityOutput, CapacityScheduler, EntryKind, MicroBatchConfig,
-    MicroBatchScheduler, published_window,
+    MicroBatchScheduler, PauseRule, published_window,
 };
 
 const TPB: u32 = 4;
@@ -47,6 +47,7 @@ fn capacity_config(policy: CapacitySchedulerPolicy, max_num_requests: u32) -> Ca
         window: published_window(false),
         window_ends_at_complete: false,
         count_transfers_as_requests: false,
+        pause: PauseRule::ANY,
     }
 }
 

@@ -244,7 +244,6 @@ impl RankExecutor {
 
     /// Bad input gets a reason and changes nothing (the request is never queued).
     fn validate_request(&self, spec: &RequestSpec) -> Result<(), String> {
-        let s = &self.setup.sizes;
         if spec.id == crate::ids::ReqId::DUMMY {
             return Err("request id 0 is reserved for pad dummies".into());
         }
@@ -257,32 +256,14 @@ impl RankExecutor {
         if spec.max_new_tokens == 0 {
             return Err("max_new_tokens must be positive, got 0".into());
         }
-        if spec.draft_len > s.draft_len {
-            return Err(format!(
-                "draft_len {} exceeds the server's max_draft_len {}",
-                spec.draft_len, s.draft_len
-            ));
-        }
-        if let Some(why) = crate::config::size_refusal(
-            &RequestShape {
-                prompt_len: spec.prompt_len,
-                max_new_tokens: spec.max_new_tokens,
-                draft_len: spec.draft_len,
-            },
-            self.setup.role,
-            self.setup.chunked_prefill,
-            self.setup.capacity_policy,
-            s,
-        ) {
-            return Err(why);
-        }
-        if let Some(pin) = spec.pinned
-            && pin.rank.0 >= s.dp
+        // The sizes rule the front also applies when it picks a server (§8), so a
+        // request reaches a server only when it can run there.
+        if let Some(why) = self
+            .setup
+            .limits
+            .refusal(self.setup.role, &RequestShape::of(spec))
         {
-            return Err(format!(
-                "attention_dp_rank {} is out of range for dp = {}",
-                pin.rank, s.dp
-            ));
+            return Err(why.to_string());
         }
         if self.setup.role == Role::Gen
             && (spec.generated_before == 0 || spec.generated_before >= spec.max_new_tokens)

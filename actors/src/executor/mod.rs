@@ -44,7 +44,7 @@ mod update;
 
 use std::collections::{BTreeSet, VecDeque};
 
-use crate::config::{CapacitySchedulerPolicy, DerivedSizes, Role, ServerConfig};
+use crate::config::{DerivedSizes, Role, ServerConfig, ServerLimits};
 use crate::counts::RankCounts;
 use crate::ids::{BatchNumber, RankId, ReqId};
 use crate::kv::{KvConfig, KvManager};
@@ -54,7 +54,7 @@ use crate::request::{Request, RequestSpec, SchedulableWindow};
 use crate::router::{RankLoad, Router};
 use crate::scheduler::{
     BatchEntry, CapacityConfig, CapacityOutput, CapacityScheduler, Classes, MicroBatchConfig,
-    MicroBatchScheduler, published_window,
+    MicroBatchScheduler, PauseRule, published_window,
 };
 use crate::seats::SlotPool;
 use crate::vocab::{Response, TransferCommand, TransferEvent};
@@ -138,9 +138,8 @@ struct Setup {
     schedule: CollectiveSchedule,
     /// ctx server in generation-first mode (§8): arrivals wait for their gen peer.
     generation_first: bool,
-    chunked_prefill: bool,
-    /// The capacity scheduler's policy (request validation reads it).
-    capacity_policy: CapacitySchedulerPolicy,
+    /// What the server can run (request validation reads it).
+    limits: ServerLimits,
     window: SchedulableWindow,
     kv_full_check_every: u64,
     /// The host's device reads each launched batch's [`ForwardInputs`] (a real model):
@@ -332,6 +331,11 @@ impl RankExecutor {
             window,
             window_ends_at_complete: policy.admission.charge_retiring,
             count_transfers_as_requests: policy.gne.count_transfers_as_requests,
+            pause: PauseRule {
+                max_num_tokens: sizes.max_num_tokens,
+                chunked_prefill: server.enable_chunked_prefill,
+                prefill_only: server.role == Role::Ctx,
+            },
         });
         let micro = MicroBatchScheduler::new(MicroBatchConfig {
             max_batch_size: sizes.max_batch_size,
@@ -363,8 +367,7 @@ impl RankExecutor {
                 schedule,
                 generation_first: server.role == Role::Ctx
                     && server.cache_transceiver_config.generation_first,
-                chunked_prefill: server.enable_chunked_prefill,
-                capacity_policy: server.scheduler_config.capacity_scheduler_policy,
+                limits: ServerLimits::of(server, sizes),
                 window,
                 kv_full_check_every: default_kv_full_check_every(sizes.kv_blocks_per_rank),
                 forward_inputs: false,

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Role;
+use crate::config::{RequestShape, Role, ServerLimits, Unservable, roles_needed};
 use crate::ids::{RankId, ReqId};
 use crate::request::{IngressItem, RequestSpec};
 use crate::transceiver::PeerMessage;
@@ -79,13 +79,18 @@ impl ServerIngress {
 }
 
 /// One server as the front sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrontServer {
+    /// Its name (a refusal names each server's limit).
+    pub name: String,
     /// Its role.
     pub role: Role,
     /// A ctx server in generation-first mode: its requests wait until the front names
     /// their gen peer.
     pub generation_first: bool,
+    /// What it can run: the rule its ranks validate a request by, so the front sends a
+    /// request only where it can run.
+    pub limits: ServerLimits,
 }
 
 /// The front's configuration.
@@ -256,8 +261,8 @@ impl Front {
             servers: config
                 .servers
                 .iter()
-                .map(|&server| ServerView {
-                    server,
+                .map(|server| ServerView {
+                    server: server.clone(),
                     outstanding: 0,
                     shutdown_sent: false,
                     stopped: false,
@@ -378,16 +383,24 @@ impl Front {
             )));
             return;
         }
-        let roles: &[Role] = if self.has(Role::Agg) {
-            &[Role::Agg]
-        } else {
-            &[Role::Ctx]
-        };
-        let Some(server) = self.pick(roles[0], &spec) else {
+        let disaggregated = !self.has(Role::Agg);
+        let entry = if disaggregated { Role::Ctx } else { Role::Agg };
+        // Every role the request needs must have a server that can run it: only then
+        // is it routed, and only to such servers (a missing gen server is found at the
+        // handoff, as before).
+        let shape = RequestShape::of(&spec);
+        for &role in roles_needed(disaggregated, spec.max_new_tokens) {
+            if let Some(why) = self.unservable(role, &shape) {
+                self.out
+                    .push_back(FrontOut::ToClient(failed(&spec, Failure::Unservable(why))));
+                return;
+            }
+        }
+        let Some(server) = self.pick(entry, &spec) else {
             self.out.push_back(FrontOut::ToClient(failed(
                 &spec,
                 Failure::NoServer {
-                    role: roles[0].name().to_string(),
+                    role: entry.name().to_string(),
                 },
             )));
             return;
@@ -396,8 +409,14 @@ impl Front {
         let mut gen_peer = None;
         if self.servers[server].server.generation_first {
             // Generation-first (§8): name the gen peer now; its notice reaches the ctx
-            // server, whose ranks then let the request prefill.
-            gen_peer = self.pick(Role::Gen, &spec);
+            // server, whose ranks then let the request prefill. A request whose one
+            // output token comes from the ctx server needs no gen server that could run
+            // it; the first gen server stands in to release its prefill.
+            gen_peer = self.pick(Role::Gen, &spec).or_else(|| {
+                (spec.max_new_tokens <= 1)
+                    .then(|| self.servers.iter().position(|s| s.server.role == Role::Gen))
+                    .flatten()
+            });
             if let Some(gen_server) = gen_peer {
                 self.out.push_back(FrontOut::PeerReady {
                     ctx_server: server,
@@ -426,21 +445,47 @@ impl Front {
         self.servers.iter().any(|s| s.server.role == role)
     }
 
-    /// Server selection among those of `role` (`[front] policy`); ties break by server
-    /// order. Remembers the request's prefix at the chosen server.
+    /// Why no server of `role` can run a request of `shape`, if there are servers of
+    /// the role and none can.
+    fn unservable(&self, role: Role, shape: &RequestShape) -> Option<Unservable> {
+        if !self.has(role) {
+            return None;
+        }
+        crate::config::unservable(
+            role,
+            self.servers
+                .iter()
+                .map(|s| (s.server.name.as_str(), s.server.role, &s.server.limits)),
+            shape,
+        )
+    }
+
+    /// Server selection among those of `role` that can run the request (`[front]
+    /// policy`); ties break by server order. Remembers the request's prefix at the
+    /// chosen server.
     fn pick(&mut self, role: Role, spec: &RequestSpec) -> Option<usize> {
-        let candidates: Vec<usize> = (0..self.servers.len())
+        let shape = RequestShape::of(spec);
+        let of_role: Vec<usize> = (0..self.servers.len())
             .filter(|&i| self.servers[i].server.role == role)
             .collect();
+        let can_run = |i: usize| {
+            self.servers[i]
+                .server
+                .limits
+                .refusal(role, &shape)
+                .is_none()
+        };
+        let candidates: Vec<usize> = of_role.iter().copied().filter(|&i| can_run(i)).collect();
         let chosen = match self.policy {
             FrontPolicy::RoundRobin => {
-                if candidates.is_empty() {
-                    return None;
-                }
+                // In turn: the next server of the role, from the one after the last
+                // chosen, that can run the request.
                 let counter = &mut self.round_robin[role_index(role)];
-                let k = *counter % candidates.len();
-                *counter += 1;
-                candidates[k]
+                let start = *counter % of_role.len().max(1);
+                let k = (0..of_role.len())
+                    .find(|j| candidates.contains(&of_role[(start + j) % of_role.len()]))?;
+                *counter = start + k + 1;
+                of_role[(start + k) % of_role.len()]
             }
             FrontPolicy::LoadBalancing => *candidates
                 .iter()

@@ -6,6 +6,8 @@ fn server(role: Role) -> FrontServer {
     FrontServer {
         role,
         generation_first: false,
+        name: String::new(),
+        limits: ServerLimits::UNBOUNDED,
     }
 }
 
@@ -315,6 +317,8 @@ fn generation_first_names_the_gen_peer_at_arrival_and_hands_off_there() {
             FrontServer {
                 role: Role::Ctx,
                 generation_first: true,
+                name: String::new(),
+                limits: ServerLimits::UNBOUNDED,
             },
             server(Role::Gen),
             server(Role::Gen),
@@ -346,6 +350,8 @@ fn a_turn_gives_each_server_its_requests_then_its_control_items_notices_included
             FrontServer {
                 role: Role::Ctx,
                 generation_first: true,
+                name: String::new(),
+                limits: ServerLimits::UNBOUNDED,
             },
             server(Role::Gen),
         ],
@@ -408,4 +414,159 @@ fn a_cancel_goes_to_the_server_holding_the_request() {
     // An unknown request's cancel goes nowhere.
     f.handle(0, FrontIn::Cancel(ReqId(99)));
     assert!(drain(&mut f).is_empty());
+}
+
+/// A server named `name` of `role` with `max_num_tokens` `t` (chunked prefill off), 16
+/// blocks of 16 tokens a rank, dp 2.
+fn limited(name: &str, role: Role, t: u32) -> FrontServer {
+    FrontServer {
+        name: name.into(),
+        role,
+        generation_first: false,
+        limits: ServerLimits {
+            chunked_prefill: false,
+            max_num_tokens: t,
+            tokens_per_block: 16,
+            kv_blocks_per_rank: 16,
+            max_draft_len: 0,
+            dp: 2,
+        },
+    }
+}
+
+fn refusals(outs: &[FrontOut]) -> Vec<(u64, String)> {
+    outs.iter()
+        .filter_map(|o| match o {
+            FrontOut::ToClient(Response {
+                id,
+                finish: Some(Finish::Failed(why)),
+                ..
+            }) => Some((id.0, why.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn every_policy_routes_only_to_servers_that_can_run_the_request() {
+    for policy in [
+        FrontPolicy::RoundRobin,
+        FrontPolicy::LoadBalancing,
+        FrontPolicy::KvAware,
+    ] {
+        let mut f = Front::new(&FrontConfig {
+            policy,
+            servers: vec![
+                limited("short", Role::Agg, 64),
+                limited("long", Role::Agg, 256),
+            ],
+            prefix_memory: 16,
+        });
+        // Prompts of 200 tokens only fit `long`; of 32, both.
+        for id in 1..=6 {
+            let prompt = if id % 2 == 1 { 200 } else { 32 };
+            f.handle(0, FrontIn::Request(RequestSpec::new(id, prompt, 4)));
+        }
+        let outs = drain(&mut f);
+        assert!(refusals(&outs).is_empty(), "{policy:?}: {outs:?}");
+        let routed = submitted_to(&outs);
+        assert_eq!(routed.len(), 6, "{policy:?}");
+        for (server, id) in routed {
+            assert!(
+                id % 2 == 0 || server == 1,
+                "{policy:?}: {id} went to {server}"
+            );
+        }
+    }
+    // Round robin still takes turns among the servers that can run each request.
+    let mut f = Front::new(&FrontConfig {
+        policy: FrontPolicy::RoundRobin,
+        servers: vec![
+            limited("short", Role::Agg, 64),
+            limited("long", Role::Agg, 256),
+            limited("short2", Role::Agg, 64),
+        ],
+        prefix_memory: 0,
+    });
+    for (id, prompt) in [(1, 32), (2, 200), (3, 32), (4, 32), (5, 200)] {
+        f.handle(0, FrontIn::Request(RequestSpec::new(id, prompt, 4)));
+    }
+    assert_eq!(
+        submitted_to(&drain(&mut f)),
+        vec![(0, 1), (1, 2), (2, 3), (0, 4), (1, 5)]
+    );
+}
+
+#[test]
+fn a_request_no_server_can_run_is_refused_at_the_front_naming_every_limit() {
+    let mut f = Front::new(&FrontConfig {
+        policy: FrontPolicy::RoundRobin,
+        servers: vec![
+            limited("short", Role::Agg, 64),
+            limited("long", Role::Agg, 256),
+        ],
+        prefix_memory: 0,
+    });
+    f.handle(0, FrontIn::Request(RequestSpec::new(1, 300, 4)));
+    // Pinned to a rank neither server has (dp 2).
+    let mut pinned = RequestSpec::new(2, 32, 4);
+    pinned.pinned = Some(crate::request::PinnedRank {
+        rank: RankId(5),
+        strict: true,
+    });
+    f.handle(0, FrontIn::Request(pinned));
+    let outs = drain(&mut f);
+    assert!(submitted_to(&outs).is_empty(), "{outs:?}");
+    let refused = refusals(&outs);
+    assert_eq!(refused.len(), 2, "{outs:?}");
+    assert_eq!(
+        refused[0].1,
+        "no agg server can run the request: server `short`: prompt_len 300 exceeds \
+         max_num_tokens 64 with chunked prefill off; server `long`: prompt_len 300 exceeds \
+         max_num_tokens 256 with chunked prefill off"
+    );
+    assert!(
+        refused[1]
+            .1
+            .contains("attention_dp_rank 5 is out of range for dp = 2"),
+        "{}",
+        refused[1].1
+    );
+    assert_eq!(f.in_flight(), 0);
+    assert_eq!(f.outstanding(), vec![0, 0]);
+}
+
+#[test]
+fn a_disaggregated_request_no_gen_server_can_hold_is_refused_before_its_prefill() {
+    let mut small_gen = limited("gen_small", Role::Gen, 4096);
+    small_gen.limits.kv_blocks_per_rank = 4;
+    let mut ctx = limited("ctx0", Role::Ctx, 4096);
+    ctx.limits.kv_blocks_per_rank = 64;
+    let mut f = Front::new(&FrontConfig {
+        policy: FrontPolicy::RoundRobin,
+        servers: vec![ctx, small_gen, limited("gen_big", Role::Gen, 4096)],
+        prefix_memory: 0,
+    });
+    // 100 + 8 tokens: 7 blocks, more than gen_small's 4; both go to gen_big.
+    for id in 1..=2 {
+        f.handle(0, FrontIn::Request(RequestSpec::new(id, 100, 8)));
+        let mut first = [response(id, Some(Finish::ContextDone))];
+        assert_eq!(submitted_to(&drain(&mut f)), vec![(0, id)]);
+        f.handle_responses(0, 0, RankId(0), &mut first);
+        assert_eq!(submitted_to(&drain(&mut f)), vec![(2, id)]);
+    }
+    // 300 tokens fit no gen server's 16 blocks: refused at arrival, never prefilled.
+    f.handle(0, FrontIn::Request(RequestSpec::new(3, 300, 8)));
+    let outs = drain(&mut f);
+    assert!(submitted_to(&outs).is_empty(), "{outs:?}");
+    let refused = refusals(&outs);
+    assert!(
+        refused[0]
+            .1
+            .starts_with("no gen server can run the request: server `gen_small`"),
+        "{refused:?}"
+    );
+    // A single output token comes from the ctx server: no gen server needed.
+    f.handle(0, FrontIn::Request(RequestSpec::new(4, 300, 1)));
+    assert_eq!(submitted_to(&drain(&mut f)), vec![(0, 4)]);
 }

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::CapacitySchedulerPolicy;
+use crate::config::{CapacitySchedulerPolicy, context_can_run};
 use crate::kv::KvView;
 use crate::request::{Request, RequestState, SchedulableWindow};
 
@@ -22,6 +22,54 @@ pub struct CapacityConfig {
     pub window_ends_at_complete: bool,
     /// Legacy `gne.count_transfers_as_requests`.
     pub count_transfers_as_requests: bool,
+    /// MAX_UTILIZATION: which requests may be paused.
+    pub pause: PauseRule,
+}
+
+/// MAX_UTILIZATION: which requests may be paused (§4). A paused request is recomputed
+/// later as a context of its prompt and what it generated; a request whose recompute
+/// could never run on this server is never chosen to pause. Its blocks to completion
+/// stay reserved instead, from its admission on, as GUARANTEED_NO_EVICT reserves them,
+/// so it never needs a pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PauseRule {
+    /// T: a context runs whole within it, or in chunks of whole blocks with chunked
+    /// prefill.
+    pub max_num_tokens: u32,
+    /// Chunked prefill on.
+    pub chunked_prefill: bool,
+    /// A ctx server: a request there produces only its first token, so a pause
+    /// recomputes its prompt alone.
+    pub prefill_only: bool,
+}
+
+impl PauseRule {
+    /// Every recompute can run: any request may be paused.
+    pub const ANY: PauseRule = PauseRule {
+        max_num_tokens: u32::MAX,
+        chunked_prefill: true,
+        prefill_only: false,
+    };
+
+    /// Whether `r` may be paused: the longest context a pause could leave it to
+    /// recompute (its prompt and all but its last output token, or on a ctx server its
+    /// prompt) can run here.
+    pub fn may_pause(&self, r: &Request, tokens_per_block: u32) -> bool {
+        let longest = if self.prefill_only {
+            r.spec.prompt_len
+        } else {
+            r.spec
+                .prompt_len
+                .saturating_add(r.spec.max_new_tokens.saturating_sub(1))
+        };
+        context_can_run(
+            longest,
+            r.spec.draft_len,
+            self.max_num_tokens,
+            self.chunked_prefill,
+            tokens_per_block,
+        )
+    }
 }
 
 /// What the capacity scheduler decided. Indices point into the `active` slice given.
@@ -92,9 +140,11 @@ impl CapacityScheduler {
                 admit_disagg_gen_init(active, kv, classes, &mut avail, out);
             }
             CapacitySchedulerPolicy::MaxUtilization => {
+                let pause = &self.config.pause;
                 let mut avail = i64::from(kv.free_blocks());
-                step_in_progress_or_pause(active, kv, classes, cap, &mut avail, out);
-                admit_new_prompt(active, kv, classes, cap, &mut avail, out);
+                reserve_unpausable(active, kv, classes, pause, &mut avail);
+                step_in_progress_or_pause(active, kv, classes, pause, cap, &mut avail, out);
+                admit_new_prompt(active, kv, classes, pause, cap, &mut avail, out);
                 admit_disagg_gen_init(active, kv, classes, &mut avail, out);
             }
             CapacitySchedulerPolicy::StaticBatch => {
@@ -238,24 +288,32 @@ fn admit_new_to_completion(
     }
 }
 
-/// MAX_UTILIZATION: new contexts FCFS while the cap allows and their context fits; the
-/// first that does not fit stops the walk.
+/// MAX_UTILIZATION: new contexts FCFS while the cap allows and their context fits (one
+/// that may not be paused: its blocks to completion); the first that does not fit stops
+/// the walk.
 fn admit_new_prompt(
     active: &[Request],
     kv: &impl KvView,
     classes: &Classes,
+    pause: &PauseRule,
     cap: usize,
     avail: &mut i64,
     out: &mut CapacityOutput,
 ) {
+    let tpb = kv.tokens_per_block();
     for &i in &classes.new_contexts {
         if out.fitting.len() >= cap {
             break;
         }
         let r = &active[i];
         // The context to compute: the prompt, or after a pause the prompt plus what was
-        // generated (it is recomputed).
-        let need = i64::from(kv.blocks_needed(r.id(), r.context_len));
+        // generated (it is recomputed). A request that may not be paused is admitted
+        // only for its blocks to completion, which stay reserved.
+        let need = if pause.may_pause(r, tpb) {
+            i64::from(kv.blocks_needed(r.id(), r.context_len))
+        } else {
+            i64::from(kv.blocks_needed(r.id(), reserved_tokens(r)))
+        };
         if need > *avail {
             break;
         }
@@ -308,25 +366,76 @@ fn one_step_blocks(r: &Request, kv: &impl KvView) -> u32 {
     kv.blocks_needed(r.id(), tokens)
 }
 
+/// Tokens a request that may not be paused keeps reserved: its completion, or its next
+/// step when a draft runs past it.
+fn reserved_tokens(r: &Request) -> u32 {
+    let step = r
+        .tokens_in_cache()
+        .saturating_add(r.spec.draft_len)
+        .saturating_add(1);
+    completion_tokens(r).max(step)
+}
+
+/// MAX_UTILIZATION: the blocks to completion of in-progress requests (and receives in
+/// flight) that may not be paused stay reserved before anything else is placed, so that
+/// no step of theirs ever needs a pause (§4).
+fn reserve_unpausable(
+    active: &[Request],
+    kv: &impl KvView,
+    classes: &Classes,
+    pause: &PauseRule,
+    avail: &mut i64,
+) {
+    let tpb = kv.tokens_per_block();
+    for &i in classes.in_progress.iter().chain(&classes.receiving) {
+        let r = &active[i];
+        if !pause.may_pause(r, tpb) {
+            *avail -= i64::from(kv.blocks_needed(r.id(), reserved_tokens(r)));
+        }
+    }
+}
+
 /// MAX_UTILIZATION: schedule in-progress requests while one more step fits; when it does
-/// not, pause the most recently started scheduled request (the last one placed), giving
-/// back the blocks it holds and the step it had reserved, and retry; with nothing left to
-/// pause, pause the request itself (§4: pause-and-reset, the executor frees its KV).
+/// not, pause the most recently started scheduled request that may be paused (the last
+/// one placed), giving back the blocks it holds and the step it had reserved, and retry;
+/// with nothing left to pause, pause the request itself (§4: pause-and-reset, the
+/// executor frees its KV). A request that may not be paused runs within the blocks
+/// reserved for it; one whose reservation is short of free blocks (they are held by
+/// requests still retiring) first makes the others pause, and otherwise waits a step.
 fn step_in_progress_or_pause(
     active: &[Request],
     kv: &impl KvView,
     classes: &Classes,
+    pause: &PauseRule,
     cap: usize,
     avail: &mut i64,
     out: &mut CapacityOutput,
 ) {
-    // (index, blocks reserved for its step), most recently started last.
+    let tpb = kv.tokens_per_block();
+    // (index, blocks reserved for its step) of the pausable ones, most recently started
+    // last; the unpausable ones scheduled.
     let mut started: Vec<(usize, i64)> = Vec::new();
+    let mut reserved: Vec<usize> = Vec::new();
     for &i in &classes.in_progress {
-        if started.len() >= cap {
+        if started.len() + reserved.len() >= cap {
             break;
         }
         let r = &active[i];
+        if !pause.may_pause(r, tpb) {
+            // Its step is within its reservation; the reservation itself must be backed
+            // by free blocks, which pausing the others gives back.
+            while *avail < 0 {
+                let Some((victim, held)) = started.pop() else {
+                    break;
+                };
+                *avail += held + i64::from(kv.blocks_of(active[victim].id()));
+                out.paused.push(victim);
+            }
+            if *avail >= 0 {
+                reserved.push(i);
+            }
+            continue;
+        }
         let need = i64::from(one_step_blocks(r, kv));
         loop {
             if need <= *avail {
@@ -335,8 +444,8 @@ fn step_in_progress_or_pause(
                 break;
             }
             match started.pop() {
-                Some((victim, reserved)) => {
-                    *avail += reserved + i64::from(kv.blocks_of(active[victim].id()));
+                Some((victim, held)) => {
+                    *avail += held + i64::from(kv.blocks_of(active[victim].id()));
                     out.paused.push(victim);
                 }
                 None => {
@@ -348,4 +457,5 @@ fn step_in_progress_or_pause(
         }
     }
     out.fitting.extend(started.into_iter().map(|(i, _)| i));
+    out.fitting.extend(reserved);
 }

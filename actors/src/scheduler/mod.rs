@@ -10,7 +10,7 @@ mod capacity;
 mod micro_batch;
 
 pub(crate) use capacity::Classes;
-pub use capacity::{CapacityConfig, CapacityOutput, CapacityScheduler};
+pub use capacity::{CapacityConfig, CapacityOutput, CapacityScheduler, PauseRule};
 pub use micro_batch::{BatchEntry, EntryKind, MicroBatchConfig, MicroBatchScheduler};
 
 use crate::request::SchedulableWindow;

@@ -80,6 +80,7 @@ fn capacity(policy: CapacitySchedulerPolicy, max_num_requests: u32) -> CapacityC
         window: published_window(false),
         window_ends_at_complete: false,
         count_transfers_as_requests: false,
+        pause: PauseRule::ANY,
     }
 }
 
@@ -285,6 +286,83 @@ fn max_utilization_pauses_the_request_itself_when_nothing_else_can_be_paused() {
     assert_eq!(out.paused, vec![0]);
 }
 
+/// MAX_UTILIZATION where a recompute of more than `t` tokens cannot run (chunked
+/// prefill off); `prefill_only` for a ctx server.
+fn max_util_t(max_num_requests: u32, t: u32, prefill_only: bool) -> CapacityScheduler {
+    let mut config = capacity(CapacitySchedulerPolicy::MaxUtilization, max_num_requests);
+    config.pause = PauseRule {
+        max_num_tokens: t,
+        chunked_prefill: false,
+        prefill_only,
+    };
+    CapacityScheduler::new(config)
+}
+
+#[test]
+fn max_utilization_never_pauses_a_request_whose_recompute_could_not_run() {
+    // As in the test above, but request 2's recompute (4 + 40 - 1 tokens) could not run
+    // in a forward of 16. Its blocks to completion (11, 1 held) are reserved first: with
+    // 11 free, 1 is left. 1 takes it; 3 does not fit, and 2, started after 1, is passed
+    // over: 1 is paused instead, and 3 steps in what 1 gave back.
+    let active = [gen_req(1, 4, 8), gen_req(2, 4, 40), gen_req(3, 4, 8)];
+    let kv = FakeKv::new(11).hold(1, 1).hold(2, 1).hold(3, 1);
+    let out = max_util_t(8, 16, false).schedule(&active, &kv);
+    assert_eq!(out.fitting, vec![1, 2]);
+    assert_eq!(out.paused, vec![0]);
+    // With only its reservation free, 1 finds nothing before it to pause and pauses
+    // itself; 2 still runs within its reservation.
+    let kv = FakeKv::new(10).hold(1, 1).hold(2, 1).hold(3, 1);
+    let out = max_util_t(8, 16, false).schedule(&active, &kv);
+    assert_eq!(out.fitting, vec![1, 2]);
+    assert_eq!(out.paused, vec![0]);
+    // Where every recompute can run, 2 (started last before 3) is the victim.
+    let kv = FakeKv::new(2).hold(1, 1).hold(2, 1).hold(3, 1);
+    assert_eq!(max_util(8).schedule(&active, &kv).paused, vec![1]);
+}
+
+#[test]
+fn max_utilization_admits_a_request_that_may_not_be_paused_only_for_its_blocks_to_completion() {
+    // 8 prompt + 100 output tokens: 27 blocks to completion; its recompute could not run
+    // in 64 tokens. 3 free blocks hold its prompt, not its completion: it waits (and the
+    // walk stops there, FCFS), where a request that may be paused would start.
+    let active = [ctx(1, 8, 100), ctx(2, 4, 4)];
+    let out = max_util_t(8, 64, false).schedule(&active, &FakeKv::new(3));
+    assert!(out.fitting.is_empty(), "{out:?}");
+    assert_eq!(
+        max_util(8).schedule(&active, &FakeKv::new(3)).fitting,
+        vec![0, 1]
+    );
+    assert_eq!(
+        max_util_t(8, 64, false)
+            .schedule(&active, &FakeKv::new(29))
+            .fitting,
+        vec![0, 1]
+    );
+    // On a ctx server the request produces one token: its recompute is its prompt, it
+    // may be paused, and it is admitted by its prompt.
+    assert_eq!(
+        max_util_t(8, 64, true)
+            .schedule(&active, &FakeKv::new(3))
+            .fitting,
+        vec![0, 1]
+    );
+}
+
+#[test]
+fn max_utilization_keeps_the_reservation_of_a_request_that_may_not_be_paused() {
+    // Request 1 (may not be paused) holds 2 of its 27 blocks to completion; 25 more stay
+    // reserved. A new context's 1-block prompt does not fit in what is left.
+    let active = [gen_req(1, 8, 100), ctx(2, 4, 4)];
+    let kv = FakeKv::new(25).hold(1, 2);
+    let out = max_util_t(8, 64, false).schedule(&active, &kv);
+    assert_eq!(out.fitting, vec![0]);
+    let kv = FakeKv::new(26).hold(1, 2);
+    assert_eq!(
+        max_util_t(8, 64, false).schedule(&active, &kv).fitting,
+        vec![0, 1]
+    );
+}
+
 #[test]
 fn max_utilization_admits_new_contexts_by_prompt_not_by_completion() {
     // 2 blocks of prompt fit in 3 free ones though the completion would need 27.
@@ -487,14 +565,21 @@ proptest! {
         cap in 0u32..8,
         legacy_window in any::<bool>(),
         legacy_transfers in any::<bool>(),
+        pause in (1u32..128, any::<bool>(), any::<bool>()),
     ) {
         let (active, kv) = build(&raw, free);
+        let pause = PauseRule {
+            max_num_tokens: pause.0,
+            chunked_prefill: pause.1,
+            prefill_only: pause.2,
+        };
         let config = CapacityConfig {
             policy,
             max_num_requests: cap,
             window: published_window(false),
             window_ends_at_complete: legacy_window,
             count_transfers_as_requests: legacy_transfers,
+            pause,
         };
         let out = CapacityScheduler::new(config).schedule(&active, &kv);
         let charged = active
@@ -518,6 +603,10 @@ proptest! {
         }
         if policy != CapacitySchedulerPolicy::MaxUtilization {
             prop_assert!(out.paused.is_empty());
+        }
+        // A request whose recompute could not run is never paused.
+        for &i in &out.paused {
+            prop_assert!(pause.may_pause(&active[i], TPB), "{:?} paused", active[i]);
         }
     }
 

@@ -18,15 +18,16 @@ pub(crate) fn print_error(text: &str) {
 }
 
 /// The exit status says how the run ended, so scripts need not parse the report:
-/// 0 every request completed (or failed with a reason the report gives), 1 the run
-/// itself failed (a collective error, a lost device or rank), 2 the fleet crashed (a
-/// fatal violation) or deadlocked: a result the report describes.
+/// 0 every request completed, 1 the run itself failed (a collective error, a lost device
+/// or rank), 2 the fleet crashed (a fatal violation) or deadlocked, 3 the run ended but
+/// some requests did not complete (each with its reason in the report).
 pub(crate) fn exit_code(report: &Report) -> ExitCode {
     use lockstep_plan::report::Outcome;
     match report.outcome {
         Outcome::Completed => ExitCode::SUCCESS,
         Outcome::Failed => ExitCode::FAILURE,
         Outcome::Crashed | Outcome::Deadlocked => ExitCode::from(2),
+        Outcome::Incomplete => ExitCode::from(3),
     }
 }
 

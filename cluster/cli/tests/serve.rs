@@ -517,6 +517,52 @@ fn a_request_no_server_could_run_is_refused_naming_the_limit() {
     assert_eq!(sample(&scrape(&s), "lockstep_request_failure_total"), 0.0);
 }
 
+/// Issue 29 item 7: in a fleet whose servers differ, a request some server can run is
+/// answered (the front routes it there; it used to be a 500 every other request), and
+/// only a request no server can run is refused, 400 naming the limit.
+#[test]
+fn a_heterogeneous_fleet_answers_every_request_some_server_can_run() {
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("heterogeneous.toml");
+    let server = |name: &str, t: u32| {
+        format!(
+            "[[server]]\nname = \"{name}\"\nmax_batch_size = 4\nmax_num_tokens = {t}\n\
+             enable_chunked_prefill = false\n[server.kv_cache_config]\ntokens_per_block = 16\n\
+             max_tokens = 65536\n"
+        )
+    };
+    std::fs::write(
+        &path,
+        format!(
+            "name = \"heterogeneous\"\n[front]\npolicy = \"round_robin\"\n{}{}\
+             [workload]\nkind = \"closed_loop\"\nconcurrency = 1\nnum_requests = 1\n\
+             input_len = 8\noutput_len = 4\n",
+            server("short", 64),
+            server("long", 1024),
+        ),
+    )
+    .unwrap();
+    let s = Server::start(path.to_str().unwrap(), &[]);
+    let prompt = |n: u32| -> String {
+        let ids: Vec<String> = (1..=n).map(|i| i.to_string()).collect();
+        format!(r#"{{"prompt": [{}], "max_tokens": 3}}"#, ids.join(", "))
+    };
+    for _ in 0..4 {
+        let (code, body) = post(&s.url("/v1/completions"), &prompt(200), None);
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(json_of(&body)["usage"]["completion_tokens"], 3);
+    }
+    let (code, body) = post(&s.url("/v1/completions"), &prompt(2000), None);
+    assert_eq!(code, 400, "{body}");
+    let message = json_of(&body)["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(message.contains("max_num_tokens 1024"), "{message}");
+    assert_eq!(sample(&scrape(&s), "lockstep_request_failure_total"), 0.0);
+}
+
 #[test]
 fn metrics_show_every_rank_and_prefix_cache_hits_from_shared_prompts() {
     let s = Server::start("agg-kv-aware.toml", &[]);

@@ -425,7 +425,11 @@ fn a_lost_transfer_times_out_and_fails_only_that_request() {
     );
     s.faults.lost_transfer_every = Some(10);
     let r = run(&s, 0);
-    assert_eq!(r.outcome, Outcome::Completed, "{:?}", r.outcome_detail);
+    assert_eq!(r.outcome, Outcome::Incomplete, "{:?}", r.outcome_detail);
+    assert_eq!(
+        r.outcome_detail.as_deref(),
+        Some("10 of 100 requests did not complete (10 transfer_timeout)")
+    );
     assert_eq!(r.requests.submitted, 100);
     assert_eq!(r.requests.failed, 10, "every 10th of 100 transfers is lost");
     assert_eq!(r.requests.completed, 90);

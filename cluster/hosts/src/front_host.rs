@@ -316,7 +316,7 @@ impl FrontHost {
 
 #[cfg(test)]
 mod tests {
-    use lockstep_actors::config::Role;
+    use lockstep_actors::config::{Role, ServerLimits};
     use lockstep_actors::front::{FrontConfig, FrontPolicy, FrontServer};
     use lockstep_actors::ids::ReqId;
     use lockstep_actors::request::RequestSpec;
@@ -331,8 +331,10 @@ mod tests {
             servers: servers
                 .iter()
                 .map(|&(role, generation_first)| FrontServer {
+                    name: String::new(),
                     role,
                     generation_first,
+                    limits: ServerLimits::UNBOUNDED,
                 })
                 .collect(),
             prefix_memory: 0,

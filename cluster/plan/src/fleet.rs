@@ -3,7 +3,10 @@
 //! the fleet, the model profile, the front's configuration. One planner, so the
 //! simulator and the real drivers refuse the same scenarios with the same words.
 
-use lockstep_actors::config::{DerivedSizes, RequestShape, Role, ServerConfig, size_refusal};
+use lockstep_actors::config::{
+    DerivedSizes, RequestShape, Role, ServerConfig, ServerLimits, Unservable, roles_needed,
+    unservable,
+};
 use lockstep_actors::front::{FrontConfig, FrontServer};
 use lockstep_actors::transceiver::{KvCodec, PeerMessage};
 use lockstep_actors::vocab::KvAddress;
@@ -42,8 +45,8 @@ pub enum PlanError {
     /// No request the workload can produce could ever be served.
     #[error("no request of this workload could ever be served: {why}")]
     Unservable {
-        /// The refusal of the easiest request, per server.
-        why: String,
+        /// The refusal of the first request, per server of the role that refused it.
+        why: Unservable,
     },
     /// Aggregated and disaggregated servers mixed.
     #[error(
@@ -98,6 +101,11 @@ pub struct PlannedServer<'s> {
 }
 
 impl PlannedServer<'_> {
+    /// What this server can run (the ranks' and the front's rule).
+    pub fn limits(&self) -> ServerLimits {
+        ServerLimits::of(self.config, &self.sizes)
+    }
+
     /// `kv_transfer_timeout_ms`, at least 1.
     pub fn transfer_timeout_ms(&self) -> u64 {
         self.config
@@ -231,6 +239,7 @@ impl<'s> Fleet<'s> {
                 prompt_len,
                 max_new_tokens,
                 draft_len: 0,
+                pinned_rank: None,
             }) {
                 None => {
                     servable = true;
@@ -258,9 +267,7 @@ impl<'s> Fleet<'s> {
                 .map(|p| ServerShape {
                     name: p.config.name.clone(),
                     role: p.config.role,
-                    chunked_prefill: p.config.enable_chunked_prefill,
-                    capacity_policy: p.config.scheduler_config.capacity_scheduler_policy,
-                    sizes: p.sizes.clone(),
+                    limits: p.limits(),
                 })
                 .collect(),
         }
@@ -294,9 +301,11 @@ impl<'s> Fleet<'s> {
                 .servers
                 .iter()
                 .map(|p| FrontServer {
+                    name: p.config.name.clone(),
                     role: p.config.role,
                     generation_first: p.config.role == Role::Ctx
                         && p.config.cache_transceiver_config.generation_first,
+                    limits: p.limits(),
                 })
                 .collect(),
             prefix_memory: FRONT_PREFIX_MEMORY,
@@ -340,13 +349,12 @@ impl<'s> Fleet<'s> {
 struct ServerShape {
     name: String,
     role: Role,
-    chunked_prefill: bool,
-    capacity_policy: lockstep_actors::config::CapacitySchedulerPolicy,
-    sizes: DerivedSizes,
+    limits: ServerLimits,
 }
 
-/// Whether some server of the fleet could serve a request of a given shape (the rule
-/// of [`size_refusal`], which the ranks apply when the request arrives).
+/// Whether the fleet could serve a request of a given shape: for every role it needs, a
+/// server that can run it (the rule of [`ServerLimits::refusal`], which the front
+/// routes by and the ranks apply when the request arrives).
 #[derive(Debug, Clone)]
 pub struct ShapeCheck {
     disaggregated: bool,
@@ -354,28 +362,21 @@ pub struct ShapeCheck {
 }
 
 impl ShapeCheck {
-    /// Why no server could serve a request of this shape (the entry role, then for a
-    /// disaggregated fleet the gen role), if none could.
-    pub fn refusal(&self, r: RequestShape) -> Option<String> {
-        let roles: &[Role] = if self.disaggregated {
-            &[Role::Ctx, Role::Gen]
-        } else {
-            &[Role::Agg]
-        };
-        for &role in roles {
-            let mut why = Vec::new();
-            let mut servable = false;
-            for p in self.servers.iter().filter(|p| p.role == role) {
-                match size_refusal(&r, role, p.chunked_prefill, p.capacity_policy, &p.sizes) {
-                    None => servable = true,
-                    Some(w) => why.push(format!("server `{}`: {w}", p.name)),
-                }
-            }
-            if !servable {
-                return Some(why.join("; "));
-            }
-        }
-        None
+    /// Why the fleet could never serve a request of this shape (the entry role, then
+    /// for a disaggregated fleet the gen role), if it could not: every server of the
+    /// first role none of whose servers can run it, with its limit.
+    pub fn refusal(&self, r: RequestShape) -> Option<Unservable> {
+        roles_needed(self.disaggregated, r.max_new_tokens)
+            .iter()
+            .find_map(|&role| {
+                unservable(
+                    role,
+                    self.servers
+                        .iter()
+                        .map(|p| (p.name.as_str(), p.role, &p.limits)),
+                    &r,
+                )
+            })
     }
 }
 

@@ -84,9 +84,10 @@ pub enum Event {
     Failed {
         /// Why.
         why: String,
-        /// The servers have stopped (503: try again later, elsewhere), rather than
-        /// the request failing on them (500).
-        unavailable: bool,
+        /// What kind of failure: the servers have stopped (`Unavailable`, 503: try
+        /// again later, elsewhere); no server could run it (`Refused`, 400); the
+        /// request failed on them (anything else, 500).
+        kind: FailureKind,
     },
     /// The drain timeout passed before the request finished: it was cancelled on its
     /// rank.
@@ -268,7 +269,7 @@ pub fn run(
                         metrics.request_failure.inc();
                         send(&events, &backlog, Event::Failed {
                             why: "every server has stopped".into(),
-                            unavailable: true,
+                            kind: FailureKind::Unavailable,
                         });
                         continue;
                     }
@@ -340,7 +341,7 @@ pub fn run(
             &o.backlog,
             Event::Failed {
                 why: STOPPED.into(),
-                unavailable: true,
+                kind: FailureKind::Unavailable,
             },
         );
     }
@@ -418,18 +419,18 @@ fn deliver(
         None | Some(Finish::ContextDone) => return,
         Some(Finish::Completed) => Event::Completed,
         Some(Finish::Failed(why)) => Event::Failed {
-            unavailable: why.kind() == FailureKind::Unavailable,
+            kind: why.kind(),
             why: why.to_string(),
         },
         Some(Finish::Cancelled) if o.overflowed => Event::Failed {
             why: format!(
                 "cancelled: the client read nothing while more than {stream_buffer} output events waited for it (--stream-buffer)"
             ),
-            unavailable: false,
+            kind: FailureKind::Cancelled,
         },
         Some(Finish::Cancelled) => Event::Failed {
             why: "cancelled".into(),
-            unavailable: false,
+            kind: FailureKind::Cancelled,
         },
     };
     let Some(o) = open.remove(&r.id) else {

@@ -26,6 +26,7 @@ use super::bridge::{Backlog, BridgeMsg, Event, Pending, Place};
 use super::stop::{Released, StopWatch};
 use lockstep_actors::config::RequestShape;
 use lockstep_actors::ids::ReqId;
+use lockstep_actors::vocab::FailureKind;
 use lockstep_plan::fleet::ShapeCheck;
 
 /// What every handler shares.
@@ -364,6 +365,7 @@ fn check_size(state: &AppState, parsed: &Parsed, endpoint: Endpoint) -> Result<(
         prompt_len: parsed.prompt_tokens,
         max_new_tokens,
         draft_len: 0,
+        pinned_rank: None,
     };
     let (param, why) = if let Some(why) = state.shapes.refusal(shape(1)) {
         (api::prompt_param(endpoint), why)
@@ -651,11 +653,12 @@ struct Answer {
 }
 
 /// The error a failed request answers with.
-fn failure(why: String, unavailable: bool) -> ApiError {
-    if unavailable {
-        ApiError::status(503, "server_error", why)
-    } else {
-        ApiError::status(500, "server_error", why)
+fn failure(why: String, kind: FailureKind) -> ApiError {
+    match kind {
+        FailureKind::Unavailable => ApiError::status(503, "server_error", why),
+        // No server can run it (the front's rule, which `check_size` applies first).
+        FailureKind::Refused => ApiError::status(400, "invalid_request_error", why),
+        _ => ApiError::status(500, "server_error", why),
     }
 }
 
@@ -698,6 +701,7 @@ fn context_left(state: &AppState, parsed: &Parsed, max_positions: u32) -> u32 {
                 prompt_len: parsed.prompt_tokens,
                 max_new_tokens,
                 draft_len: 0,
+                pinned_rank: None,
             })
             .is_none()
     };
@@ -839,9 +843,9 @@ impl Answer {
                     self.guard.disarm();
                     return WholeEnd::Done;
                 }
-                Some(Event::Failed { why, unavailable }) => {
+                Some(Event::Failed { why, kind }) => {
                     self.guard.disarm();
-                    return WholeEnd::Failed(failure(why, unavailable));
+                    return WholeEnd::Failed(failure(why, kind));
                 }
                 Some(Event::Cut) => {
                     self.guard.disarm();
@@ -849,7 +853,7 @@ impl Answer {
                 }
                 None => {
                     self.guard.disarm();
-                    return WholeEnd::Failed(failure(STOPPED.into(), true));
+                    return WholeEnd::Failed(failure(STOPPED.into(), FailureKind::Unavailable));
                 }
             }
         }
@@ -1069,13 +1073,13 @@ fn stream(
             }
             other => {
                 let e = match other {
-                    Some(Event::Failed { why, unavailable }) => failure(why, unavailable),
+                    Some(Event::Failed { why, kind }) => failure(why, kind),
                     Some(Event::Cut) => {
                         st.flow.cut_counted.set(true);
                         st.drain.count_cut();
                         cut_error()
                     }
-                    _ => failure(STOPPED.into(), true),
+                    _ => failure(STOPPED.into(), FailureKind::Unavailable),
                 };
                 st.done = true;
                 st.answer.guard.disarm();

@@ -5,7 +5,9 @@
 //! the same text on every machine (the trace paths aside, which are absolute). Sizes
 //! that requests depend on are derived from the workload first, so that no request is
 //! refused for a legitimate reason (§3.2: a prompt over `T` without chunked prefill, a
-//! `MAX_UTILIZATION` recompute over `T`, a request larger than a rank's KV).
+//! request larger than a rank's KV): the first server of each role is sized for every
+//! request; a later one may be sized for half the longest prompt and output, so that the
+//! front door must route around it.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -18,6 +20,8 @@ use rand_chacha::ChaCha8Rng;
 const SALT: u64 = 0x5757_4152_4d00_0001;
 /// Salts the ADP balance knobs' own stream.
 const BALANCE_SALT: u64 = 0x4241_4c41_4e43_4501;
+/// Salts the stream that decides which servers are sized for less than every request.
+const HETEROGENEOUS_SALT: u64 = 0x4845_5445_524f_0001;
 
 /// The shipped request traces, lengths only: `(prompt, output)` per record in file
 /// order. `None` when the file is not there (a binary run away from its repository).
@@ -323,17 +327,12 @@ fn server(
         "MAX_UTILIZATION",
         "STATIC_BATCH",
     ]);
-    // T: at least a block and a generation step; without chunked prefill a prefilling
-    // server's T holds the longest prompt, and under MAX_UTILIZATION (every role: the
-    // request is validated the same way everywhere) a paused request's recompute.
-    let mut floor = tpb.max(1 + draft);
-    if !chunked {
-        if role != Role::Gen {
-            floor = floor.max(needs.prompt + draft);
-        }
-        if policy == "MAX_UTILIZATION" {
-            floor = floor.max(needs.prompt + needs.output.saturating_sub(1) + draft);
-        }
+    // T: at least a generation step; a prefilling server's T holds a block with chunked
+    // prefill, and the longest prompt without it. A gen server never prefills, and a
+    // MAX_UTILIZATION recompute over T is no limit (such a request is never paused).
+    let mut floor = 1 + draft;
+    if role != Role::Gen {
+        floor = floor.max(if chunked { tpb } else { needs.prompt + draft });
     }
     let t = if g.chance(0.3) {
         floor
@@ -464,9 +463,22 @@ pub fn generate(seed: u64) -> String {
     let lost_every = ((disaggregated && g.chance(0.25)) || (!disaggregated && g.chance(0.03)))
         .then(|| g.pick(&[1u64, 2, 3, 5, 7, 10]));
     let mut counts = [0usize; 3];
+    let mut heterogeneous = Gen {
+        rng: ChaCha8Rng::seed_from_u64(seed ^ HETEROGENEOUS_SALT),
+    };
+    let half = Needs {
+        prompt: (needs.prompt / 2).max(1),
+        output: (needs.output / 2).max(1),
+    };
     for role in &roles {
         let n = &mut counts[*role as usize];
         let name = format!("{}{n}", role.name());
+        // The first server of a role can run every request; a later one maybe not.
+        let sized_for = if *n > 0 && heterogeneous.chance(0.5) {
+            &half
+        } else {
+            &needs
+        };
         *n += 1;
         server(
             &mut g,
@@ -474,7 +486,7 @@ pub fn generate(seed: u64) -> String {
             &name,
             *role,
             tpb,
-            &needs,
+            sized_for,
             lost_every.is_some(),
         );
     }

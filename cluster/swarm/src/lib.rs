@@ -36,18 +36,18 @@ pub use shrink::{Shrunk, shrink, size};
 /// How one run ended, from the best (clean) to the worst.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Class {
-    /// Completed, every request completed, nothing violated.
+    /// Every request completed, nothing violated.
     Clean,
-    /// Completed; the only failed requests are KV transfers that timed out, in a
-    /// scenario that injects losses (`[faults]`) or sets short transfer timeouts.
+    /// Ended (`incomplete`); the only failed requests are KV transfers that timed out,
+    /// in a scenario that injects losses (`[faults]`) or sets short transfer timeouts.
     FaultOnly,
-    /// Completed, but a §10 invariant was violated (a non-fatal one).
+    /// Ended, but a §10 invariant was violated (a non-fatal one).
     Violation,
-    /// Completed, but some request failed for another reason.
+    /// Ended, but some request failed for another reason.
     FailedWithoutFault,
     /// `completed + failed != submitted`, or the per-request list disagrees.
     Accounting,
-    /// Completed, but a server still held KV blocks at the end.
+    /// Ended, but a server still held KV blocks at the end.
     Leak,
     /// A fatal violation (the real executor would crash).
     Crashed,
@@ -214,7 +214,7 @@ pub fn classify(report: &Report, scenario: &Scenario) -> Finding {
             return Finding::new(Class::Deadlocked, stuck_role(&detail, scenario), detail);
         }
         Outcome::Failed => return Finding::new(Class::RunFailed, normalized(&detail), detail),
-        Outcome::Completed => {}
+        Outcome::Completed | Outcome::Incomplete => {}
     }
     let r = &report.requests;
     let failures: Vec<(Option<FailureKind>, &str)> = report

@@ -300,7 +300,8 @@ pub fn rank_args(text: &str, sets: &[&str], name: &str) -> (Vec<String>, PathBuf
 }
 
 /// Runs scenario `text` (with `--set` overrides) under mpirun, preloaded with seed 3,
-/// and returns its report; the run must succeed.
+/// and returns its report; the run must end as planned (every request completed, or
+/// exit status 3: some failed, each with its reason, e.g. lost KV).
 pub fn mpi_report(bin: &PathBuf, text: &str, sets: &[&str], name: &str) -> Report {
     mpi_report_with(bin, text, sets, name, &[])
 }
@@ -320,7 +321,7 @@ pub fn mpi_report_with(
     let started = Instant::now();
     let out = output_within(mpirun(bin, n, &args), Duration::from_secs(120));
     assert!(
-        out.status.success(),
+        out.status.success() || out.status.code() == Some(3),
         "mpirun failed after {:?}: {}",
         started.elapsed(),
         String::from_utf8_lossy(&out.stderr)

@@ -9,8 +9,11 @@ use lockstep_actors::invariants::Violation;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
-    /// Every request was accounted for.
+    /// Every request completed.
     Completed,
+    /// The run ended as planned, but not every request completed: some failed or were
+    /// cancelled, each with its reason (the detail counts them by kind).
+    Incomplete,
     /// A violation that crashes the real executor happened.
     Crashed,
     /// Work remained and nothing could make progress.
@@ -24,6 +27,7 @@ impl Outcome {
     pub fn name(self) -> &'static str {
         match self {
             Outcome::Completed => "completed",
+            Outcome::Incomplete => "incomplete",
             Outcome::Crashed => "crashed",
             Outcome::Deadlocked => "deadlocked",
             Outcome::Failed => "failed",

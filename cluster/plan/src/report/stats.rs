@@ -278,6 +278,35 @@ pub fn server_report(
     }
 }
 
+/// A run that ended as planned but did not complete every request: how many, by
+/// failure kind (in the kinds' order).
+fn not_completed(records: &[ClientRecord]) -> Option<String> {
+    let mut kinds: std::collections::BTreeMap<FailureKind, u64> = Default::default();
+    for r in records
+        .iter()
+        .filter(|r| !(r.completed && r.end_ns.is_some()))
+    {
+        let kind = match (&r.failure, r.end_ns) {
+            (Some((kind, _)), Some(_)) => *kind,
+            _ => FailureKind::Unfinished,
+        };
+        *kinds.entry(kind).or_default() += 1;
+    }
+    if kinds.is_empty() {
+        return None;
+    }
+    let failed: u64 = kinds.values().sum();
+    let by_kind: Vec<String> = kinds
+        .iter()
+        .map(|(kind, n)| format!("{n} {}", kind.name()))
+        .collect();
+    Some(format!(
+        "{failed} of {} requests did not complete ({})",
+        records.len(),
+        by_kind.join(", ")
+    ))
+}
+
 /// Builds the whole report from the client's log, the first scheduling of each request
 /// (request id, ns; from every rank, on the report's clock: the earliest counts) and the
 /// servers' reports. Requests still open when the run ended count as failed (a crashed
@@ -299,7 +328,10 @@ pub fn assemble_report(
     } = client;
     let (outcome, outcome_detail) = match outcome {
         Some((o, d)) => (o, Some(d)),
-        None => (Outcome::Completed, None),
+        None => match not_completed(&records) {
+            Some(d) => (Outcome::Incomplete, Some(d)),
+            None => (Outcome::Completed, None),
+        },
     };
     let mut scheduled: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
     for (id, ns) in first_scheduled {
