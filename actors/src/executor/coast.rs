@@ -16,10 +16,11 @@
 //! The conditions are checked before a server coasts ([`RankExecutor::coast_ready`],
 //! [`RankExecutor::coast_expected`], [`RankExecutor::coast_limit`], and the group's
 //! checks across ranks); each coasted iteration then checks that its new blocks are
-//! free ([`RankExecutor::coast_blocks_free`]). Whatever breaks them — a request's last
-//! token, an arrival, a transfer — is an iteration the protocol runs in full.
+//! free and that the capacity scheduler takes every request
+//! ([`RankExecutor::coast_step_fits`]). Whatever breaks them — a request's last token,
+//! an arrival, a transfer — is an iteration the protocol runs in full.
 
-use crate::config::Role;
+use crate::config::{CapacitySchedulerPolicy, Role};
 use crate::counts::RankCounts;
 use crate::ids::BatchNumber;
 use crate::invariants::Violation;
@@ -195,16 +196,31 @@ impl RankExecutor {
         };
     }
 
-    /// Whether the KV blocks the next coasted iteration takes (one for each request
-    /// whose step crosses a block boundary) are free.
-    pub fn coast_blocks_free(&self) -> bool {
+    /// Whether the next coasted iteration's steps fit: the KV blocks it takes (one for
+    /// each request whose step crosses a block boundary) are free, and under
+    /// MAX_UTILIZATION, whose decision depends on the pool, the capacity scheduler itself
+    /// takes every request and pauses none.
+    pub fn coast_step_fits(&mut self) -> bool {
         let crossing = self
             .resident
             .active
             .iter()
             .filter(|q| q.kv_tokens + 1 > q.kv_room)
             .count();
-        crossing as u64 <= u64::from(self.kv.free_blocks())
+        if crossing as u64 > u64::from(self.kv.free_blocks()) {
+            return false;
+        }
+        if self.capacity.policy() != CapacitySchedulerPolicy::MaxUtilization {
+            // GUARANTEED_NO_EVICT and STATIC_BATCH take every request in progress up to
+            // the cap (`coast_ready`), whatever the pool holds.
+            return true;
+        }
+        let (classes, out) = (&mut self.bufs.classes, &mut self.bufs.capacity);
+        self.capacity
+            .schedule_with(&self.resident.active, &self.kv, classes, out);
+        out.paused.is_empty()
+            && out.disagg_gen_init.is_empty()
+            && out.fitting.len() == self.resident.active.len()
     }
 
     /// A coasted iteration's first half at `now_ns`, whose fetch read nothing but maybe

@@ -50,9 +50,9 @@ impl ServerGroup {
         }
     }
 
-    /// Whether every rank has the free KV blocks its next coasted step takes.
-    pub fn coast_blocks_free(&self) -> bool {
-        self.ranks.iter().all(RankExecutor::coast_blocks_free)
+    /// Whether every rank's next coasted steps fit ([`RankExecutor::coast_step_fits`]).
+    pub fn coast_step_fits(&mut self) -> bool {
+        self.ranks.iter_mut().all(RankExecutor::coast_step_fits)
     }
 
     /// A coasted iteration's first half on every rank, fetched at `now_ns` (the fetch

@@ -97,6 +97,11 @@ impl CapacityScheduler {
         CapacityScheduler { config }
     }
 
+    /// Its policy.
+    pub fn policy(&self) -> CapacitySchedulerPolicy {
+        self.config.policy
+    }
+
     /// The published window.
     pub fn window(&self) -> SchedulableWindow {
         self.config.window

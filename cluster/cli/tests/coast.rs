@@ -112,6 +112,80 @@ fn every_example_reports_the_same_with_and_without_coasting_under_both_presets()
     );
 }
 
+/// MAX_UTILIZATION on a tight pool: requests pause and are recomputed, and the long
+/// ones, whose recompute could not run in one forward, may never be paused (they keep
+/// their blocks to completion): the capacity scheduler's decision depends on the pool
+/// from one iteration to the next, and a coasted iteration must take it as the
+/// scheduler does.
+#[test]
+fn max_utilization_on_a_tight_pool_reports_the_same_with_and_without_coasting() {
+    let mut coasted = 0;
+    for (dp, overlap, tokens) in [(1, true, 96), (2, false, 96), (2, true, 160)] {
+        let text = format!(
+            r#"
+name = "coast-max-utilization"
+[[server]]
+name = "agg0"
+tensor_parallel_size = {dp}
+enable_attention_dp = {adp}
+max_batch_size = 8
+max_num_tokens = {tokens}
+disable_overlap_scheduler = {no_overlap}
+[server.scheduler_config]
+capacity_scheduler_policy = "MAX_UTILIZATION"
+[server.kv_cache_config]
+tokens_per_block = 16
+max_tokens = 1024
+enable_block_reuse = false
+[workload]
+kind = "closed_loop"
+concurrency = 12
+num_requests = 60
+input_len = [16, 80]
+output_len = [8, 120]
+"#,
+            adp = dp > 1,
+            no_overlap = !overlap
+        );
+        let s = Scenario::parse(&text, "coast").expect("the scenario parses");
+        coasted +=
+            same_both_ways(&format!("dp {dp}, overlap {overlap}, T {tokens}"), &s).iterations;
+    }
+    // One rank, a pool of 10 blocks, requests of 16 prompt tokens and 30 to 110 output
+    // tokens: the long ones may not be paused (their recompute exceeds T = 64), so the
+    // blocks to their completion stay reserved, and a short one at a block boundary is
+    // paused when the pool's free blocks are all reserved, although some are free.
+    let tight = r#"
+name = "coast-max-utilization-reserved"
+seed = SEED
+[[server]]
+name = "agg0"
+tensor_parallel_size = 1
+max_batch_size = 8
+max_num_tokens = 64
+[server.scheduler_config]
+capacity_scheduler_policy = "MAX_UTILIZATION"
+[server.kv_cache_config]
+tokens_per_block = 16
+max_tokens = 160
+enable_block_reuse = false
+[frontend]
+preset = "none"
+[workload]
+kind = "closed_loop"
+concurrency = 3
+num_requests = 12
+input_len = 16
+output_len = [30, 110]
+"#;
+    for seed in 0..12 {
+        let text = tight.replace("SEED", &seed.to_string());
+        let s = Scenario::parse(&text, "coast").expect("the scenario parses");
+        coasted += same_both_ways(&format!("reserved blocks, seed {seed}"), &s).iterations;
+    }
+    assert!(coasted > 100, "only {coasted} iterations coasted");
+}
+
 /// Swarm scenarios `first..first + runs`, each compared both ways; the iterations
 /// coasted in all.
 fn swarm_sample(first: u64, runs: u64) -> u64 {

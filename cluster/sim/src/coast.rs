@@ -28,7 +28,7 @@ impl Sim<'_, '_> {
         if limit == 0 || self.horizon().is_some_and(|h| h <= self.now) {
             return Ok(false);
         }
-        if !self.servers[s].group.coast_blocks_free() {
+        if !self.servers[s].group.coast_step_fits() {
             return Ok(false);
         }
         let Some(mut shutdown) = self.servers[s].coast_read(self.now) else {
@@ -46,7 +46,7 @@ impl Sim<'_, '_> {
             self.coasted.1 += 1;
             let more = coasted < limit
                 && self.horizon().is_none_or(|h| ended < h)
-                && self.servers[s].group.coast_blocks_free();
+                && self.servers[s].group.coast_step_fits();
             if !more {
                 self.push(ended, Event::Coasted(s));
                 return Ok(true);
