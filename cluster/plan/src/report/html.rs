@@ -438,7 +438,7 @@ table{{border-collapse:collapse;margin:8px 0 16px}}td,th{{border:1px solid #ccc;
     o.push_str(clock);
     o.push_str(" time");
     if runs.iter().any(|(_, r)| is_external(r)) {
-        o.push_str(", measured by the client; an external server shows no server plots");
+        o.push_str("; a client cannot see an external server's ranks: no server plots");
     }
     o.push_str(
         "). The TTFT, TPOT and E2E CDFs are over requests; ITL is over every gap between \
