@@ -9,7 +9,7 @@ use std::process::Command;
 use common::{agg_text, parse, simulate, temp};
 use lockstep_plan::report::html::{parse_run_file, render};
 use lockstep_plan::report::series::MAX_POINTS;
-use lockstep_plan::report::{Report, Slo};
+use lockstep_plan::report::{Report, Slo, TimeBase};
 
 fn ab_reports() -> Vec<(String, Report)> {
     let text = agg_text(4, true);
@@ -176,9 +176,9 @@ fn series_points(html: &str, plot: &str) -> Vec<usize> {
 fn the_page_has_an_svg_per_plot_with_both_runs_and_no_external_url() {
     let runs = ab_reports();
     let html = render(&runs);
-    // Three CDFs, and per server: routing share, occupancy, KV usage, waiting queue,
-    // balance ratio over iterations.
-    assert_eq!(html.matches("<svg class=\"plot\"").count(), 3 + 5);
+    // Three CDFs, the ITL percentiles, and per server: routing share, occupancy, KV
+    // usage, waiting queue, balance ratio over iterations.
+    assert_eq!(html.matches("<svg class=\"plot\"").count(), 4 + 5);
     let completed = runs[1].1.requests.completed as usize;
     assert_eq!(series_points(&html, "ttft CDF"), vec![completed, completed]);
     assert_eq!(series_points(&html, "e2e CDF").len(), 2);
@@ -202,7 +202,7 @@ fn the_page_has_an_svg_per_plot_with_both_runs_and_no_external_url() {
         .count();
     assert!(ratios > 0 && ratios <= samples);
     assert_eq!(series_points(&html, "agg0 balance ratio")[1], ratios);
-    assert!(html.matches("class=\"legend\"").count() >= 14);
+    assert!(html.matches("class=\"legend\"").count() >= 16);
     for axis in [
         "TTFT (ms)",
         "fraction of requests",
@@ -280,4 +280,124 @@ fn the_report_command_reads_sim_and_ab_json_and_names_a_bad_file() {
             "{err}"
         );
     }
+}
+
+/// One plot's SVG.
+fn plot_svg<'a>(html: &'a str, plot: &str) -> &'a str {
+    let start = html
+        .find(&format!("data-plot=\"{plot}\""))
+        .unwrap_or_else(|| panic!("no plot {plot}"));
+    &html[start..start + html[start..].find("</svg>").unwrap()]
+}
+
+/// The y axis's tick labels of one plot (right-aligned texts), bottom to top.
+fn y_tick_labels(html: &str, plot: &str) -> Vec<String> {
+    let mark = "text-anchor=\"end\" font-size=\"11\">";
+    plot_svg(html, plot)
+        .match_indices(mark)
+        .map(|(i, _)| {
+            let rest = &plot_svg(html, plot)[i + mark.len()..];
+            rest[..rest.find('<').unwrap()].to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn an_all_zero_series_gets_an_axis_whose_tick_labels_differ() {
+    let mut r = simulate(&parse(&agg_text(2, true), &[]));
+    for p in &mut r.servers[0].timeseries {
+        p.waiting = 0;
+    }
+    let html = render(&[("fixed".into(), r)]);
+    let labels = y_tick_labels(&html, "agg0 waiting");
+    assert!(labels.len() >= 3, "{labels:?}");
+    let mut distinct = labels.clone();
+    distinct.dedup();
+    assert_eq!(distinct, labels, "repeated tick labels");
+    assert_eq!(labels.first().map(String::as_str), Some("0"));
+    assert_eq!(labels.last().map(String::as_str), Some("1"));
+}
+
+#[test]
+fn occupancy_and_routing_share_are_drawn_on_a_fixed_zero_to_one_axis() {
+    let mut r = simulate(&parse(&agg_text(4, true), &[]));
+    let s = &mut r.servers[0];
+    let b = f64::from(s.max_batch_size);
+    for k in &mut s.ranks {
+        k.mean_scheduled_requests = 0.077 * b;
+    }
+    let html = render(&[("fixed".into(), r)]);
+    // The plot area is 236 px high (340 less 52 above and 52 below).
+    let svg = plot_svg(&html, "agg0 occupancy");
+    let heights: Vec<f64> = svg
+        .match_indices("class=\"bar\"")
+        .map(|(i, _)| {
+            let rest = &svg[i..];
+            let at = rest.find("height=\"").unwrap() + 8;
+            rest[at..at + rest[at..].find('"').unwrap()]
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(heights.len(), 4);
+    for h in heights {
+        assert!(h < 0.1 * 236.0, "an occupancy of 0.077 drawn {h} px high");
+    }
+    for plot in ["agg0 occupancy", "agg0 routing share"] {
+        assert_eq!(y_tick_labels(&html, plot).last().unwrap(), "1", "{plot}");
+    }
+}
+
+#[test]
+fn the_page_has_an_itl_percentile_plot_and_says_why_bars() {
+    let runs = ab_reports();
+    let html = render(&runs);
+    assert_eq!(series_points(&html, "itl percentiles"), vec![4, 4]);
+    assert!(html.contains("ITL (ms)") && html.contains("every gap between"));
+    // No gap at all (one output token each): the plot says so.
+    let one = simulate(&parse(&agg_text(2, true), &["workload.output_len=[1,1]"]));
+    let html = render(&[("fixed".into(), one)]);
+    assert!(plot_svg(&html, "itl percentiles").contains("no samples"));
+}
+
+#[test]
+fn the_summary_table_has_a_violations_row() {
+    let mut runs = ab_reports();
+    let s = &mut runs[0].1.servers[0];
+    s.violation_count = 3;
+    s.violations = serde_json::from_str(
+        r#"[{"iteration": 7, "rank": 1, "kind": "Seats", "detail": "3 holders, 2 seats"}]"#,
+    )
+    .unwrap();
+    let html = render(&runs);
+    let row = &html[html.find("<tr><td>violations").expect("a violations row")..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains(
+            "<td>3 (agg0: 3); first: seats on rank 1 at iteration 7: 3 holders, 2 seats</td>"
+        ),
+        "{row}"
+    );
+    assert!(row.contains("<td>0</td>"), "{row}");
+}
+
+#[test]
+fn a_bench_report_says_client_wall_time_and_names_no_policy() {
+    let mut r = simulate(&parse(&agg_text(2, true), &[]));
+    // What `lockstep bench` writes: the client's clock, no server sections.
+    r.time_base = TimeBase::Client;
+    r.servers.clear();
+    let runs = parse_run_file(&serde_json::to_string(&r).unwrap()).unwrap();
+    assert_eq!(runs[0].0, "external server");
+    let html = render(&runs);
+    assert!(html.contains("client wall time (s)"), "no client clock");
+    assert!(!html.contains("virtual"), "a client's clock called virtual");
+    for policy in ["<th>fixed</th>", "<th>legacy</th>", ">fixed<", ">legacy<"] {
+        assert!(!html.contains(policy), "a policy column: {policy}");
+    }
+    assert!(html.contains("<th>external server</th>"));
+    assert!(html.contains("(external server)"));
+    // A simulated run keeps its virtual clock and its policy.
+    let sim = render(&ab_reports()[1..]);
+    assert!(sim.contains("<td>virtual time (s)</td>") && sim.contains("<th>fixed</th>"));
 }

@@ -30,12 +30,21 @@ enum RunFile {
     One(Box<Report>),
 }
 
+/// A run's name: its policy, or "external server" for `lockstep bench`'s report (a
+/// client's view of a server whose policy it cannot know).
 fn policy_name(r: &Report) -> String {
-    if r.legacy_switches.is_empty() {
+    if is_external(r) {
+        "external server".into()
+    } else if r.legacy_switches.is_empty() {
         "fixed".into()
     } else {
         "legacy".into()
     }
+}
+
+/// Whether the report is a client's (`lockstep bench`) of an external server.
+fn is_external(r: &Report) -> bool {
+    matches!(r.time_base, super::schema::TimeBase::Client)
 }
 
 /// The named reports of a run file's text: one, or `ab`'s base and treatment (named by
@@ -122,7 +131,14 @@ fn summary_table(runs: &[(String, Report)]) -> String {
             r.requests.completed, r.requests.failed, r.requests.warmup
         )
     });
-    row("virtual time (s)", &|r| format!("{:.3}", r.virtual_time_s));
+    let clocks: Vec<&str> = runs.iter().map(|(_, r)| time_unit(r)).collect();
+    let clock = match clocks.first() {
+        Some(c) if clocks.iter().all(|d| d == c) => *c,
+        _ => "run",
+    };
+    row(&format!("{clock} time (s)"), &|r| {
+        format!("{:.3}", r.virtual_time_s)
+    });
     row("throughput (tok/s total, output; req/s)", &|r| {
         format!(
             "{:.1}, {:.1}; {:.3}",
@@ -148,6 +164,33 @@ fn summary_table(runs: &[(String, Report)]) -> String {
     row("TPOT ms mean / p50 / p99", &|r| fmt_p(&r.latency_ms.tpot));
     row("ITL ms mean / p50 / p99", &|r| fmt_p(&r.latency_ms.itl));
     row("E2E ms mean / p50 / p99", &|r| fmt_p(&r.latency_ms.e2e));
+    row("violations (§10)", &|r| {
+        if is_external(r) {
+            return "n/a (external server)".into();
+        }
+        let total: u64 = r.servers.iter().map(|s| s.violation_count).sum();
+        let mut t = total.to_string();
+        let on: Vec<String> = r
+            .servers
+            .iter()
+            .filter(|s| s.violation_count > 0)
+            .map(|s| format!("{}: {}", s.name, s.violation_count))
+            .collect();
+        if !on.is_empty() {
+            let _ = write!(t, " ({})", on.join(", "));
+        }
+        if let Some(v) = r.servers.iter().find_map(|s| s.violations.first()) {
+            let _ = write!(
+                t,
+                "; first: {} on rank {} at iteration {}: {}",
+                v.kind.name(),
+                v.rank.0,
+                v.iteration,
+                v.detail
+            );
+        }
+        t
+    });
     if let Some((_, first)) = runs.first() {
         for (i, s) in first.servers.iter().enumerate() {
             row(&format!("{}: occupancy", s.name), &|r| {
@@ -199,9 +242,8 @@ fn time_unit(r: &Report) -> &'static str {
     match r.time_base {
         super::schema::TimeBase::Virtual => "virtual",
         super::schema::TimeBase::Modeled { .. } => "modeled",
-        super::schema::TimeBase::ZeroCost
-        | super::schema::TimeBase::RealModel
-        | super::schema::TimeBase::Client => "wall",
+        super::schema::TimeBase::ZeroCost | super::schema::TimeBase::RealModel => "wall",
+        super::schema::TimeBase::Client => "client wall",
     }
 }
 
@@ -239,6 +281,33 @@ pub fn render(runs: &[(String, Report)]) -> String {
             line_plot(&axes, &s, Some((0.0, 1.0))),
         ));
     }
+    // ITL is a gap between two token deliveries, not a request's: the report keeps its
+    // percentiles over every gap (no per-request values), drawn as bars.
+    let itl_stats = ["mean", "p50", "p90", "p99"];
+    plots.push((
+        "itl percentiles".into(),
+        bar_plot(
+            &Axes {
+                title: "ITL percentiles (every token gap)".into(),
+                x_label: "statistic".into(),
+                y_label: "ITL (ms)".into(),
+            },
+            &itl_stats.map(String::from),
+            &series(&|r| {
+                let p = &r.latency_ms.itl;
+                if p.samples == 0 {
+                    Vec::new()
+                } else {
+                    [p.mean, p.p50, p.p90, p.p99]
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, v)| (i as f64, v))
+                        .collect()
+                }
+            }),
+            None,
+        ),
+    ));
     let servers: Vec<String> = runs
         .first()
         .map(|(_, r)| r.servers.iter().map(|s| s.name.clone()).collect())
@@ -268,6 +337,7 @@ pub fn render(runs: &[(String, Report)]) -> String {
                 },
                 &categories,
                 &per_rank(&|s, k| s.ranks[k].routing_share),
+                Some((0.0, 1.0)),
             ),
         ));
         plots.push((
@@ -282,6 +352,7 @@ pub fn render(runs: &[(String, Report)]) -> String {
                 &per_rank(&|s, k| {
                     s.ranks[k].mean_scheduled_requests / f64::from(s.max_batch_size.max(1))
                 }),
+                Some((0.0, 1.0)),
             ),
         ));
         let over_time = |f: &dyn Fn(&super::schema::SeriesPoint) -> f64| {
@@ -341,6 +412,9 @@ pub fn render(runs: &[(String, Report)]) -> String {
         }
     }
     let title = match runs {
+        [(_, r)] if is_external(r) => {
+            format!("lockstep bench: {} (external server)", r.scenario)
+        }
         [(_, r)] => format!("lockstep report: {}", r.scenario),
         [(a, r), (b, _), ..] => format!("lockstep ab: {} ({a} vs {b})", r.scenario),
         [] => "lockstep report".into(),
@@ -362,8 +436,14 @@ table{{border-collapse:collapse;margin:8px 0 16px}}td,th{{border:1px solid #ccc;
     }
     o.push_str("</div><p>Times are on the report's clock (");
     o.push_str(clock);
+    o.push_str(" time");
+    if runs.iter().any(|(_, r)| is_external(r)) {
+        o.push_str("; a client cannot see an external server's ranks: no server plots");
+    }
     o.push_str(
-        "). Every term is explained in the glossary of docs/mechanisms.md.</p></body></html>\n",
+        "). The TTFT, TPOT and E2E CDFs are over requests; ITL is over every gap between \
+two token deliveries, kept as percentiles only, hence bars. Every term is explained in \
+the glossary of docs/mechanisms.md.</p></body></html>\n",
     );
     o
 }

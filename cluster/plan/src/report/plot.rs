@@ -50,9 +50,18 @@ pub fn escape(text: &str) -> String {
     o
 }
 
-/// Tick positions: about five round steps (1, 2 or 5 × 10^k) covering `[lo, hi]`.
-fn ticks(lo: f64, hi: f64) -> (f64, f64, Vec<f64>) {
-    let (lo, hi) = if hi > lo { (lo, hi) } else { (lo, lo + 1.0) };
+/// Tick positions: about five round steps (1, 2 or 5 × 10^k) covering `[lo, hi]`, and
+/// the step. An empty range (a constant series) gets a margin: 0 to 1 around zero,
+/// ± half the value elsewhere, so no axis repeats one label.
+fn ticks(lo: f64, hi: f64) -> (f64, f64, Vec<f64>, f64) {
+    let (lo, hi) = if hi > lo && hi - lo > 1e-9 * lo.abs().max(hi.abs()) {
+        (lo, hi)
+    } else if lo == 0.0 {
+        (0.0, 1.0)
+    } else {
+        let m = lo.abs() / 2.0;
+        (lo - m, lo + m)
+    };
     let raw = (hi - lo) / 5.0;
     let mag = 10f64.powf(raw.log10().floor());
     let step = [1.0, 2.0, 5.0, 10.0]
@@ -60,32 +69,40 @@ fn ticks(lo: f64, hi: f64) -> (f64, f64, Vec<f64>) {
         .map(|m| m * mag)
         .find(|s| *s >= raw)
         .unwrap_or(10.0 * mag);
-    let start = (lo / step).floor() * step;
-    let end = (hi / step).ceil() * step;
-    let mut t = Vec::new();
-    let mut v = start;
-    while v <= end + step * 1e-9 && t.len() < 50 {
-        t.push(v);
-        v += step;
-    }
-    (start, end, t)
+    let first = (lo / step).floor();
+    let last = (hi / step).ceil();
+    let t: Vec<f64> = (0..=((last - first) as usize).min(50))
+        .map(|i| (first + i as f64) * step)
+        .collect();
+    (first * step, last * step, t, step)
 }
 
-fn label(v: f64) -> String {
+/// A tick's label, with as many decimals as the step needs (so ticks never share one),
+/// trailing zeros dropped; thousands as `k` and millions as `M`.
+fn label(v: f64, step: f64) -> String {
     let a = v.abs();
-    if a == 0.0 {
-        "0".into()
-    } else if a >= 1e6 {
-        format!("{:.1}M", v / 1e6)
-    } else if a >= 1e4 {
-        format!("{:.0}k", v / 1e3)
-    } else if a >= 100.0 || (v.fract() == 0.0 && a >= 1.0) {
-        format!("{v:.0}")
-    } else if a >= 1.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
+    if a < step * 1e-6 {
+        return "0".into();
     }
+    let (scale, suffix) = if a >= 1e6 {
+        (1e6, "M")
+    } else if a >= 1e4 {
+        (1e3, "k")
+    } else {
+        (1.0, "")
+    };
+    let s = step / scale;
+    let decimals = if s >= 1.0 {
+        0
+    } else {
+        ((-s.log10() - 1e-9).ceil() as usize).min(12)
+    };
+    let mut t = format!("{:.*}", decimals, v / scale);
+    if t.contains('.') {
+        t = t.trim_end_matches('0').trim_end_matches('.').to_string();
+    }
+    t.push_str(suffix);
+    t
 }
 
 fn frame(o: &mut String, axes: &Axes, kind: &str) {
@@ -118,7 +135,7 @@ fn legend(o: &mut String, series: &[Series]) {
     }
 }
 
-fn y_axis(o: &mut String, ys: &[f64], sy: &dyn Fn(f64) -> f64) {
+fn y_axis(o: &mut String, ys: &[f64], step: f64, sy: &dyn Fn(f64) -> f64) {
     for &v in ys {
         let py = sy(v);
         let _ = write!(
@@ -127,7 +144,7 @@ fn y_axis(o: &mut String, ys: &[f64], sy: &dyn Fn(f64) -> f64) {
             x2 = W - RIGHT,
             tx = LEFT - 6.0,
             ty = py + 4.0,
-            l = label(v),
+            l = label(v, step),
         );
     }
     let _ = write!(
@@ -135,6 +152,28 @@ fn y_axis(o: &mut String, ys: &[f64], sy: &dyn Fn(f64) -> f64) {
         r##"<line x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{b}" stroke="#333"/><line x1="{LEFT}" x2="{r}" y1="{b}" y2="{b}" stroke="#333"/>"##,
         b = H - BOTTOM,
         r = W - RIGHT,
+    );
+}
+
+/// The y axis: `y_range` when given (widened only if the data leave it), otherwise 0 to
+/// the data's maximum (0 to 1 when every value is 0).
+fn y_ticks(y_range: Option<(f64, f64)>, y_hi: f64) -> (f64, f64, Vec<f64>, f64) {
+    match y_range {
+        Some((a, b)) if y_hi <= b || y_hi.is_nan() => {
+            let (_, _, t, step) = ticks(a, b);
+            (a, b, t, step)
+        }
+        Some((a, _)) => ticks(a, y_hi),
+        None => ticks(0.0, y_hi.max(0.0)),
+    }
+}
+
+fn no_samples(o: &mut String) {
+    let _ = write!(
+        o,
+        r##"<text x="{}" y="{}" text-anchor="middle" font-size="13" fill="#777">no samples</text></svg>"##,
+        W / 2.0,
+        H / 2.0
     );
 }
 
@@ -152,22 +191,14 @@ pub fn line_plot(axes: &Axes, series: &[Series], y_range: Option<(f64, f64)>) ->
         y_hi = y_hi.max(y);
     }
     if !x_lo.is_finite() {
-        let _ = write!(
-            o,
-            r##"<text x="{}" y="{}" text-anchor="middle" font-size="13" fill="#777">no samples</text></svg>"##,
-            W / 2.0,
-            H / 2.0
-        );
+        no_samples(&mut o);
         return o;
     }
-    let (x0, x1, xs) = ticks(x_lo.min(0.0), x_hi);
-    let (y0, y1, ys) = match y_range {
-        Some((a, b)) => (a, b, ticks(a, b).2),
-        None => ticks(0.0, y_hi.max(1e-9)),
-    };
+    let (x0, x1, xs, x_step) = ticks(x_lo.min(0.0), x_hi);
+    let (y0, y1, ys, y_step) = y_ticks(y_range, y_hi);
     let sx = |x: f64| LEFT + (x - x0) / (x1 - x0) * (W - LEFT - RIGHT);
     let sy = |y: f64| H - BOTTOM - (y - y0) / (y1 - y0) * (H - TOP - BOTTOM);
-    y_axis(&mut o, &ys, &sy);
+    y_axis(&mut o, &ys, y_step, &sy);
     for &v in &xs {
         let px = sx(v);
         let _ = write!(
@@ -176,7 +207,7 @@ pub fn line_plot(axes: &Axes, series: &[Series], y_range: Option<(f64, f64)>) ->
             b = H - BOTTOM,
             b2 = H - BOTTOM + 5.0,
             ty = H - BOTTOM + 18.0,
-            l = label(v),
+            l = label(v, x_step),
         );
     }
     for s in series {
@@ -198,17 +229,27 @@ pub fn line_plot(axes: &Axes, series: &[Series], y_range: Option<(f64, f64)>) ->
 }
 
 /// Grouped bars: one group per category, one bar per series (`points` are
-/// `(category index, value)`).
-pub fn bar_plot(axes: &Axes, categories: &[String], series: &[Series]) -> String {
+/// `(category index, value)`); `y_range` fixes the y axis (0..1 for a share, so every
+/// server's bars compare), otherwise it spans 0 to the data's maximum.
+pub fn bar_plot(
+    axes: &Axes,
+    categories: &[String],
+    series: &[Series],
+    y_range: Option<(f64, f64)>,
+) -> String {
     let mut o = String::new();
     frame(&mut o, axes, "bar");
+    if series.iter().all(|s| s.points.is_empty()) {
+        no_samples(&mut o);
+        return o;
+    }
     let y_hi = series
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.1))
         .fold(0.0, f64::max);
-    let (y0, y1, ys) = ticks(0.0, y_hi.max(1e-9));
+    let (y0, y1, ys, y_step) = y_ticks(y_range, y_hi);
     let sy = |y: f64| H - BOTTOM - (y - y0) / (y1 - y0) * (H - TOP - BOTTOM);
-    y_axis(&mut o, &ys, &sy);
+    y_axis(&mut o, &ys, y_step, &sy);
     let n = categories.len().max(1) as f64;
     let group = (W - LEFT - RIGHT) / n;
     let bar = group * 0.8 / series.len().max(1) as f64;
@@ -253,11 +294,41 @@ mod tests {
 
     #[test]
     fn ticks_are_round_and_cover_the_range() {
-        let (a, b, t) = ticks(0.0, 87.0);
+        let (a, b, t, _) = ticks(0.0, 87.0);
         assert_eq!((a, b), (0.0, 100.0));
         assert_eq!(t, vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
-        let (_, b, _) = ticks(0.0, 0.93);
+        let (_, b, _, _) = ticks(0.0, 0.93);
         assert!((b - 1.0).abs() < 1e-9);
+    }
+
+    fn labels(lo: f64, hi: f64) -> Vec<String> {
+        let (_, _, t, step) = ticks(lo, hi);
+        t.iter().map(|&v| label(v, step)).collect()
+    }
+
+    #[test]
+    fn a_constant_range_gets_a_margin_and_labels_never_repeat() {
+        // All zero: 0 to 1, not 0 to 1e-9 labelled "0.00" five times.
+        assert_eq!(labels(0.0, 0.0), ["0", "0.2", "0.4", "0.6", "0.8", "1"]);
+        // A constant elsewhere: ± half of it.
+        let (a, b, _, _) = ticks(40.0, 40.0);
+        assert!(a <= 20.0 && b >= 60.0 && a > 0.0, "{a}..{b}");
+        for (lo, hi) in [
+            (0.0, 0.0),
+            (0.0, 1e-9),
+            (0.0, 0.003),
+            (0.0, 0.93),
+            (0.0, 87.0),
+            (0.0, 12_345.0),
+            (10_000.0, 10_900.0),
+            (0.0, 3.2e6),
+            (7.0, 7.0),
+        ] {
+            let l = labels(lo, hi);
+            let mut d = l.clone();
+            d.dedup();
+            assert_eq!(d, l, "{lo}..{hi}: repeated tick labels");
+        }
     }
 
     #[test]
