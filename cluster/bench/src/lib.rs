@@ -47,7 +47,7 @@ use exchange::{Exchange, Target, error_chain};
 pub use lockstep_openai::Endpoint;
 use lockstep_plan::fleet::{Fleet, PlanError};
 use lockstep_plan::report::{
-    ClientLog, ClientRecord, Itl, Outcome, Report, TimeBase, assemble_report,
+    ClientLog, Itl, Outcome, Report, RequestDetail, TimeBase, assemble_report,
 };
 use lockstep_plan::scenario::Scenario;
 use lockstep_plan::workload::Workload;
@@ -375,7 +375,7 @@ impl Driver {
         let start = Instant::now();
         let now_ns = || u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let total = workload.total().unwrap_or(0);
-        let mut records: BTreeMap<ReqId, ClientRecord> = BTreeMap::new();
+        let mut records: BTreeMap<ReqId, RequestDetail> = BTreeMap::new();
         let mut itl = Itl::new(workload.warmup_requests());
         let mut tasks: JoinSet<Exchange> = JoinSet::new();
         let mut task_ids: HashMap<tokio::task::Id, ReqId> = HashMap::new();
@@ -401,7 +401,7 @@ impl Driver {
                     // The stall bound counts from the oldest request in flight.
                     last_end = Instant::now();
                 }
-                records.insert(id, ClientRecord::new(&a.spec, now_ns()));
+                records.insert(id, RequestDetail::arrived(&a.spec, now_ns()));
                 let (client, target, timeout) =
                     (self.client.clone(), self.target.clone(), self.timeout);
                 let handle = tasks.spawn(async move {
@@ -452,7 +452,7 @@ impl Driver {
                     last_end = Instant::now();
                     if let Some(rec) = records.get_mut(&ex.id) {
                         apply(rec, &ex, &mut itl);
-                        workload.on_finished(ex.id, self.workload_ns(ex.end_ns), rec.completed);
+                        workload.on_finished(ex.id, self.workload_ns(ex.end_ns), rec.completed());
                     }
                     ended += 1;
                     if let Some(p) = progress.as_mut() {
@@ -468,7 +468,7 @@ impl Driver {
                     stall_bound.as_secs()
                 );
                 let now = now_ns();
-                for rec in records.values_mut().filter(|r| r.end_ns.is_none()) {
+                for rec in records.values_mut().filter(|r| r.end_ns().is_none()) {
                     rec.fail(now, FailureKind::Client, why.clone());
                 }
                 outcome = Some((Outcome::Failed, why));
@@ -497,14 +497,14 @@ impl Driver {
 
 /// Fills a request's record from what its exchange saw; the inter-token gaps of a
 /// completed request go to `itl` (vLLM counts those of successful requests only).
-fn apply(rec: &mut ClientRecord, ex: &Exchange, itl: &mut Itl) {
+fn apply(rec: &mut RequestDetail, ex: &Exchange, itl: &mut Itl) {
     let mut chunks = ex.text_chunk_ns.iter();
     if let Some(&first) = chunks.next() {
-        rec.first_token_ns = Some(first);
+        rec.set_first_token_ns(Some(first));
         let mut last = first;
         for &t in chunks {
             if ex.failure.is_none() {
-                itl.record(rec.id, t.saturating_sub(last));
+                itl.record(ex.id, t.saturating_sub(last));
             }
             last = t;
         }
@@ -556,7 +556,7 @@ mod tests {
     #[test]
     fn an_exchange_fills_the_record_vllm_style() {
         let spec = lockstep_actors::request::RequestSpec::new(2, 10, 3);
-        let mut rec = ClientRecord::new(&spec, 1_000);
+        let mut rec = RequestDetail::arrived(&spec, 1_000);
         let mut itl = Itl::new(0);
         let ex = Exchange {
             id: ReqId(2),
@@ -567,13 +567,13 @@ mod tests {
             failure: None,
         };
         apply(&mut rec, &ex, &mut itl);
-        assert_eq!(rec.first_token_ns, Some(5_000));
-        assert_eq!(rec.end_ns, Some(11_000));
-        assert!(rec.completed);
+        assert_eq!(rec.first_token_ns(), Some(5_000));
+        assert_eq!(rec.end_ns(), Some(11_000));
+        assert!(rec.completed());
         assert_eq!(rec.output_tokens, 3);
         // One inter-token sample per chunk after the first.
         assert_eq!(itl.samples(), 2);
-        let mut failed = ClientRecord::new(&spec, 0);
+        let mut failed = RequestDetail::arrived(&spec, 0);
         apply(
             &mut failed,
             &Exchange {
@@ -584,10 +584,10 @@ mod tests {
             &mut itl,
         );
         assert_eq!(itl.samples(), 2, "no gap of a failed request counts");
-        assert!(!failed.completed);
+        assert!(!failed.completed());
         assert_eq!(
-            failed.failure,
-            Some((FailureKind::Client, "HTTP 401: no".to_string()))
+            (failed.failure_kind(), failed.failure()),
+            (Some(FailureKind::Client), Some("HTTP 401: no"))
         );
     }
 }

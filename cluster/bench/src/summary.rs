@@ -29,7 +29,7 @@ pub fn vllm_summary(report: &Report) -> String {
     let (mut ok, mut input, mut output, mut failed) = (0u64, 0u64, 0u64, 0u64);
     let mut reasons: BTreeMap<&str, u64> = BTreeMap::new();
     for d in measured {
-        match &d.failure {
+        match d.failure() {
             None => {
                 ok += 1;
                 input += u64::from(d.prompt_tokens);
@@ -37,7 +37,7 @@ pub fn vllm_summary(report: &Report) -> String {
             }
             Some(why) => {
                 failed += 1;
-                *reasons.entry(why.as_str()).or_default() += 1;
+                *reasons.entry(why).or_default() += 1;
             }
         }
     }
@@ -109,21 +109,14 @@ mod tests {
     use lockstep_plan::report::{RequestDetail, Throughput};
 
     fn detail(id: u64, failure: Option<&str>) -> RequestDetail {
-        RequestDetail {
-            id,
-            output_tokens: 4,
-            token_digest: String::new(),
-            failure: failure.map(String::from),
-            failure_kind: failure.map(|_| lockstep_actors::vocab::FailureKind::Client),
-            prompt_tokens: 10,
-            arrival_ms: 0.0,
-            first_scheduled_ms: None,
-            first_token_ms: Some(1.0),
-            end_ms: Some(2.0),
-            queue_ms: None,
-            front_queue_ms: 0.0,
-            front_service_ms: 0.0,
-        }
+        let mut d = RequestDetail::new(id, 10, 0);
+        d.output_tokens = 4;
+        d.set_first_token_ns(Some(1_000_000));
+        d.end(
+            2_000_000,
+            failure.map(|why| (lockstep_actors::vocab::FailureKind::Client, why.to_string())),
+        );
+        d
     }
 
     #[test]

@@ -31,9 +31,15 @@ pub(crate) fn exit_code(report: &Report) -> ExitCode {
     }
 }
 
+/// Writes `value` as pretty JSON, streamed: a report's `per_request` is never held as
+/// text (a million requests would take about 300 MB of it).
 pub(crate) fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(value)?;
-    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+    use std::io::Write as _;
+    let context = || format!("writing {}", path.display());
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path).with_context(context)?);
+    serde_json::to_writer_pretty(&mut out, value).with_context(context)?;
+    out.write_all(b"\n").with_context(context)?;
+    out.flush().with_context(context)
 }
 
 /// The progress bar of a run's requests (on stderr).

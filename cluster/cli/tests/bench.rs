@@ -135,7 +135,7 @@ fn closed_loop_completes_every_request_with_the_asked_lengths_and_renders() {
         report
             .per_request
             .iter()
-            .all(|d| d.first_token_ms.is_some())
+            .all(|d| d.first_token_ms().is_some())
     );
     // `lockstep report` renders the page from a report without server sections.
     let page = temp("bench-closed.html");
@@ -260,7 +260,7 @@ fn a_server_answering_errors_fails_every_request_with_the_reason() {
         (12, 12)
     );
     for d in &report.per_request {
-        let why = d.failure.as_deref().unwrap_or("");
+        let why = d.failure().unwrap_or("");
         assert!(
             why.starts_with("HTTP 401: missing or wrong API key"),
             "{why}"
@@ -360,7 +360,7 @@ fn the_usage_count_wins_and_a_stream_without_done_fails() {
     let got: Vec<(u64, u32, Option<String>)> = report
         .per_request
         .iter()
-        .map(|d| (d.id, d.output_tokens, d.failure.clone()))
+        .map(|d| (d.id, d.output_tokens, d.failure().map(String::from)))
         .collect();
     let cut = Some("the stream ended without [DONE] after 2 chunks".to_string());
     assert_eq!(
@@ -449,7 +449,7 @@ fn ignore_eos_auto_leaves_it_out_only_where_the_server_refuses_it() {
     assert!(!out.status.success());
     assert_eq!(report.requests.failed, 4);
     assert!(report.per_request.iter().all(|d| {
-        d.failure.as_deref() == Some("HTTP 400: Unrecognized request argument supplied: ignore_eos")
+        d.failure() == Some("HTTP 400: Unrecognized request argument supplied: ignore_eos")
     }));
     // A server that takes them (here: one that needs them) gets them under auto.
     let taking = fake_server(|_, body| {
@@ -483,7 +483,7 @@ fn prompt_ids_come_from_the_tokenizer_and_a_range_must_fit_it() {
     assert!(!out.status.success());
     assert_eq!(report.requests.failed, 4, "{:?}", report.per_request);
     for d in &report.per_request {
-        let why = d.failure.as_deref().unwrap_or("");
+        let why = d.failure().unwrap_or("");
         assert!(
             why.starts_with("HTTP 400") && why.contains("outside the model's vocabulary of 512"),
             "{why}"

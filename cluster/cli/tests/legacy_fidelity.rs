@@ -133,7 +133,7 @@ fn without_the_overlap_scheduler_both_presets_agree_to_the_request() {
             let placed = |r: &Report| -> Vec<(u64, Option<f64>)> {
                 r.per_request
                     .iter()
-                    .map(|d| (d.id, d.first_scheduled_ms))
+                    .map(|d| (d.id, d.first_scheduled_ms()))
                     .collect()
             };
             assert_eq!(
@@ -289,9 +289,9 @@ fn the_legacy_pad_predicate_and_rollback_crash_a_gen_server_on_the_cap_check_and
             "{:?}",
             r.requests
         );
-        for d in r.per_request.iter().filter(|d| d.failure.is_some()) {
+        for d in r.per_request.iter().filter(|d| d.failure().is_some()) {
             assert_eq!(
-                d.failure.as_deref(),
+                d.failure(),
                 Some("still open when the run ended (crashed)"),
                 "{d:?}"
             );

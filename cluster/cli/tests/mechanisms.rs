@@ -10,7 +10,7 @@ use lockstep_plan::report::{Outcome, Report};
 fn lengths(r: &Report) -> Vec<(u64, u32, bool)> {
     r.per_request
         .iter()
-        .map(|d| (d.id, d.output_tokens, d.failure.is_none()))
+        .map(|d| (d.id, d.output_tokens, d.failure().is_none()))
         .collect()
 }
 
@@ -277,8 +277,8 @@ fn a_seat_unavailable_crash_stops_every_rank_with_its_numbers_in_every_driver() 
         );
         // What the ranks held fails with the crash; nothing completes after it.
         assert!(r.requests.failed > 0);
-        for d in r.per_request.iter().filter(|d| d.failure.is_some()) {
-            let why = d.failure.as_deref().unwrap();
+        for d in r.per_request.iter().filter(|d| d.failure().is_some()) {
+            let why = d.failure().unwrap();
             assert_eq!(why, "still open when the run ended (crashed)");
         }
     }
@@ -311,8 +311,8 @@ fn a_slow_transfer_times_out_in_the_simulator_though_nothing_is_lost() {
     let timeouts: u64 = r.servers.iter().map(|s| s.transfers.timeouts).sum();
     assert!(timeouts > 0);
     for d in &r.per_request {
-        if d.output_tokens > 1 || d.failure.is_some() {
-            let why = d.failure.as_deref().unwrap_or("completed");
+        if d.output_tokens > 1 || d.failure().is_some() {
+            let why = d.failure().unwrap_or("completed");
             assert!(why.contains("kv transfer timed out after 200 ms"), "{d:?}");
             assert_eq!(d.output_tokens, 1, "only the ctx token got out: {d:?}");
         }

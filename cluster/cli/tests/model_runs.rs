@@ -131,12 +131,12 @@ fn threads_with(s: &Scenario, model: ModelBackend) -> Report {
 }
 
 /// The digest the client folds over a stream of one token per response.
-fn digest_of(tokens: &[u32]) -> String {
+fn digest_of(tokens: &[u32]) -> u64 {
     let mut d = 0u64;
     for &t in tokens {
         d = lockstep_actors::kv::mix(d ^ (u64::from(t) << 32 | 1));
     }
-    format!("{d:016x}")
+    d
 }
 
 /// Per request id: (prompt tokens, output length), as the workload makes them.
@@ -154,11 +154,11 @@ fn requests_of(s: &Scenario) -> Vec<(u64, Vec<u32>, u32)> {
     out
 }
 
-fn digests(r: &Report) -> Vec<(u64, String)> {
+fn digests(r: &Report) -> Vec<(u64, u64)> {
     let mut d: Vec<_> = r
         .per_request
         .iter()
-        .map(|d| (d.id, d.token_digest.clone()))
+        .map(|d| (d.id, d.token_digest))
         .collect();
     d.sort();
     d
@@ -182,7 +182,7 @@ fn every_request_generates_the_dense_reference_tokens_in_the_simulator_and_on_th
         );
         assert_eq!(r.servers[0].kv.used_blocks_at_end, 0, "leaked KV");
     }
-    let expected: Vec<(u64, String)> = {
+    let expected: Vec<(u64, u64)> = {
         let loaded: Arc<Model> = model.model.clone();
         let mut e: Vec<_> = requests_of(&s)
             .into_iter()
@@ -364,7 +364,7 @@ output_len = [2, 2]
     );
     // Accounted for: the request failed, with a reason.
     assert_eq!(failed.requests.failed, 1);
-    assert!(failed.per_request[0].failure.is_some());
+    assert!(failed.per_request[0].failure().is_some());
     // The device thread finishes its forward before the run returns: bounded by it.
     assert!(
         started.elapsed() < Duration::from_secs(20),

@@ -88,17 +88,10 @@ fn mpi_lost_kv_fails_exactly_the_requests_the_simulator_fails() {
     let text = disagg_text(40);
     let mpi = mpi_report(&bin, &text, &sets, "disagg-lost");
     let sim = simulate(&parse(&text, &sets));
-    let outcome = |r: &Report| -> Vec<(u64, u32, String, bool)> {
+    let outcome = |r: &Report| -> Vec<(u64, u32, u64, bool)> {
         r.per_request
             .iter()
-            .map(|d| {
-                (
-                    d.id,
-                    d.output_tokens,
-                    d.token_digest.clone(),
-                    d.failure.is_some(),
-                )
-            })
+            .map(|d| (d.id, d.output_tokens, d.token_digest, d.failure().is_some()))
             .collect()
     };
     assert_eq!(outcome(&mpi), outcome(&sim));
@@ -106,9 +99,9 @@ fn mpi_lost_kv_fails_exactly_the_requests_the_simulator_fails() {
     assert!(failed.len() >= 2, "{failed:?}");
     for d in &mpi.per_request {
         let lost = lost_on_the_wire(ReqId(d.id), Some(3));
-        let single_token = d.failure.is_none() && d.output_tokens == 1;
-        assert_eq!(d.failure.is_some(), lost && !single_token, "{d:?}");
-        if let Some(why) = &d.failure {
+        let single_token = d.failure().is_none() && d.output_tokens == 1;
+        assert_eq!(d.failure().is_some(), lost && !single_token, "{d:?}");
+        if let Some(why) = d.failure() {
             assert!(why.contains("kv transfer timed out after 300 ms"), "{why}");
         }
     }
@@ -562,10 +555,10 @@ fn mpi_with_a_real_model_streams_the_simulators_tokens_greedy_and_seeded() {
         )
         .expect("sim");
         assert_eq!(mpi.requests.completed, 24, "{:?}", mpi.per_request);
-        let streams = |r: &Report| -> Vec<(u64, u32, String)> {
+        let streams = |r: &Report| -> Vec<(u64, u32, u64)> {
             r.per_request
                 .iter()
-                .map(|d| (d.id, d.output_tokens, d.token_digest.clone()))
+                .map(|d| (d.id, d.output_tokens, d.token_digest))
                 .collect()
         };
         assert_eq!(

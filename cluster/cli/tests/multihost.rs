@@ -346,15 +346,11 @@ fn multihost_a_cut_link_ends_the_run_within_the_watchdog_bound_naming_the_lost_r
     let lost = r
         .per_request
         .iter()
-        .filter(|d| {
-            d.failure
-                .as_deref()
-                .is_some_and(|f| f.contains("lost contact"))
-        })
+        .filter(|d| d.failure().is_some_and(|f| f.contains("lost contact")))
         .count();
     assert!(lost > 0, "the requests in flight fail naming the loss");
     for d in &r.per_request {
-        if let Some(why) = &d.failure {
+        if let Some(why) = d.failure() {
             assert!(!why.is_empty(), "{d:?}");
         }
     }

@@ -356,7 +356,7 @@ output_len = 400
     let failures: Vec<_> = control
         .per_request
         .iter()
-        .filter_map(|d| d.failure.clone())
+        .filter_map(|d| d.failure().map(String::from))
         .collect();
     assert!(!failures.is_empty(), "the control fails a request");
     assert!(

@@ -27,18 +27,18 @@ fn every_request_carries_its_times_and_queue_time_in_order() {
     let r = simulate(&parse(&agg_text(2, true), &[]));
     assert_eq!(r.requests.completed, 80);
     for d in &r.per_request {
-        let sched = d.first_scheduled_ms.expect("every request was scheduled");
-        let first = d.first_token_ms.expect("every request got a token");
-        let end = d.end_ms.expect("every request ended");
+        let sched = d.first_scheduled_ms().expect("every request was scheduled");
+        let first = d.first_token_ms().expect("every request got a token");
+        let end = d.end_ms().expect("every request ended");
         assert!(
-            d.arrival_ms <= sched && sched <= first && first <= end,
+            d.arrival_ms() <= sched && sched <= first && first <= end,
             "{d:?}"
         );
-        assert_eq!(d.queue_ms, Some(sched - d.arrival_ms), "{d:?}");
+        assert_eq!(d.queue_ms(), Some(sched - d.arrival_ms()), "{d:?}");
         assert!(d.prompt_tokens >= 16, "{d:?}");
     }
     // 80 requests at once on 2 ranks of B 8: most of them queue.
-    assert!(r.per_request.iter().any(|d| d.queue_ms.unwrap() > 0.0));
+    assert!(r.per_request.iter().any(|d| d.queue_ms().unwrap() > 0.0));
 }
 
 #[test]
@@ -49,7 +49,7 @@ fn itl_covers_every_gap_between_token_deliveries() {
     let (mut gaps, mut span_ms) = (0u64, 0.0);
     for d in &r.per_request {
         gaps += u64::from(d.output_tokens.saturating_sub(1));
-        span_ms += d.end_ms.unwrap() - d.first_token_ms.unwrap();
+        span_ms += d.end_ms().unwrap() - d.first_token_ms().unwrap();
     }
     let itl = r.latency_ms.itl;
     assert_eq!(itl.samples, gaps);

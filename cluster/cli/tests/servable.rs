@@ -141,7 +141,7 @@ fn a_request_no_server_can_run_is_refused_naming_every_servers_limit() {
     let r = simulate(&parse(&text, &[]));
     assert!(r.requests.failed > 0, "some prompts are longer than 256");
     for d in &r.per_request {
-        match &d.failure {
+        match d.failure() {
             None => assert!(d.prompt_tokens <= 256, "{d:?}"),
             Some(why) => {
                 assert!(d.prompt_tokens > 256, "{d:?}");

@@ -436,14 +436,12 @@ fn a_lost_transfer_times_out_and_fails_only_that_request() {
     let failed: Vec<_> = r
         .per_request
         .iter()
-        .filter(|d| d.failure.is_some())
+        .filter(|d| d.failure().is_some())
         .collect();
     assert!(
-        failed.iter().all(|d| d
-            .failure
-            .as_deref()
-            .unwrap()
-            .contains("timed out after 500 ms")),
+        failed
+            .iter()
+            .all(|d| d.failure().unwrap().contains("timed out after 500 ms")),
         "{failed:?}"
     );
     for srv in &r.servers {
@@ -509,7 +507,7 @@ max_tokens = 262144
     let lengths = |r: &Report| -> Vec<(u64, u32, bool)> {
         r.per_request
             .iter()
-            .map(|x| (x.id, x.output_tokens, x.failure.is_none()))
+            .map(|x| (x.id, x.output_tokens, x.failure().is_none()))
             .collect()
     };
     assert_eq!(lengths(&a), lengths(&d));
@@ -683,14 +681,14 @@ fn a_transfer_that_never_ends_makes_the_run_deadlocked_with_every_rank_state() {
     // What was held fails with the outcome, and only that: every failure names the
     // deadlock or the lost transfer (whose timeout never fires here).
     assert!(r.requests.failed >= 1);
-    for d in r.per_request.iter().filter(|d| d.failure.is_some()) {
-        let why = d.failure.as_deref().unwrap();
+    for d in r.per_request.iter().filter(|d| d.failure().is_some()) {
+        let why = d.failure().unwrap();
         assert!(why.contains("deadlocked"), "{d:?}");
     }
     assert!(
         r.per_request
             .iter()
-            .filter_map(|d| d.failure.as_deref())
+            .filter_map(|d| d.failure())
             .any(|f| f.contains("deadlocked"))
     );
 }

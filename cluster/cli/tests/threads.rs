@@ -86,8 +86,8 @@ fn a_mismatched_collective_is_a_tag_error_naming_both_ranks_not_a_hang() {
     );
     // What the failed ranks held failed with them, naming the run's failure.
     assert!(r.requests.failed > 0);
-    for d in r.per_request.iter().filter(|d| d.failure.is_some()) {
-        let why = d.failure.as_deref().unwrap();
+    for d in r.per_request.iter().filter(|d| d.failure().is_some()) {
+        let why = d.failure().unwrap();
         assert_eq!(why, "still open when the run ended (failed)", "{d:?}");
     }
 }
@@ -135,23 +135,16 @@ fn disaggregated_runs_agree_on_tokens_over_two_ctx_and_two_gen_servers() {
 fn assert_failed_exactly_the_lost(r: &Report, every: u64) {
     for d in &r.per_request {
         let lost = lost_on_the_wire(ReqId(d.id), Some(every));
-        let single_token = d.failure.is_none() && d.output_tokens == 1;
-        assert_eq!(d.failure.is_some(), lost && !single_token, "{d:?}");
+        let single_token = d.failure().is_none() && d.output_tokens == 1;
+        assert_eq!(d.failure().is_some(), lost && !single_token, "{d:?}");
     }
 }
 
 /// Per request: tokens, their digest, and whether it failed.
-fn outcomes(r: &Report) -> Vec<(u64, u32, String, bool)> {
+fn outcomes(r: &Report) -> Vec<(u64, u32, u64, bool)> {
     r.per_request
         .iter()
-        .map(|d| {
-            (
-                d.id,
-                d.output_tokens,
-                d.token_digest.clone(),
-                d.failure.is_some(),
-            )
-        })
+        .map(|d| (d.id, d.output_tokens, d.token_digest, d.failure().is_some()))
         .collect()
 }
 
@@ -173,8 +166,8 @@ fn lost_kv_fails_exactly_the_requests_whose_kv_the_wire_lost_in_both_drivers() {
     let failed = failed_ids(&b);
     assert!(failed.len() >= 2, "{failed:?}");
     assert_failed_exactly_the_lost(&b, every);
-    for d in b.per_request.iter().filter(|d| d.failure.is_some()) {
-        let why = d.failure.as_deref().unwrap_or_default();
+    for d in b.per_request.iter().filter(|d| d.failure().is_some()) {
+        let why = d.failure().unwrap_or_default();
         assert!(why.contains("kv transfer timed out after 300 ms"), "{why}");
         assert_eq!(
             d.output_tokens, 1,
@@ -271,11 +264,11 @@ fn a_stalled_server_ends_deadlocked_in_the_simulator_and_the_threads_driver_alik
         );
         // The request is accounted for: failed with the deadlock as the reason.
         assert_eq!(r.requests.failed, 1);
-        assert!(r.per_request.iter().all(|d| {
-            d.failure
-                .as_deref()
-                .is_some_and(|f| f.contains("deadlocked"))
-        }));
+        assert!(
+            r.per_request
+                .iter()
+                .all(|d| { d.failure().is_some_and(|f| f.contains("deadlocked")) })
+        );
     }
 }
 
@@ -320,7 +313,7 @@ fn judging_idleness_on_the_routable_count_deadlocks_a_closed_loop_client_in_ever
         // or before they are sent (which of them is thread timing; the simulator and
         // the threads driver word the door differently).
         for d in &r.per_request {
-            let why = d.failure.as_deref().unwrap_or("completed");
+            let why = d.failure().unwrap_or("completed");
             assert!(
                 why.contains("deadlocked")
                     || why == "server `agg0` stopped"
@@ -329,11 +322,11 @@ fn judging_idleness_on_the_routable_count_deadlocks_a_closed_loop_client_in_ever
                 "{d:?}"
             );
         }
-        assert!(r.per_request.iter().any(|d| {
-            d.failure
-                .as_deref()
-                .is_some_and(|w| w.contains("deadlocked"))
-        }));
+        assert!(
+            r.per_request
+                .iter()
+                .any(|d| { d.failure().is_some_and(|w| w.contains("deadlocked")) })
+        );
     }
 }
 

@@ -51,7 +51,7 @@ fn aggregated() {
         );
         // The front door ran in both, and served every request for the same time.
         let service = |r: &lockstep_plan::report::Report| -> Vec<f64> {
-            r.per_request.iter().map(|d| d.front_service_ms).collect()
+            r.per_request.iter().map(|d| d.front_service_ms()).collect()
         };
         if b.frontend.is_none() || service(&a) != service(&b) || service(&a)[0] <= 0.0 {
             return Err(format!("front door: {:?} vs {:?}", a.frontend, b.frontend));

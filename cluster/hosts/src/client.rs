@@ -10,7 +10,7 @@ use lockstep_actors::vocab::{FailureKind, Response};
 
 use crate::by_id::ById;
 use crate::frontend::Frontend;
-use lockstep_plan::report::{ClientRecord, Itl};
+use lockstep_plan::report::{Itl, RequestDetail};
 use lockstep_plan::workload::Workload;
 
 /// What the client tells the front.
@@ -35,7 +35,7 @@ const FRONT_STOPPED: &str = "not served: every server had stopped before the req
 /// What the client saw.
 pub struct ClientResult {
     /// One record per request, in id order.
-    pub records: Vec<ClientRecord>,
+    pub records: Vec<RequestDetail>,
     /// Inter-token gaps.
     pub itl: Itl,
     /// The time of the client's end.
@@ -51,7 +51,7 @@ pub struct Client {
     frontend: Frontend,
     /// Whether the run had a front door to report.
     has_frontend: bool,
-    records: ById<ClientRecord>,
+    records: ById<RequestDetail>,
     itl: Itl,
     /// Requests issued, and those that ended (completed or failed).
     issued: u64,
@@ -89,7 +89,7 @@ impl Client {
                 break;
             };
             self.records
-                .insert(a.spec.id, ClientRecord::new(&a.spec, 0));
+                .insert(a.spec.id, RequestDetail::arrived(&a.spec, 0));
             self.issued += 1;
             items.push(ClientItem::Request(a.spec));
         }
@@ -108,11 +108,11 @@ impl Client {
     /// the front.
     pub fn send_due(&mut self, due_ns: u64, now: u64, out: &mut Vec<ClientItem>) {
         while let Some(a) = self.workload.pop_due(due_ns) {
-            let mut rec = ClientRecord::new(&a.spec, now);
+            let mut rec = RequestDetail::arrived(&a.spec, now);
             let admitted = self.frontend.admit(now, a.spec);
             rec.front_queue_ns = admitted.queue_ns;
             rec.front_service_ns = admitted.service_ns;
-            self.records.insert(rec.id, rec);
+            self.records.insert(ReqId(rec.id), rec);
             self.issued += 1;
             if let Some(spec) = admitted.passed {
                 out.push(ClientItem::Request(spec));
@@ -182,9 +182,9 @@ impl Client {
     /// server) before the workload was played out: `refused`, if the front refused it,
     /// and every request still to come fail, as requests sent to a stopped fleet do.
     pub fn front_stopped(&mut self, now: u64, refused: Option<ReqId>) {
-        let fail = |rec: &mut ClientRecord, workload: &mut Workload| {
+        let fail = |rec: &mut RequestDetail, workload: &mut Workload| {
             rec.fail(now, FailureKind::Unavailable, FRONT_STOPPED);
-            workload.on_finished(rec.id, now, false);
+            workload.on_finished(ReqId(rec.id), now, false);
         };
         if let Some(rec) = refused.and_then(|id| self.records.get_mut(&id)) {
             fail(rec, &mut self.workload);
@@ -193,18 +193,18 @@ impl Client {
         // Requests still open stay open (the report fails them as "still open when the
         // run ended (OUTCOME)"), but their clients are free, so a closed loop's
         // remaining requests are all drawn and failed below.
-        for rec in self.records.values().filter(|r| r.end_ns.is_none()) {
-            self.workload.on_finished(rec.id, now, false);
+        for rec in self.records.values().filter(|r| r.end_ns().is_none()) {
+            self.workload.on_finished(ReqId(rec.id), now, false);
         }
         while let Some(t) = self.workload.next_arrival_ns() {
             let Some(a) = self.workload.pop_due(t) else {
                 break;
             };
-            let mut rec = ClientRecord::new(&a.spec, now);
+            let mut rec = RequestDetail::arrived(&a.spec, now);
             fail(&mut rec, &mut self.workload);
             self.issued += 1;
             self.finished += 1;
-            self.records.insert(rec.id, rec);
+            self.records.insert(ReqId(rec.id), rec);
         }
     }
 
@@ -212,7 +212,7 @@ impl Client {
     pub fn into_result(self, end_ns: u64) -> ClientResult {
         ClientResult {
             frontend: self.has_frontend.then(|| self.frontend.summary(end_ns)),
-            records: self.records.into_values().collect(),
+            records: self.records.into_values(),
             itl: self.itl,
             end_ns,
         }
@@ -221,7 +221,7 @@ impl Client {
 
 /// A response reaches the client at `now`: 1 if it ended its request.
 fn receive(
-    records: &mut ById<ClientRecord>,
+    records: &mut ById<RequestDetail>,
     itl: &mut Itl,
     workload: &mut Workload,
     now: u64,
@@ -230,10 +230,10 @@ fn receive(
     let Some(rec) = records.get_mut(&r.id) else {
         return 0;
     };
-    let was_open = rec.end_ns.is_none();
+    let was_open = rec.end_ns().is_none();
     rec.on_response(r, now, itl);
-    if was_open && rec.end_ns.is_some() {
-        workload.on_finished(r.id, now, rec.completed);
+    if was_open && rec.end_ns().is_some() {
+        workload.on_finished(r.id, now, rec.completed());
         return 1;
     }
     0

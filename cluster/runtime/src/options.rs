@@ -102,11 +102,7 @@ pub(crate) fn real_report(
     } else if time_scale > 0.0 {
         let modeled = |ns: u64| (ns as f64 / time_scale).round() as u64;
         for r in &mut result.records {
-            r.arrival_ns = modeled(r.arrival_ns);
-            r.first_token_ns = r.first_token_ns.map(modeled);
-            r.end_ns = r.end_ns.map(modeled);
-            r.front_queue_ns = modeled(r.front_queue_ns);
-            r.front_service_ns = modeled(r.front_service_ns);
+            r.map_client_times(modeled);
         }
         result.end_ns = modeled(result.end_ns);
         result.itl.set_time_scale(time_scale);

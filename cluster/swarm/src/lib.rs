@@ -220,7 +220,7 @@ pub fn classify(report: &Report, scenario: &Scenario) -> Finding {
     let failures: Vec<(Option<FailureKind>, &str)> = report
         .per_request
         .iter()
-        .filter_map(|d| Some((d.failure_kind, d.failure.as_deref()?)))
+        .filter_map(|d| Some((d.failure_kind(), d.failure()?)))
         .collect();
     if r.completed + r.failed != r.submitted
         || report.per_request.len() as u64 != r.submitted

@@ -197,7 +197,7 @@ pub fn multi_token_requests(r: &Report) -> u64 {
 pub fn failed_ids(r: &Report) -> Vec<u64> {
     r.per_request
         .iter()
-        .filter(|d| d.failure.is_some())
+        .filter(|d| d.failure().is_some())
         .map(|d| d.id)
         .collect()
 }
@@ -337,7 +337,7 @@ pub fn same_time_model(a: &Report, b: &Report) -> Result<(), String> {
     let lengths = |r: &Report| -> Vec<(u64, u32, bool)> {
         r.per_request
             .iter()
-            .map(|d| (d.id, d.output_tokens, d.failure.is_none()))
+            .map(|d| (d.id, d.output_tokens, d.failure().is_none()))
             .collect()
     };
     if lengths(a) != lengths(b) {
@@ -406,7 +406,10 @@ pub fn disagg_fingerprint(r: &Report) -> (String, Vec<(String, Vec<String>)>) {
             .map(|d| {
                 format!(
                     "{} {} {} {:?}",
-                    d.id, d.output_tokens, d.token_digest, d.failure
+                    d.id,
+                    d.output_tokens,
+                    d.token_digest,
+                    d.failure()
                 )
             })
             .collect::<Vec<_>>()
@@ -426,7 +429,7 @@ pub fn request_outcomes(r: &Report) -> String {
         "{:?}",
         r.per_request
             .iter()
-            .map(|d| (d.id, d.output_tokens, &d.token_digest, &d.failure))
+            .map(|d| (d.id, d.output_tokens, &d.token_digest, d.failure()))
             .collect::<Vec<_>>()
     )
 }

@@ -114,7 +114,7 @@ impl Report {
         let good = self
             .per_request
             .iter()
-            .filter(|d| d.id > warmup && d.failure.is_none() && d.end_ms.is_some())
+            .filter(|d| d.id > warmup && d.failure().is_none() && d.end_ms().is_some())
             .filter(|d| {
                 within(d.ttft_ms(), slo.ttft_ms)
                     && within(d.tpot_ms(), slo.tpot_ms)

@@ -95,10 +95,10 @@ fn cdf(mut values: Vec<f64>) -> Vec<(f64, f64)> {
 }
 
 /// The measured, completed requests' latencies.
-fn latencies(r: &Report, f: impl Fn(&super::schema::RequestDetail) -> Option<f64>) -> Vec<f64> {
+fn latencies(r: &Report, f: impl Fn(&super::RequestDetail) -> Option<f64>) -> Vec<f64> {
     r.per_request
         .iter()
-        .filter(|d| d.id > r.requests.warmup && d.failure.is_none())
+        .filter(|d| d.id > r.requests.warmup && d.failure().is_none())
         .filter_map(f)
         .collect()
 }
@@ -264,8 +264,8 @@ pub fn render(runs: &[(String, Report)]) -> String {
     for (metric, f) in [
         (
             "TTFT",
-            &(|d: &super::schema::RequestDetail| d.ttft_ms())
-                as &dyn Fn(&super::schema::RequestDetail) -> Option<f64>,
+            &(|d: &super::RequestDetail| d.ttft_ms())
+                as &dyn Fn(&super::RequestDetail) -> Option<f64>,
         ),
         ("TPOT", &|d| d.tpot_ms().filter(|_| d.output_tokens > 1)),
         ("E2E", &|d| d.e2e_ms()),

@@ -4,6 +4,7 @@
 //! ([`stats`]). Every driver assembles it the same way.
 
 pub mod balance;
+mod detail;
 pub mod goodput;
 pub mod html;
 pub mod plot;
@@ -14,7 +15,7 @@ pub mod stats;
 pub mod table;
 
 pub use goodput::SloError;
-pub use records::{ClientLog, ClientRecord, Itl};
+pub use records::{ClientLog, Itl};
 pub use schema::*;
 pub use stats::{RankEnding, RankSummary, assemble_report, run_outcome, server_report};
 pub use table::ab_table;

@@ -2,65 +2,25 @@
 
 use lockstep_actors::vocab::{Failure, FailureKind};
 
-/// The client side's record of one request, from which latencies are computed. Compact
-/// (about 100 bytes): it outlives the request, so it keeps only what the report needs,
-/// not the request's spec and its block hashes.
-#[derive(Debug, Clone)]
-pub struct ClientRecord {
-    /// The request.
-    pub id: lockstep_actors::ids::ReqId,
-    /// Its prompt length (the report's token throughput counts it).
-    pub prompt_len: u32,
-    /// When it arrived.
-    pub arrival_ns: u64,
-    /// When the first output token reached the client.
-    pub first_token_ns: Option<u64>,
-    /// When the latest output tokens reached the client (the start of the next
-    /// inter-token gap).
-    pub last_token_ns: u64,
-    /// When it ended.
-    pub end_ns: Option<u64>,
-    /// Output tokens received.
-    pub output_tokens: u32,
-    /// Completed (rather than failed).
-    pub completed: bool,
-    /// Why it failed, if it did: its kind and the text a client reads.
-    pub failure: Option<(FailureKind, String)>,
-    /// A digest of the token stream received.
-    pub token_digest: u64,
-    /// Its wait at the serving front door for a process (ns; 0 without one).
-    pub front_queue_ns: u64,
-    /// Its service there: parse, tokenize, hand-off (ns).
-    pub front_service_ns: u64,
-}
+use super::RequestDetail;
 
-impl ClientRecord {
+/// The client side records each request in its [`RequestDetail`], the report's own
+/// record of it: the request's only per-request state once it is counted.
+impl RequestDetail {
     /// A request that arrived at `arrival_ns`.
-    pub fn new(spec: &lockstep_actors::request::RequestSpec, arrival_ns: u64) -> ClientRecord {
-        ClientRecord {
-            id: spec.id,
-            prompt_len: spec.prompt_len,
-            arrival_ns,
-            first_token_ns: None,
-            last_token_ns: 0,
-            end_ns: None,
-            output_tokens: 0,
-            completed: false,
-            failure: None,
-            token_digest: 0,
-            front_queue_ns: 0,
-            front_service_ns: 0,
-        }
+    pub fn arrived(spec: &lockstep_actors::request::RequestSpec, arrival_ns: u64) -> RequestDetail {
+        RequestDetail::new(spec.id.0, spec.prompt_len, arrival_ns)
     }
 
     /// Records the tokens of one response received at `now_ns`; the gap since the
     /// previous delivery goes to `itl`.
     pub fn on_tokens(&mut self, r: &lockstep_actors::vocab::Response, now_ns: u64, itl: &mut Itl) {
         if r.new_tokens > 0 {
-            if self.first_token_ns.is_some() {
-                itl.record(self.id, now_ns.saturating_sub(self.last_token_ns));
+            if self.first_token_ns().is_some() {
+                itl.record(r.id, now_ns.saturating_sub(self.last_token_ns));
+            } else {
+                self.set_first_token_ns(Some(now_ns));
             }
-            self.first_token_ns.get_or_insert(now_ns);
             self.last_token_ns = now_ns;
             self.output_tokens += r.new_tokens;
             // The stream's identity, so drivers can be compared token for token.
@@ -101,15 +61,6 @@ impl ClientRecord {
     /// Fails the request with a failure only the client saw, unless it already ended.
     pub fn fail(&mut self, now_ns: u64, kind: FailureKind, why: impl Into<String>) {
         self.end(now_ns, Some((kind, why.into())));
-    }
-
-    /// Ends the request once.
-    fn end(&mut self, now_ns: u64, failure: Option<(FailureKind, String)>) {
-        if self.end_ns.is_none() {
-            self.end_ns = Some(now_ns);
-            self.completed = failure.is_none();
-            self.failure = failure;
-        }
     }
 }
 
@@ -206,8 +157,8 @@ impl Itl {
 /// time of the run's end (all on the client's clock).
 #[derive(Debug, Clone)]
 pub struct ClientLog {
-    /// One record per request.
-    pub records: Vec<ClientRecord>,
+    /// One record per request, in id order.
+    pub records: Vec<RequestDetail>,
     /// Inter-token gaps.
     pub itl: Itl,
     /// The run's end.

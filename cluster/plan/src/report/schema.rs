@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::detail::RequestDetail;
+
 use lockstep_actors::invariants::Violation;
 
 /// How the run ended.
@@ -386,51 +388,6 @@ pub struct Report {
     pub per_request: Vec<RequestDetail>,
 }
 
-/// One request's outcome and times. Times are milliseconds on the report's clock
-/// (`time_base`) from the run's start; equality compares the outcome only (id, tokens,
-/// digest, failure), what every driver must agree on, since each driver has its clock.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RequestDetail {
-    /// Request id.
-    pub id: u64,
-    /// Output tokens received.
-    pub output_tokens: u32,
-    /// Digest of the token stream (hex).
-    pub token_digest: String,
-    /// Completed, or the failure reason.
-    pub failure: Option<String>,
-    /// The failure's kind (what a classifier branches on; `failure` is its text).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure_kind: Option<lockstep_actors::vocab::FailureKind>,
-    /// Prompt tokens.
-    #[serde(default)]
-    pub prompt_tokens: u32,
-    /// When the client sent it.
-    #[serde(default)]
-    pub arrival_ms: f64,
-    /// When a rank first scheduled it (took a seat for it), on the clock of the server's
-    /// rank 0 at that iteration's fetch.
-    #[serde(default)]
-    pub first_scheduled_ms: Option<f64>,
-    /// When its first output token reached the client.
-    #[serde(default)]
-    pub first_token_ms: Option<f64>,
-    /// When it completed or failed at the client.
-    #[serde(default)]
-    pub end_ms: Option<f64>,
-    /// Queue time: `first_scheduled_ms - arrival_ms` (front, ingress, waiting queue and
-    /// routing, until a rank scheduled it).
-    #[serde(default)]
-    pub queue_ms: Option<f64>,
-    /// Its wait at the serving front door for a process (part of `queue_ms` and TTFT).
-    #[serde(default)]
-    pub front_queue_ms: f64,
-    /// Its service at the front door: parse, tokenize, hand-off (part of `queue_ms` and
-    /// TTFT).
-    #[serde(default)]
-    pub front_service_ms: f64,
-}
-
 /// What the serving front door did over the run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct FrontendSummary {
@@ -460,37 +417,5 @@ impl FrontendSummary {
             self.mean_queue_ms,
             self.mean_service_ms
         )
-    }
-}
-
-impl PartialEq for RequestDetail {
-    fn eq(&self, other: &RequestDetail) -> bool {
-        self.id == other.id
-            && self.output_tokens == other.output_tokens
-            && self.token_digest == other.token_digest
-            && self.failure == other.failure
-            && self.failure_kind == other.failure_kind
-    }
-}
-
-impl RequestDetail {
-    /// TTFT (ms), when a token arrived.
-    pub fn ttft_ms(&self) -> Option<f64> {
-        self.first_token_ms.map(|t| t - self.arrival_ms)
-    }
-
-    /// End to end (ms), when it ended.
-    pub fn e2e_ms(&self) -> Option<f64> {
-        self.end_ms.map(|t| t - self.arrival_ms)
-    }
-
-    /// TPOT (ms): 0 with one output token, as vLLM counts it for goodput.
-    pub fn tpot_ms(&self) -> Option<f64> {
-        let (first, end) = (self.first_token_ms?, self.end_ms?);
-        Some(if self.output_tokens > 1 {
-            (end - first) / f64::from(self.output_tokens - 1)
-        } else {
-            0.0
-        })
     }
 }

@@ -7,7 +7,8 @@ use lockstep_actors::invariants::Violation;
 use lockstep_actors::transceiver::TransferStats;
 use lockstep_actors::vocab::FailureKind;
 
-use super::records::{ClientLog, ClientRecord};
+use super::RequestDetail;
+use super::records::ClientLog;
 use super::schema::*;
 use super::series::{RankSeries, server_series};
 
@@ -280,14 +281,11 @@ pub fn server_report(
 
 /// A run that ended as planned but did not complete every request: how many, by
 /// failure kind (in the kinds' order).
-fn not_completed(records: &[ClientRecord]) -> Option<String> {
+fn not_completed(records: &[RequestDetail]) -> Option<String> {
     let mut kinds: std::collections::BTreeMap<FailureKind, u64> = Default::default();
-    for r in records
-        .iter()
-        .filter(|r| !(r.completed && r.end_ns.is_some()))
-    {
-        let kind = match (&r.failure, r.end_ns) {
-            (Some((kind, _)), Some(_)) => *kind,
+    for r in records.iter().filter(|r| !r.completed()) {
+        let kind = match (r.failure_kind(), r.end_ns()) {
+            (Some(kind), Some(_)) => kind,
             _ => FailureKind::Unfinished,
         };
         *kinds.entry(kind).or_default() += 1;
@@ -333,46 +331,23 @@ pub fn assemble_report(
             None => (Outcome::Completed, None),
         },
     };
-    let mut scheduled: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    // The records become the report's `per_request` in place: nothing per request is
+    // copied (a run of a million requests holds one 88-byte record each).
+    let mut records = records;
+    records.sort_unstable_by_key(|r| r.id);
     for (id, ns) in first_scheduled {
-        let e = scheduled.entry(id).or_insert(ns);
-        *e = (*e).min(ns);
+        if let Ok(i) = records.binary_search_by_key(&id, |r| r.id) {
+            records[i].scheduled_at(ns);
+        }
     }
-    let ms = |ns: u64| ns as f64 / 1e6;
-    let per_request = records
-        .iter()
-        .map(|r| {
-            let first_scheduled_ms = scheduled.get(&r.id.0).map(|&ns| ms(ns));
-            let failure = match (r.end_ns, &r.failure) {
-                (Some(_), None) => None,
-                (Some(_), Some(f)) => Some(f.clone()),
-                (None, _) => Some((
-                    FailureKind::Unfinished,
-                    format!("still open when the run ended ({})", outcome.name()),
-                )),
-            };
-            RequestDetail {
-                id: r.id.0,
-                output_tokens: r.output_tokens,
-                token_digest: format!("{:016x}", r.token_digest),
-                failure: failure.as_ref().map(|(_, why)| why.clone()),
-                failure_kind: failure.map(|(kind, _)| kind),
-                prompt_tokens: r.prompt_len,
-                arrival_ms: ms(r.arrival_ns),
-                first_scheduled_ms,
-                first_token_ms: r.first_token_ns.map(ms),
-                end_ms: r.end_ns.map(ms),
-                queue_ms: first_scheduled_ms.map(|s| (s - ms(r.arrival_ns)).max(0.0)),
-                front_queue_ms: ms(r.front_queue_ns),
-                front_service_ms: ms(r.front_service_ns),
-            }
-        })
-        .collect();
+    let open = format!("still open when the run ended ({})", outcome.name());
+    for r in records.iter_mut().filter(|r| r.end_ns().is_none()) {
+        r.mark_unfinished(&open);
+    }
     let mut counts = RequestCounts {
         submitted: records.len() as u64,
         ..RequestCounts::default()
     };
-    let (mut ttft, mut tpot, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
     let (mut total_tokens, mut output_tokens) = (0u64, 0u64);
     // Warm-up requests (ids 1..=W, sent first) count in the totals; latency and
     // throughput cover the measured load, from its first arrival.
@@ -380,42 +355,48 @@ pub fn assemble_report(
         .workload
         .as_ref()
         .map_or(0, |w| u64::from(w.warmup_requests));
-    counts.warmup = records.iter().filter(|r| r.id.0 <= warmup).count() as u64;
+    counts.warmup = records.iter().filter(|r| r.id <= warmup).count() as u64;
     let load_start_ns = records
         .iter()
-        .filter(|r| r.id.0 > warmup)
+        .filter(|r| r.id > warmup)
         .map(|r| r.arrival_ns)
         .min()
         .unwrap_or(0);
+    let measured_completed = || {
+        records
+            .iter()
+            .filter(move |r| r.id > warmup && r.completed())
+    };
     for r in &records {
-        let measured = r.id.0 > warmup;
-        match (r.end_ns, r.completed) {
-            (Some(_), true) if !measured => counts.completed += 1,
-            (Some(end), true) => {
-                counts.completed += 1;
-                output_tokens += u64::from(r.output_tokens);
-                total_tokens += u64::from(r.output_tokens) + u64::from(r.prompt_len);
-                e2e.push(end.saturating_sub(r.arrival_ns) as f64 / 1e6);
-                if let Some(first) = r.first_token_ns {
-                    ttft.push(first.saturating_sub(r.arrival_ns) as f64 / 1e6);
-                    if r.output_tokens > 1 {
-                        tpot.push(
-                            end.saturating_sub(first) as f64 / 1e6 / f64::from(r.output_tokens - 1),
-                        );
-                    }
-                }
-            }
-            _ => counts.failed += 1,
+        if r.completed() {
+            counts.completed += 1;
+        } else {
+            counts.failed += 1;
         }
     }
+    for r in measured_completed() {
+        output_tokens += u64::from(r.output_tokens);
+        total_tokens += u64::from(r.output_tokens) + u64::from(r.prompt_tokens);
+    }
+    // One latency at a time: each vector is as long as the run.
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let latency = |f: &dyn Fn(&RequestDetail) -> Option<f64>| {
+        let mut v: Vec<f64> = measured_completed().filter_map(f).collect();
+        Percentiles::of(&mut v)
+    };
+    let ttft = latency(&|r| Some(ms(r.first_token_ns()?.saturating_sub(r.arrival_ns))));
+    let tpot = latency(&|r| {
+        let first = r.first_token_ns()?;
+        let end = r.end_ns()?;
+        (r.output_tokens > 1)
+            .then(|| ms(end.saturating_sub(first)) / f64::from(r.output_tokens - 1))
+    });
+    let e2e = latency(&|r| Some(ms(r.end_ns()?.saturating_sub(r.arrival_ns))));
     let frontend = frontend.map(|mut door| {
-        let measured: Vec<&ClientRecord> = records.iter().filter(|r| r.id.0 > warmup).collect();
-        let mean = |f: fn(&ClientRecord) -> u64| {
-            let n = measured.len().max(1) as f64;
-            measured.iter().map(|r| f(r) as f64).sum::<f64>() / n / 1e6
-        };
-        door.mean_queue_ms = mean(|r| r.front_queue_ns);
-        door.mean_service_ms = mean(|r| r.front_service_ns);
+        let measured = || records.iter().filter(|r| r.id > warmup);
+        let n = measured().count().max(1) as f64;
+        door.mean_queue_ms = measured().map(|r| r.front_queue_ns as f64).sum::<f64>() / n / 1e6;
+        door.mean_service_ms = measured().map(|r| r.front_service_ns as f64).sum::<f64>() / n / 1e6;
         door
     });
     let secs = end_ns as f64 / 1e9;
@@ -443,15 +424,15 @@ pub fn assemble_report(
             duration_s: load_secs,
         },
         latency_ms: Latency {
-            ttft: Percentiles::of(&mut ttft),
-            tpot: Percentiles::of(&mut tpot),
-            e2e: Percentiles::of(&mut e2e),
+            ttft,
+            tpot,
+            e2e,
             itl: itl.percentiles(),
         },
         goodput: None,
         servers,
         frontend,
-        per_request,
+        per_request: records,
     }
 }
 
