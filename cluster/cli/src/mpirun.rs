@@ -29,7 +29,10 @@ pub(crate) fn check_preload(scenario: &Scenario, real: &RealArgs) -> anyhow::Res
     if real.preload {
         let fleet = lockstep_plan::fleet::Fleet::plan(scenario, real.seed.unwrap_or(0))?;
         if let Some(why) = fleet.workload()?.preload_blocker() {
-            anyhow::bail!("--preload delivers every request before the first iteration, but {why}");
+            return Err(crate::output::ConfigRefused(format!(
+                "--preload delivers every request before the first iteration, but {why}"
+            ))
+            .into());
         }
     }
     Ok(())

@@ -17,6 +17,30 @@ pub(crate) fn print_error(text: &str) {
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
+/// A command line the parser could not refuse itself (two options that do not go
+/// together): exit 64, as clap's own usage errors.
+#[derive(Debug)]
+pub(crate) struct UsageError(pub(crate) String);
+
+/// A configuration refused before anything started: exit 78. The library's own
+/// configuration errors (a bad scenario, a refused fleet) are told apart by type.
+#[derive(Debug)]
+pub(crate) struct ConfigRefused(pub(crate) String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for UsageError {}
+
+impl std::fmt::Display for ConfigRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for ConfigRefused {}
+
 /// The exit status says how the run ended, so scripts need not parse the report:
 /// 0 every request completed, 1 the run itself failed (a collective error, a lost device
 /// or rank), 2 the fleet crashed (a fatal violation) or deadlocked, 3 the run ended but

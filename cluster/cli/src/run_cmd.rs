@@ -32,10 +32,11 @@ pub(crate) fn run(
     }: RunArgs,
 ) -> anyhow::Result<ExitCode> {
     if real.ordered && real.time_scale > 0.0 {
-        anyhow::bail!(
+        return Err(crate::output::UsageError(format!(
             "--ordered runs in modeled time without sleeping: --time-scale {} has nothing to pace",
             real.time_scale
-        );
+        ))
+        .into());
     }
     if driver == Driver::Mpi {
         return relaunch_under_mpirun(&args, &real, &mpirun);
