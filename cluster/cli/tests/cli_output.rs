@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_lockstep");
 
@@ -106,4 +107,49 @@ fn configuration_errors_exit_78_with_one_error_line() {
     assert!(stderr(&o).contains("seats.rederive=true"), "{}", stderr(&o));
     let o = lockstep(&["run", &example("legacy-skew.toml")]);
     assert_eq!(o.status.code(), Some(78), "{}", stderr(&o));
+}
+
+/// A workload whose prompt + output exceed the model's positions is refused before the
+/// run starts, naming both numbers (as `serve` refuses such a request), by `sim` and
+/// `run` alike, with the configuration's exit status.
+#[test]
+fn a_model_too_short_for_the_workload_is_refused_at_startup() {
+    let dir = temp("tiny-model");
+    let o = lockstep(&["model", "init", dir.to_str().unwrap(), "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let max = config["max_position_embeddings"].as_u64().unwrap();
+    let scenario = temp("long.toml");
+    std::fs::write(
+        &scenario,
+        format!(
+            "name = \"long\"\n\n[[server]]\nname = \"agg0\"\nmax_batch_size = 4\n\n\
+             [server.kv_cache_config]\ntokens_per_block = 32\nmax_tokens = 65536\n\n\
+             [workload]\nkind = \"closed_loop\"\nconcurrency = 2\nnum_requests = 4\n\
+             input_len = [16, {}]\noutput_len = 200\n",
+            max - 100
+        ),
+    )
+    .unwrap();
+    for cmd in ["sim", "run"] {
+        let started = Instant::now();
+        let o = lockstep(&[
+            cmd,
+            scenario.to_str().unwrap(),
+            "--model",
+            dir.to_str().unwrap(),
+        ]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(78), "{cmd}: {err}");
+        one_error_line(&err);
+        assert!(err.contains(&format!("{}", max + 100)), "{cmd}: {err}");
+        assert!(err.contains(&format!("{max}")), "{cmd}: {err}");
+        assert!(err.contains("max_position_embeddings"), "{cmd}: {err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{cmd} refused only after {:?}",
+            started.elapsed()
+        );
+    }
 }

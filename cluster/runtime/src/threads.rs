@@ -144,6 +144,9 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
     let started = Instant::now();
     let fleet = plan(scenario, opts)?;
     let workload = fleet.workload()?;
+    if let Some(m) = &opts.model {
+        m.check_workload(&workload)?;
+    }
     let clock = WallClock::start();
     let (client_tx, client_rx) = unbounded::<ClientItem>();
     let (to_client, from_front) = unbounded::<Vec<Response>>();

@@ -196,6 +196,9 @@ pub fn run_counting(
         m.check(&fleet)?;
     }
     let workload = fleet.workload()?;
+    if let Some(m) = &opts.model {
+        m.check_workload(&workload)?;
+    }
     let mut servers = Vec::with_capacity(fleet.servers.len());
     for (s, p) in fleet.servers.iter().enumerate() {
         if let Some(w) = &p.warning {
