@@ -76,7 +76,7 @@ fn rank_command(
             if let Some(slo) = &real.slo {
                 report.apply_slo(slo);
             }
-            print!("{}", report.table());
+            crate::output::print_report(&report, &scenario);
             if let Some(p) = &real.json {
                 write_json(p, &report)?;
             }

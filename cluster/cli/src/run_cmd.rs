@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use crate::args::{Driver, MpirunArgs, RealArgs, ScenarioArgs, load};
 use crate::mpirun::relaunch_under_mpirun;
-use crate::output::{exit_code, write_json};
+use crate::output::{exit_code, print_report, write_json};
 
 /// `lockstep run`'s options.
 #[derive(Debug, clap::Args)]
@@ -46,7 +46,7 @@ pub(crate) fn run(
     if let Some(slo) = &real.slo {
         report.apply_slo(slo);
     }
-    print!("{}", report.table());
+    print_report(&report, &scenario);
     if let Some(p) = &real.json {
         write_json(p, &report)?;
     }

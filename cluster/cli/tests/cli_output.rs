@@ -1,8 +1,9 @@
 //! What the command line tells its user (issue 32): each test is one thing that used to
 //! mislead or to come late, said now in so many words.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_lockstep");
@@ -152,4 +153,83 @@ fn a_model_too_short_for_the_workload_is_refused_at_startup() {
             started.elapsed()
         );
     }
+}
+
+/// An open-loop fleet that completes clearly fewer requests per second than offered says
+/// so under the report (examples/agg-balanced.toml offers 20 req/s).
+#[test]
+fn a_saturated_open_loop_fleet_is_said_so() {
+    let o = lockstep(&[
+        "sim",
+        &example("agg-balanced.toml"),
+        "--set",
+        "workload.num_requests=300",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("offered 20.0 req/s, achieved") && out.contains("the fleet is saturated"),
+        "{out}"
+    );
+    // A fleet that keeps up says nothing of it.
+    let o = lockstep(&[
+        "sim",
+        &example("agg-balanced.toml"),
+        "--set",
+        "workload.num_requests=100",
+        "--set",
+        "workload.rate=1.0",
+    ]);
+    assert!(!stdout(&o).contains("saturated"), "{}", stdout(&o));
+}
+
+/// `ab` prints no raw log lines; the legacy side's seat skew is in the report's words.
+#[test]
+fn ab_prints_no_log_lines() {
+    let o = lockstep(&[
+        "ab",
+        &example("legacy-skew.toml"),
+        "--base",
+        "legacy",
+        "--treatment",
+        "legacy",
+        "--set",
+        "workload.num_requests=40",
+    ]);
+    let err = stderr(&o);
+    assert!(!err.contains("WARN"), "{err}");
+    assert!(!err.contains("lockstep_"), "{err}");
+    assert!(stdout(&o).contains("note (legacy"), "{}", stdout(&o));
+}
+
+/// `serve` at zero modeled cost says so at startup, with what a client's throughput then
+/// means.
+#[test]
+fn serve_at_zero_cost_says_so() {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            &example("agg-balanced.toml"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+        ])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start serve");
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx.recv_timeout(Duration::from_secs(30));
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = line.expect("a line on stderr at startup");
+    assert!(line.contains("zero modeled cost"), "{line}");
+    assert!(line.contains("--time-scale"), "{line}");
 }

@@ -182,7 +182,8 @@ pub fn plan<'a>(scenario: &'a Scenario, opts: &RealOptions) -> Result<Fleet<'a>,
     }
     for p in &fleet.servers {
         if let Some(w) = &p.warning {
-            tracing::warn!(server = %p.config.name, "{w}");
+            // Info, not warn: the command line says it as a note under the report.
+            tracing::info!(server = %p.config.name, "{w}");
         }
     }
     Ok(fleet)
