@@ -91,6 +91,7 @@ fn configuration_errors_exit_78_with_one_error_line() {
     let o = lockstep(&["sim", bad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(78), "a bad TOML: {}", stderr(&o));
     one_error_line(&stderr(&o));
+    std::fs::remove_file(&bad).ok();
 
     let o = lockstep(&[
         "sim",
@@ -153,6 +154,8 @@ fn a_model_too_short_for_the_workload_is_refused_at_startup() {
             started.elapsed()
         );
     }
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_file(&scenario).ok();
 }
 
 /// An open-loop fleet that completes clearly fewer requests per second than offered says
