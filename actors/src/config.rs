@@ -72,7 +72,9 @@ pub enum ConfigError {
         message: String,
     },
     /// A seat-indexed pool disagrees with the seats.
-    #[error("server `{server}`: {skew}")]
+    #[error(
+        "server `{server}`: {skew} (refused under the fixed policy; `--set policy.seats.rederive=true` or `--policy legacy` runs it anyway, the skew then a note under the report)"
+    )]
     SeatSkew {
         /// Server name.
         server: String,

@@ -14,11 +14,20 @@ fn line(o: &mut String, name: &str, value: impl std::fmt::Display) {
     let _ = writeln!(o, "{name:<40} {value:<10}");
 }
 
+/// A latency's lines; `n/a` where nothing was measured (no request completed, or the
+/// metric does not apply), not a 0.00 that reads as a measurement.
 fn latency(o: &mut String, title: &str, short: &str, p: &Percentiles) {
     let _ = writeln!(o, "{title:-^50}");
-    line(o, &format!("Mean {short} (ms):"), format!("{:.2}", p.mean));
-    line(o, &format!("Median {short} (ms):"), format!("{:.2}", p.p50));
-    line(o, &format!("P99 {short} (ms):"), format!("{:.2}", p.p99));
+    let value = |v: f64| {
+        if p.samples == 0 {
+            "n/a".to_string()
+        } else {
+            format!("{v:.2}")
+        }
+    };
+    line(o, &format!("Mean {short} (ms):"), value(p.mean));
+    line(o, &format!("Median {short} (ms):"), value(p.p50));
+    line(o, &format!("P99 {short} (ms):"), value(p.p99));
 }
 
 /// The result block of `report`.
@@ -128,9 +137,9 @@ mod tests {
             "virtual_time_s": 1.0, "wall_time_s": 1.0,
             "throughput": {"total_tokens_per_s": 28.0, "output_tokens_per_s": 8.0,
                            "requests_per_s": 2.0, "duration_s": 1.0},
-            "latency_ms": {"ttft": {"mean": 1.0, "p50": 1.0, "p90": 1.0, "p99": 1.0},
-                           "tpot": {"mean": 0.5, "p50": 0.5, "p90": 0.5, "p99": 0.5},
-                           "e2e": {"mean": 2.0, "p50": 2.0, "p90": 2.0, "p99": 2.0}},
+            "latency_ms": {"ttft": {"samples": 1, "mean": 1.0, "p50": 1.0, "p90": 1.0, "p99": 1.0},
+                           "tpot": {"samples": 1, "mean": 0.5, "p50": 0.5, "p90": 0.5, "p99": 0.5},
+                           "e2e": {"samples": 1, "mean": 2.0, "p50": 2.0, "p90": 2.0, "p99": 2.0}},
             "servers": [], "per_request": []
         }))
         .unwrap();
@@ -169,5 +178,39 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("2 × HTTP 401: key"), "{s}");
+    }
+
+    #[test]
+    fn a_bench_where_every_request_failed_shows_no_latency() {
+        let report: Report = serde_json::from_value(serde_json::json!({
+            "scenario": "s", "legacy_switches": [], "seed": 0, "outcome": "incomplete",
+            "outcome_detail": "2 of 2 requests did not complete",
+            "requests": {"submitted": 2, "completed": 0, "failed": 2, "warmup": 0},
+            "virtual_time_s": 1.0, "wall_time_s": 1.0,
+            "throughput": {"total_tokens_per_s": 0.0, "output_tokens_per_s": 0.0,
+                           "requests_per_s": 0.0, "duration_s": 1.0},
+            "latency_ms": {"ttft": {"samples": 0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0},
+                           "tpot": {"samples": 0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0},
+                           "e2e": {"samples": 0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}},
+            "servers": [], "per_request": []
+        }))
+        .unwrap();
+        let report = Report {
+            per_request: vec![
+                detail(1, Some("connection refused")),
+                detail(2, Some("connection refused")),
+            ],
+            ..report
+        };
+        let s = vllm_summary(&report);
+        assert!(
+            s.contains("Mean TTFT (ms):                          n/a"),
+            "{s}"
+        );
+        assert!(
+            s.contains("P99 E2EL (ms):                           n/a"),
+            "{s}"
+        );
+        assert!(!s.contains("(ms):                           0.00"), "{s}");
     }
 }

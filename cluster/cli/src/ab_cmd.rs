@@ -66,15 +66,16 @@ pub(crate) fn run(
     }: AbArgs,
 ) -> anyhow::Result<ExitCode> {
     let seed_or_0 = seed.unwrap_or(0);
-    let side = |preset: &str, sets: &[String]| -> anyhow::Result<Report> {
+    let side = |preset: &str, sets: &[String]| -> anyhow::Result<(Report, Vec<String>)> {
         let mut scenario = load(&args, Some(preset), seed)?;
         for s in sets {
             scenario.apply_set(s)?;
         }
-        simulate(&scenario, seed_or_0, None, false, 10_000, None, true)
+        let report = simulate(&scenario, seed_or_0, None, false, 10_000, None, true)?;
+        Ok((report, crate::output::server_notes(&scenario)))
     };
-    let mut a = side(&base, &base_set)?;
-    let mut b = side(&treatment, &treatment_set)?;
+    let (mut a, a_notes) = side(&base, &base_set)?;
+    let (mut b, b_notes) = side(&treatment, &treatment_set)?;
     // A side is named by its preset and its own overrides.
     let name = |preset: &str, sets: &[String]| {
         std::iter::once(preset)
@@ -89,6 +90,11 @@ pub(crate) fn run(
         b.apply_slo(slo);
     }
     print!("{}", ab_table(&a, &b, &base, &treatment));
+    for (side, notes) in [(&base, &a_notes), (&treatment, &b_notes)] {
+        for note in notes {
+            println!("note ({side}): {note}");
+        }
+    }
     if let Some(p) = json {
         let (base_name, treatment_name) = if base == treatment {
             (format!("{base} (base)"), format!("{treatment} (treatment)"))

@@ -155,7 +155,10 @@ impl RealArgs {
             forward_log: match &self.forward_log {
                 None => None,
                 Some(_) if self.model.model.is_none() => {
-                    anyhow::bail!("--forward-log records the forwards of --model: give --model DIR")
+                    return Err(crate::output::UsageError(
+                        "--forward-log records the forwards of --model: give --model DIR".into(),
+                    )
+                    .into());
                 }
                 Some(p) => {
                     let file = std::fs::OpenOptions::new()

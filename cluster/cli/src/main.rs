@@ -31,7 +31,7 @@ mod trtllm_cmd;
     name = "lockstep",
     version,
     about = "Attention-data-parallel LLM serving control plane",
-    after_help = "Exit status of a run: 0 completed, 1 the run failed (a collective error, a lost rank), 2 the fleet crashed or deadlocked (the report says how)."
+    after_help = "Exit status: 0 success (every request completed); 1 the run failed (a collective error, a lost rank, a server that could not be reached); 2 the fleet crashed or deadlocked (the report says how); 3 the run ended but some requests did not complete; 64 a usage error (an unknown option, a bad or missing argument); 78 a configuration refused before anything started (a bad scenario or TOML, a --set that does not apply, a workload the fleet or --model cannot serve). Errors are one line on stderr starting `error: `; log lines go to stderr, warnings of the unexpected only unless RUST_LOG asks for more (e.g. RUST_LOG=info)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -107,23 +107,98 @@ enum Command {
     Simbench(simbench_cmd::SimbenchArgs),
 }
 
+/// `sysexits.h`'s EX_USAGE: the command line was wrong.
+const EX_USAGE: u8 = 64;
+/// `sysexits.h`'s EX_CONFIG: the scenario or a configuration was refused.
+const EX_CONFIG: u8 = 78;
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG)),
         )
         .with_writer(std::io::stderr)
         // Colour only for a person at a terminal who did not ask for none.
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
-    match run(Cli::parse()) {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            // Help and version go to stdout and succeed; anything else is a usage error.
+            let code = match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+                _ => ExitCode::from(EX_USAGE),
+            };
+            let _ = e.print();
+            return code;
+        }
+    };
+    match run(cli) {
         Ok(code) => code,
         Err(e) => {
             output::print_error(&error_text(&e));
-            ExitCode::FAILURE
+            error_exit_code(&e)
         }
     }
+}
+
+/// What the tracing subscriber prints without RUST_LOG: warnings, which are of the
+/// unexpected (a message where none belongs, bookkeeping that disagrees); what a user
+/// is expected to meet (a seat skew let through) is a `note: ` line instead.
+const DEFAULT_LOG: &str = "warn";
+
+/// The exit status of an error: [`EX_CONFIG`] for a configuration refused before
+/// anything ran, [`EX_USAGE`] for a command line the parser could not catch, 1 for a run
+/// that failed.
+fn error_exit_code(e: &anyhow::Error) -> ExitCode {
+    use lockstep_plan::fleet::PlanError;
+    use lockstep_plan::model_backend::ModelBackendError;
+    use lockstep_plan::scenario::ScenarioError;
+    use lockstep_plan::workload::WorkloadError;
+    use lockstep_runtime::RuntimeError;
+    use lockstep_sim::SimError;
+    for cause in e.chain() {
+        if cause.is::<output::UsageError>() {
+            return ExitCode::from(EX_USAGE);
+        }
+        let config = cause.is::<output::ConfigRefused>()
+            || cause.is::<ScenarioError>()
+            || cause.is::<PlanError>()
+            || cause.is::<WorkloadError>()
+            || cause.is::<ModelBackendError>()
+            || cause.is::<lockstep_actors::config::ConfigError>()
+            || cause.is::<lockstep_plan::report::SloError>()
+            || matches!(
+                cause.downcast_ref::<SimError>(),
+                Some(
+                    SimError::Plan(_)
+                        | SimError::Config(_)
+                        | SimError::NotPreloadable(_)
+                        | SimError::Model(_)
+                )
+            )
+            || matches!(
+                cause.downcast_ref::<RuntimeError>(),
+                Some(RuntimeError::Plan(_) | RuntimeError::Model(_))
+            )
+            || matches!(
+                cause.downcast_ref::<lockstep_serve::ServeError>(),
+                Some(
+                    lockstep_serve::ServeError::Model(_)
+                        | lockstep_serve::ServeError::Runtime(
+                            RuntimeError::Plan(_) | RuntimeError::Model(_)
+                        )
+                        | lockstep_serve::ServeError::OpenWithoutKey { .. }
+                        | lockstep_serve::ServeError::BadHost { .. }
+                )
+            );
+        if config {
+            return ExitCode::from(EX_CONFIG);
+        }
+    }
+    ExitCode::FAILURE
 }
 
 /// An error and its causes, each said once: a cause whose text the message already

@@ -22,15 +22,37 @@ pub(crate) fn require_mpi_build() -> anyhow::Result<()> {
     }
 }
 
-/// `--preload` with a workload that cannot be delivered up front, refused before any
-/// process starts (by the launcher, and by every process of a job started by hand):
-/// under mpirun the ranks would otherwise wait for a front process that refused.
-pub(crate) fn check_preload(scenario: &Scenario, real: &RealArgs) -> anyhow::Result<()> {
-    if real.preload {
-        let fleet = lockstep_plan::fleet::Fleet::plan(scenario, real.seed.unwrap_or(0))?;
-        if let Some(why) = fleet.workload()?.preload_blocker() {
-            anyhow::bail!("--preload delivers every request before the first iteration, but {why}");
-        }
+/// What an MPI job can be refused for, checked before any process starts (by the
+/// launcher, and by every process of a job started by hand): under mpirun the ranks would
+/// otherwise wait for a front process that refused. `--preload` with a workload that
+/// cannot be delivered up front; `--model` with a workload whose requests can take more
+/// positions than the model has (read from its config.json, without the weights).
+pub(crate) fn check_at_startup(scenario: &Scenario, real: &RealArgs) -> anyhow::Result<()> {
+    if !real.preload && real.model.model.is_none() {
+        return Ok(());
+    }
+    let fleet = lockstep_plan::fleet::Fleet::plan(scenario, real.seed.unwrap_or(0))?;
+    let workload = fleet.workload()?;
+    if real.preload
+        && let Some(why) = workload.preload_blocker()
+    {
+        return Err(crate::output::ConfigRefused(format!(
+            "--preload delivers every request before the first iteration, but {why}"
+        ))
+        .into());
+    }
+    if let Some(dir) = &real.model.model {
+        let config = lockstep_gpu::model::ModelConfig::load(dir).map_err(|source| {
+            lockstep_plan::model_backend::ModelBackendError::Load {
+                dir: dir.clone(),
+                source,
+            }
+        })?;
+        lockstep_plan::model_backend::check_positions(
+            dir,
+            config.max_position_embeddings,
+            &workload,
+        )?;
     }
     Ok(())
 }
@@ -127,7 +149,7 @@ pub(crate) fn relaunch_under_mpirun(
     mpirun: &MpirunArgs,
 ) -> anyhow::Result<ExitCode> {
     let scenario = load(args, real.policy.as_deref(), real.seed)?;
-    check_preload(&scenario, real)?;
+    check_at_startup(&scenario, real)?;
     require_mpi_build()?;
     let mut cmd = mpirun_command(processes_of(&scenario)?, mpirun)?;
     cmd.arg("rank").args(args_for_each_process(

@@ -17,6 +17,48 @@ pub(crate) fn print_error(text: &str) {
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
+/// A command line the parser could not refuse itself (two options that do not go
+/// together): exit 64, as clap's own usage errors.
+#[derive(Debug)]
+pub(crate) struct UsageError(pub(crate) String);
+
+/// A configuration refused before anything started: exit 78. The library's own
+/// configuration errors (a bad scenario, a refused fleet) are told apart by type.
+#[derive(Debug)]
+pub(crate) struct ConfigRefused(pub(crate) String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for UsageError {}
+
+impl std::fmt::Display for ConfigRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for ConfigRefused {}
+
+/// What `serve` says once at startup, on stderr: a seat skew a legacy policy lets
+/// through, and, without `--time-scale` or `--model`, that it answers at the zero-cost
+/// backend's speed, since a benchmark against it then measures the control plane alone.
+pub(crate) fn serve_notes(
+    scenario: &lockstep_plan::scenario::Scenario,
+    time_scale: f64,
+    model: bool,
+) {
+    for note in server_notes(scenario) {
+        eprintln!("note: {note}");
+    }
+    if time_scale == 0.0 && !model {
+        eprintln!(
+            "note: serving at zero modeled cost (--time-scale 0, no --model): forwards take no time, so a client's throughput and latencies measure the control plane and HTTP only; give --time-scale 1 to pace the cost model in wall time"
+        );
+    }
+}
+
 /// The exit status says how the run ended, so scripts need not parse the report:
 /// 0 every request completed, 1 the run itself failed (a collective error, a lost device
 /// or rank), 2 the fleet crashed (a fatal violation) or deadlocked, 3 the run ended but
@@ -29,6 +71,29 @@ pub(crate) fn exit_code(report: &Report) -> ExitCode {
         Outcome::Crashed | Outcome::Deadlocked => ExitCode::from(2),
         Outcome::Incomplete => ExitCode::from(3),
     }
+}
+
+/// The text report of a run on stdout, and under it a line when an open-loop fleet did
+/// not keep up with its offered rate (the latencies then depend on the run's length).
+pub(crate) fn print_report(report: &Report, scenario: &lockstep_plan::scenario::Scenario) {
+    print!("{}", report.table());
+    for note in server_notes(scenario) {
+        println!("note: {note}");
+    }
+    if let Some(note) = lockstep_plan::report::saturation_note(report, scenario.workload.as_ref()) {
+        println!("{note}");
+    }
+}
+
+/// What the scenario's servers were derived with that the user should know (the seat
+/// skew a legacy `seats.rederive` lets through), in the report's words: the libraries
+/// log it at info level only, for RUST_LOG.
+pub(crate) fn server_notes(scenario: &lockstep_plan::scenario::Scenario) -> Vec<String> {
+    scenario
+        .servers
+        .iter()
+        .filter_map(|s| s.derive(&scenario.policy).ok()?.warning)
+        .collect()
 }
 
 /// Writes `value` as pretty JSON, streamed: a report's `per_request` is never held as

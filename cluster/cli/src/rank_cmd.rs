@@ -51,7 +51,7 @@ fn rank_command(
 ) -> anyhow::Result<ExitCode> {
     use lockstep_runtime::mpi::{MpiOptions, run_process};
     let scenario = load(args, real.policy.as_deref(), real.seed)?;
-    crate::mpirun::check_preload(&scenario, real)?;
+    crate::mpirun::check_at_startup(&scenario, real)?;
     let digest = scenario_digest(args)?;
     let mismatch = match inject {
         None => None,
@@ -76,7 +76,7 @@ fn rank_command(
             if let Some(slo) = &real.slo {
                 report.apply_slo(slo);
             }
-            print!("{}", report.table());
+            crate::output::print_report(&report, &scenario);
             if let Some(p) = &real.json {
                 write_json(p, &report)?;
             }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use crate::args::{Driver, MpirunArgs, RealArgs, ScenarioArgs, load};
 use crate::mpirun::relaunch_under_mpirun;
-use crate::output::{exit_code, write_json};
+use crate::output::{exit_code, print_report, write_json};
 
 /// `lockstep run`'s options.
 #[derive(Debug, clap::Args)]
@@ -32,10 +32,11 @@ pub(crate) fn run(
     }: RunArgs,
 ) -> anyhow::Result<ExitCode> {
     if real.ordered && real.time_scale > 0.0 {
-        anyhow::bail!(
+        return Err(crate::output::UsageError(format!(
             "--ordered runs in modeled time without sleeping: --time-scale {} has nothing to pace",
             real.time_scale
-        );
+        ))
+        .into());
     }
     if driver == Driver::Mpi {
         return relaunch_under_mpirun(&args, &real, &mpirun);
@@ -45,7 +46,7 @@ pub(crate) fn run(
     if let Some(slo) = &real.slo {
         report.apply_slo(slo);
     }
-    print!("{}", report.table());
+    print_report(&report, &scenario);
     if let Some(p) = &real.json {
         write_json(p, &report)?;
     }

@@ -123,6 +123,9 @@ pub(crate) fn run(
         std::env::var_os(API_KEY_ENV),
     )?;
     let scenario = load(&args, policy.as_deref(), None)?;
+    if driver != ProcessDriver::MpiRank {
+        crate::output::serve_notes(&scenario, time_scale, model_args.model.is_some());
+    }
     // As vLLM names a model by its path: the model directory's name, or else the
     // scenario's.
     let model = model_name.unwrap_or_else(|| {

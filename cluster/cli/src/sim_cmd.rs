@@ -13,7 +13,7 @@ use lockstep_plan::scenario::Scenario;
 use lockstep_sim::{self as sim, SimOptions};
 
 use crate::args::{ModelArgs, ScenarioArgs, load};
-use crate::output::{exit_code, requests_bar, write_json};
+use crate::output::{exit_code, print_report, requests_bar, write_json};
 
 /// `lockstep sim`'s options.
 #[derive(Debug, clap::Args)]
@@ -84,7 +84,7 @@ pub(crate) fn run(
     if let Some(slo) = &slo {
         report.apply_slo(slo);
     }
-    print!("{}", report.table());
+    print_report(&report, &scenario);
     if let Some(p) = json {
         write_json(&p, &report)?;
     }

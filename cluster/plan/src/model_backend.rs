@@ -18,6 +18,7 @@ use lockstep_gpu::model::{Model, ModelError, SamplingParams, TextTokenizer};
 use lockstep_gpu::model_tokens::{ModelSampling, ModelTokens, RankModel};
 
 use crate::fleet::{Fleet, PlannedServer};
+use crate::workload::Workload;
 
 /// Why `--model` cannot serve this scenario.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +30,19 @@ pub enum ModelBackendError {
         dir: PathBuf,
         /// Why.
         source: ModelError,
+    },
+    /// A request of the workload could take more positions than the model has.
+    #[error(
+        "--model {}: the workload's requests take up to {longest} positions (prompt + output tokens), more than the model's {max} (max_position_embeddings): shorten workload.input_len / workload.output_len or use a model with more positions",
+        dir.display()
+    )]
+    Positions {
+        /// The directory.
+        dir: PathBuf,
+        /// The most positions one request can take.
+        longest: u64,
+        /// The model's `max_position_embeddings`.
+        max: u64,
     },
     /// A server the model backend cannot run.
     #[error("--model: server {server}: {why}")]
@@ -109,6 +123,16 @@ impl ModelBackend {
         Ok(())
     }
 
+    /// Refuses a workload one of whose requests could take more positions than the
+    /// model has (as `serve` refuses such a request), before anything starts.
+    pub fn check_workload(&self, workload: &Workload) -> Result<(), ModelBackendError> {
+        check_positions(
+            &self.dir,
+            self.model.config.max_position_embeddings,
+            workload,
+        )
+    }
+
     /// A real driver's rank of server `p`: its device thread's half of the model and,
     /// on a ctx or gen server, its transceiver's codec over the same pool.
     pub fn rank_model(&self, p: &PlannedServer<'_>) -> (RankModel, Option<KvCodec>) {
@@ -139,4 +163,23 @@ fn codec_of(rank: &RankModel, p: &PlannedServer<'_>) -> Option<KvCodec> {
         ),
         checksum: kv_contents::checksum,
     })
+}
+
+/// [`ModelBackend::check_workload`] with only the model's `max_position_embeddings`
+/// (the MPI launcher checks without loading the weights).
+pub fn check_positions(
+    dir: &Path,
+    max_positions: usize,
+    workload: &Workload,
+) -> Result<(), ModelBackendError> {
+    let longest = workload.longest_request();
+    let max = max_positions as u64;
+    if longest > max {
+        return Err(ModelBackendError::Positions {
+            dir: dir.to_path_buf(),
+            longest,
+            max,
+        });
+    }
+    Ok(())
 }

@@ -144,6 +144,9 @@ pub fn run(scenario: &Scenario, opts: &RealOptions) -> Result<Report, RuntimeErr
     let started = Instant::now();
     let fleet = plan(scenario, opts)?;
     let workload = fleet.workload()?;
+    if let Some(m) = &opts.model {
+        m.check_workload(&workload)?;
+    }
     let clock = WallClock::start();
     let (client_tx, client_rx) = unbounded::<ClientItem>();
     let (to_client, from_front) = unbounded::<Vec<Response>>();
@@ -179,7 +182,8 @@ pub fn plan<'a>(scenario: &'a Scenario, opts: &RealOptions) -> Result<Fleet<'a>,
     }
     for p in &fleet.servers {
         if let Some(w) = &p.warning {
-            tracing::warn!(server = %p.config.name, "{w}");
+            // Info, not warn: the command line says it as a note under the report.
+            tracing::info!(server = %p.config.name, "{w}");
         }
     }
     Ok(fleet)

@@ -196,10 +196,14 @@ pub fn run_counting(
         m.check(&fleet)?;
     }
     let workload = fleet.workload()?;
+    if let Some(m) = &opts.model {
+        m.check_workload(&workload)?;
+    }
     let mut servers = Vec::with_capacity(fleet.servers.len());
     for (s, p) in fleet.servers.iter().enumerate() {
         if let Some(w) = &p.warning {
-            tracing::warn!(server = %p.config.name, "{w}");
+            // Info, not warn: the command line says it as a note under the report.
+            tracing::info!(server = %p.config.name, "{w}");
         }
         let (tokens, mut model_codecs): (Box<dyn TokenSource>, _) = match &opts.model {
             Some(m) => m.sim_server(p),

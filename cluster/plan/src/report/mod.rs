@@ -9,6 +9,7 @@ pub mod goodput;
 pub mod html;
 pub mod plot;
 mod records;
+pub mod saturation;
 pub mod schema;
 pub mod series;
 pub mod stats;
@@ -16,6 +17,7 @@ pub mod table;
 
 pub use goodput::SloError;
 pub use records::{ClientLog, Itl};
+pub use saturation::saturation_note;
 pub use schema::*;
 pub use stats::{RankEnding, RankSummary, assemble_report, run_outcome, server_report};
 pub use table::ab_table;

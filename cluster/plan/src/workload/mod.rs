@@ -260,6 +260,31 @@ impl Workload {
         }
     }
 
+    /// The most positions (prompt + output tokens) one request of this workload can
+    /// take: a trace's longest record; a synthetic request's longest prompt and output;
+    /// a conversation's last round at the most rounds, every round at its longest.
+    pub fn longest_request(&self) -> u64 {
+        match self.cfg.kind {
+            WorkloadKind::Trace => self
+                .records
+                .iter()
+                .map(|r| u64::from(r.prompt_len) + u64::from(r.output_len))
+                .max()
+                .unwrap_or(0),
+            _ => {
+                let output = u64::from(self.cfg.output_len.max());
+                let first = u64::from(self.cfg.input_len.max()) + output;
+                match &self.cfg.conversation {
+                    None => first,
+                    Some(c) => {
+                        let later = u64::from(c.rounds.max()).saturating_sub(1);
+                        first + later * (u64::from(c.new_tokens_per_round.max()) + output)
+                    }
+                }
+            }
+        }
+    }
+
     /// Warm-up requests, sent first: ids `1..=warmup_requests()`.
     pub fn warmup_requests(&self) -> u64 {
         u64::from(self.cfg.warmup_requests)

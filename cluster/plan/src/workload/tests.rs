@@ -814,3 +814,27 @@ mod fuzz {
         }
     }
 }
+
+/// `longest_request` bounds the positions any request takes (what `--model` checks at
+/// startup), and a conversation whose rounds all complete reaches it in its last round.
+#[test]
+fn longest_request_is_the_last_round_of_a_conversation_at_its_longest() {
+    let mut w = build(
+        "kind = \"closed_loop\"\nnum_requests = 3\nconcurrency = 1\n\
+         input_len = 1000\noutput_len = 50\n\
+         [conversation]\nrounds = 3\nnew_tokens_per_round = 100",
+    );
+    assert_eq!(w.longest_request(), 1000 + 50 + 2 * (100 + 50));
+    let mut seen = 0;
+    for t in 0..3u64 {
+        let r = w.pop_due(u64::MAX).expect("the next round").spec;
+        seen = seen.max(u64::from(r.prompt_len) + u64::from(r.max_new_tokens));
+        w.on_finished(r.id, t * 1_000_000, true);
+    }
+    assert_eq!(seen, w.longest_request());
+    assert_eq!(
+        build("kind = \"open_loop\"\nrate = 1.0\nnum_requests = 5\ninput_len = [10, 300]\noutput_len = [1, 20]")
+            .longest_request(),
+        320
+    );
+}
