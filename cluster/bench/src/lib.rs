@@ -28,6 +28,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod dataset;
 pub mod exchange;
 pub mod request;
 pub mod sse;
