@@ -103,6 +103,7 @@ pub(crate) fn run(
                 "off" => IgnoreEos::Off,
                 _ => IgnoreEos::Auto,
             },
+            max_concurrency: None,
         },
         seed,
         json.as_deref(),
