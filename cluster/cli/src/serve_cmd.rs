@@ -140,6 +140,7 @@ pub(crate) fn run(
         model,
         max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
         max_prompt_tokens,
+        max_model_len: None,
         drain_timeout: std::time::Duration::from_secs(drain_timeout_s),
         workers: 2,
         max_pending: usize::try_from(max_pending).unwrap_or(usize::MAX),
