@@ -133,8 +133,9 @@ fn count(counter: Counter<'_>, text: &str) -> u32 {
 
 /// ShareGPT's (prompt, answer) lengths, as vLLM samples them: conversations with at
 /// least two turns, the first two taken; shuffled with the seed; pairs with a prompt
-/// or an answer under 4 tokens, a prompt over 1,024 or both over 2,048 left out (the
-/// last two only when the answer's length is the data's).
+/// or an answer under 4 tokens, a prompt over 1,024 or both over 2,048 left out (a
+/// fixed output length waives only the answer's minimum, as vLLM's
+/// `is_valid_sequence`).
 pub fn sharegpt_lengths(
     text: &str,
     path: &str,
@@ -181,10 +182,8 @@ pub fn sharegpt_lengths(
         let output = d
             .sharegpt_output_len
             .unwrap_or_else(|| count(counter, answer));
-        if input < 4 || output < 4 {
-            continue;
-        }
-        if d.sharegpt_output_len.is_none() && (input > 1024 || input + output > 2048) {
+        let too_short = input < 4 || (d.sharegpt_output_len.is_none() && output < 4);
+        if too_short || input > 1024 || input + output > 2048 {
             continue;
         }
         out.push((input, output));
@@ -393,5 +392,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("only 1") && e.contains("--num-prompts 2"), "{e}");
+        // A fixed output length replaces the answer's, below the answer's minimum too;
+        // the prompt's limits still hold.
+        d.num_prompts = 1;
+        d.sharegpt_output_len = Some(2);
+        assert_eq!(
+            sharegpt_lengths(&text, "x", None, &d).unwrap(),
+            vec![(5, 2)]
+        );
     }
 }

@@ -684,6 +684,29 @@ fn a_sharegpt_file_gives_the_lengths_and_replaces_the_scenarios_workload() {
         .collect();
     pairs.sort_unstable();
     assert_eq!(pairs, vec![(5, 7), (8, 5)], "{v}");
+    // --sharegpt-output-len fixes every output.
+    let out = bench(&[
+        "--url",
+        &server.url,
+        "--no-progress",
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        data.to_str().unwrap(),
+        "--num-prompts",
+        "2",
+        "--sharegpt-output-len",
+        "3",
+        "--save-result",
+        "--result-dir",
+        dir.to_str().unwrap(),
+        "--result-filename",
+        "fixed.json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("fixed.json")).unwrap()).unwrap();
+    assert_eq!(v["output_lens"], serde_json::json!([3, 3]), "{v}");
 }
 
 #[test]
