@@ -191,7 +191,7 @@ fn bench_command(
             b.set_position(done);
         }
     };
-    let run = lockstep_bench::run(&scenario, &opts, Some(&mut tick))?;
+    let mut run = lockstep_bench::run(&scenario, &opts, Some(&mut tick))?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -202,22 +202,21 @@ fn bench_command(
              length (--ignore-eos on|off to choose)"
         );
     }
-    let mut report = run.report;
     if let Some(slo) = slo {
-        report.apply_slo(slo);
+        run.report.apply_slo(slo);
     }
+    let report = &run.report;
     print!("{}", report.table());
-    print!("{}", lockstep_bench::summary::vllm_summary(&report));
+    print!("{}", lockstep_bench::summary::vllm_summary(report));
     vllm.finish(
-        &report,
-        &run.gaps_ns,
-        &run.model,
+        &run,
         tokenizer_id.as_deref().unwrap_or(&run.model),
         &opts,
         dataset.as_ref(),
+        &scenario,
     )?;
     if let Some(p) = json {
-        write_json(p, &report)?;
+        write_json(p, report)?;
     }
     if report.requests.failed > 0 {
         eprintln!(
@@ -226,5 +225,5 @@ fn bench_command(
         );
         return Ok(ExitCode::FAILURE);
     }
-    Ok(exit_code(&report))
+    Ok(exit_code(report))
 }

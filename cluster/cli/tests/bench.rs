@@ -879,3 +879,33 @@ fn bench_model_refuses_a_model_directory() {
         "{err}"
     );
 }
+
+/// Without a dataset, the saved `request_rate` is the scenario's open-loop rate (not
+/// vLLM's `inf`, which would misdescribe a paced run).
+#[test]
+fn the_saved_rate_of_a_scenario_workload_is_its_open_loop_rate() {
+    let server = Server::start("agg-balanced.toml", &[]);
+    let dir = temp("bench-scenario-rate");
+    let _ = std::fs::remove_dir_all(&dir);
+    let scenario = example_path("agg-balanced.toml");
+    let out = bench(&[
+        "--url",
+        &server.url,
+        "--no-progress",
+        &scenario,
+        "--set",
+        "workload.num_requests=4",
+        "--set",
+        "workload.rate=40",
+        "--save-result",
+        "--result-dir",
+        dir.to_str().unwrap(),
+        "--result-filename",
+        "s.json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("s.json")).unwrap()).unwrap();
+    assert_eq!(v["request_rate"], 40.0, "{v}");
+    assert_eq!(v["completed"], 4, "{v}");
+}

@@ -2,13 +2,11 @@
 //! process in place of the scenario's `[workload]`, its concurrency cap, its
 //! percentile lines and its result JSON.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
 
-use lockstep_bench::BenchOptions;
-use lockstep_plan::report::Report;
+use lockstep_bench::{BenchOptions, BenchRun};
 use lockstep_plan::scenario::Scenario;
 
 /// `--request-rate`: requests per second, a finite number > 0 or `inf`.
@@ -277,17 +275,17 @@ impl BenchShorthands {
     /// After the run: prints the percentiles asked for, writes vLLM's result JSON.
     pub(crate) fn finish(
         &self,
-        report: &Report,
-        gaps_ns: &BTreeMap<u64, Vec<u64>>,
-        model: &str,
+        run: &BenchRun,
         tokenizer_id: &str,
         opts: &BenchOptions,
         dataset: Option<&DatasetWorkload>,
+        scenario: &Scenario,
     ) -> anyhow::Result<()> {
         use lockstep_bench::vllm_result::{
             Meta, Samples, date_of, default_filename, percentile_lines, result_json,
         };
-        let samples = Samples::new(report, gaps_ns);
+        let report = &run.report;
+        let samples = Samples::new(report, &run.gaps_ns);
         let metrics = self
             .percentile_metrics
             .clone()
@@ -310,10 +308,20 @@ impl BenchShorthands {
                 lockstep_bench::Endpoint::Chat => "openai-chat".into(),
                 lockstep_bench::Endpoint::Completions => "vllm".into(),
             },
-            model_id: model.to_string(),
+            model_id: run.model.clone(),
             tokenizer_id: tokenizer_id.to_string(),
             num_prompts: samples.success.len() as u64,
-            request_rate: dataset.map_or(f64::INFINITY, |d| d.dataset.request_rate),
+            request_rate: match dataset {
+                Some(d) => d.dataset.request_rate,
+                // A scenario's open loop is Poisson at its rate (burstiness 1); its
+                // other workloads have no rate: all due as soon as they may go.
+                None => scenario
+                    .workload
+                    .as_ref()
+                    .filter(|w| w.kind == lockstep_plan::workload::WorkloadKind::OpenLoop)
+                    .and_then(|w| w.rate)
+                    .unwrap_or(f64::INFINITY),
+            },
             burstiness: dataset.map_or(1.0, |d| d.dataset.burstiness),
             max_concurrency: self.max_concurrency,
             date: date_of(now),
