@@ -28,10 +28,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod dataset;
 pub mod exchange;
 pub mod request;
 pub mod sse;
 pub mod summary;
+pub mod vllm_result;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -85,6 +87,9 @@ pub struct BenchOptions {
     pub prompt_ids: Option<(u32, u32)>,
     /// Whether vLLM's `ignore_eos` and `min_tokens` are sent.
     pub ignore_eos: IgnoreEos,
+    /// vLLM's `--max-concurrency`: requests in flight at most; an arrival past it waits
+    /// for one to end (`None`: no bound).
+    pub max_concurrency: Option<usize>,
 }
 
 /// Whether requests carry vLLM's `ignore_eos: true` and `min_tokens`.
@@ -110,6 +115,10 @@ pub struct BenchRun {
     pub ignore_eos_refused: Option<String>,
     /// The least and largest prompt id, and how many ids prompts are drawn from.
     pub prompt_ids: (u32, u32, usize),
+    /// The model named in requests.
+    pub model: String,
+    /// Per completed request (by id), the gaps between its chunks carrying text, in ns.
+    pub gaps_ns: BTreeMap<u64, Vec<u64>>,
 }
 
 /// Why a benchmark could not run.
@@ -261,20 +270,24 @@ pub fn run(
             rules.ignore_eos = ignore_eos_refused.is_none();
         }
         let ignore_eos = rules.ignore_eos;
+        let model = rules.model.clone();
         let driver = Driver {
             client,
             target,
             rules,
+            max_concurrency: opts.max_concurrency,
             endpoint: opts.endpoint,
             time_scale: opts.time_scale.max(0.0),
             timeout: opts.request_timeout,
         };
-        let report = driver.play(scenario, fleet.seed, workload, progress).await;
+        let (report, gaps_ns) = driver.play(scenario, fleet.seed, workload, progress).await;
         Ok(BenchRun {
             report,
             ignore_eos,
             ignore_eos_refused,
             prompt_ids,
+            model,
+            gaps_ns,
         })
     })
 }
@@ -345,6 +358,7 @@ struct Driver {
     client: reqwest::Client,
     target: Target,
     rules: BodyRules,
+    max_concurrency: Option<usize>,
     endpoint: Endpoint,
     time_scale: f64,
     timeout: Duration,
@@ -371,7 +385,8 @@ impl Driver {
         seed: u64,
         mut workload: Workload,
         mut progress: Option<&mut dyn FnMut(u64, u64)>,
-    ) -> Report {
+    ) -> (Report, BTreeMap<u64, Vec<u64>>) {
+        let mut gaps_ns: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         let start = Instant::now();
         let now_ns = || u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let total = workload.total().unwrap_or(0);
@@ -387,9 +402,10 @@ impl Driver {
             p(0, total);
         }
         loop {
-            // Release every arrival that is due.
+            // Release every arrival that is due (while --max-concurrency leaves room).
+            let full = |n: usize| self.max_concurrency.is_some_and(|c| n >= c);
             while let Some(t) = workload.next_arrival_ns() {
-                if self.due_ns(t) > now_ns() {
+                if self.due_ns(t) > now_ns() || full(tasks.len()) {
                     break;
                 }
                 let Some(a) = workload.pop_due(t) else {
@@ -425,6 +441,8 @@ impl Driver {
                 }
             }
             let wait = match workload.next_arrival_ns() {
+                // An arrival held by --max-concurrency waits for an ending.
+                Some(_) if full(tasks.len()) => Duration::from_secs(1),
                 Some(t) => Duration::from_nanos(self.due_ns(t).saturating_sub(now_ns())),
                 None => Duration::from_secs(1),
             }
@@ -450,6 +468,12 @@ impl Driver {
                         None => continue,
                     };
                     last_end = Instant::now();
+                    if ex.failure.is_none() {
+                        gaps_ns.insert(
+                            ex.id.0,
+                            ex.text_chunk_ns.windows(2).map(|w| w[1].saturating_sub(w[0])).collect(),
+                        );
+                    }
                     if let Some(rec) = records.get_mut(&ex.id) {
                         apply(rec, &ex, &mut itl);
                         workload.on_finished(ex.id, self.workload_ns(ex.end_ns), rec.completed());
@@ -491,7 +515,7 @@ impl Driver {
             outcome,
         );
         report.time_base = TimeBase::Client;
-        report
+        (report, gaps_ns)
     }
 }
 

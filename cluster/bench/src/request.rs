@@ -112,6 +112,23 @@ pub fn parse_range(given: &str) -> Result<(u32, u32), PromptIdsError> {
     Ok((min, max))
 }
 
+fn tokenizer_file(path: &Path) -> std::path::PathBuf {
+    if path.is_dir() {
+        path.join("tokenizer.json")
+    } else {
+        path.to_path_buf()
+    }
+}
+
+/// The tokenizer at `path`: a `tokenizer.json`, or a directory holding one.
+pub fn load_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer, PromptIdsError> {
+    let file = tokenizer_file(path);
+    tokenizers::Tokenizer::from_file(&file).map_err(|e| PromptIdsError::Tokenizer {
+        path: file.clone(),
+        why: e.to_string(),
+    })
+}
+
 impl PromptIds {
     /// Every id of `min..=max` (no tokenizer to check it against).
     pub fn range(min: u32, max: u32) -> Result<Self, PromptIdsError> {
@@ -130,16 +147,8 @@ impl PromptIds {
     /// `range` when given. A range whose largest id is past the vocabulary is an error
     /// naming both.
     pub fn from_tokenizer(path: &Path, range: Option<(u32, u32)>) -> Result<Self, PromptIdsError> {
-        let file = if path.is_dir() {
-            path.join("tokenizer.json")
-        } else {
-            path.to_path_buf()
-        };
-        let tokenizer =
-            tokenizers::Tokenizer::from_file(&file).map_err(|e| PromptIdsError::Tokenizer {
-                path: file.clone(),
-                why: e.to_string(),
-            })?;
+        let tokenizer = load_tokenizer(path)?;
+        let file = tokenizer_file(path);
         let added = tokenizer.get_added_tokens_decoder();
         let vocab = tokenizer
             .get_vocab(true)

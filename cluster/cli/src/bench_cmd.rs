@@ -9,12 +9,17 @@ use lockstep_plan::report::Slo;
 
 use crate::args::{ScenarioArgs, finite_non_negative, load};
 use crate::output::{exit_code, requests_bar, write_json};
+use crate::vllm_flags::{BenchShorthands, DatasetWorkload};
 
 /// `lockstep bench`'s options.
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
-    #[command(flatten)]
-    args: ScenarioArgs,
+    /// Scenario file (TOML) whose `[workload]` is played; optional with --dataset-name
+    /// (whose requests then replace the scenario's `[workload]`).
+    scenario: Option<PathBuf>,
+    /// Override a key: `workload.concurrency=64`, `workload.num_requests=2000`, ...
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
     /// The server's base URL: `http://HOST:PORT` (plain HTTP; a trailing /v1 is
     /// taken off).
     #[arg(long)]
@@ -22,9 +27,15 @@ pub(crate) struct BenchArgs {
     /// Seed of the workload (wins over a `seed` in the scenario; default 0).
     #[arg(long)]
     seed: Option<u64>,
-    /// The model named in requests (default: the first of GET /v1/models).
+    /// The model named in requests, as vLLM's `bench serve --model` (default: the
+    /// first of GET /v1/models); --served-model-name wins. Not a model directory, as
+    /// elsewhere: one is refused (give --tokenizer DIR and --served-model-name NAME).
     #[arg(long)]
     model: Option<String>,
+    /// vLLM's --served-model-name: the model named in requests, when --model names
+    /// something else (a path, the tokenizer's).
+    #[arg(long, value_name = "NAME")]
+    served_model_name: Option<String>,
     /// Which API: /v1/completions (prompts as token ids) or /v1/chat/completions
     /// (prompts as words).
     #[arg(long, value_parser = ["completions", "chat"], default_value = "completions")]
@@ -61,15 +72,19 @@ pub(crate) struct BenchArgs {
     /// No progress bar (there is none either when stderr is not a terminal).
     #[arg(long)]
     no_progress: bool,
+    #[command(flatten)]
+    vllm: BenchShorthands,
 }
 
 /// Runs `lockstep bench`.
 pub(crate) fn run(
     BenchArgs {
-        args,
+        scenario,
+        set,
         url,
         seed,
         model,
+        served_model_name,
         endpoint,
         api_key,
         time_scale,
@@ -80,13 +95,28 @@ pub(crate) fn run(
         prompt_ids,
         ignore_eos,
         no_progress,
+        vllm,
     }: BenchArgs,
 ) -> anyhow::Result<ExitCode> {
+    if served_model_name.is_none()
+        && let Some(m) = &model
+    {
+        crate::vllm_flags::refuse_model_directory(m)?;
+    }
+    let dataset = vllm.dataset(scenario.is_some(), seed.unwrap_or(0))?;
+    let tokenizer_id = tokenizer
+        .as_ref()
+        .map(|t| t.display().to_string())
+        .or_else(|| model.clone());
     bench_command(
-        &args,
+        scenario,
+        set,
+        dataset,
+        &vllm,
+        tokenizer_id,
         BenchOptions {
             url,
-            model,
+            model: served_model_name.or(model),
             endpoint: if endpoint == "chat" {
                 Endpoint::Chat
             } else {
@@ -103,6 +133,9 @@ pub(crate) fn run(
                 "off" => IgnoreEos::Off,
                 _ => IgnoreEos::Auto,
             },
+            max_concurrency: vllm
+                .max_concurrency
+                .map(|c| usize::try_from(c).unwrap_or(usize::MAX)),
         },
         seed,
         json.as_deref(),
@@ -113,15 +146,44 @@ pub(crate) fn run(
 
 /// `lockstep bench`: plays the workload against the server, prints the table and vLLM's
 /// result block, writes the JSON; 1 if any request failed.
+#[allow(clippy::too_many_arguments)]
 fn bench_command(
-    args: &ScenarioArgs,
+    scenario: Option<PathBuf>,
+    set: Vec<String>,
+    dataset: Option<DatasetWorkload>,
+    vllm: &BenchShorthands,
+    tokenizer_id: Option<String>,
     opts: BenchOptions,
     seed: Option<u64>,
     json: Option<&Path>,
     slo: Option<&Slo>,
     progress: bool,
 ) -> anyhow::Result<ExitCode> {
-    let scenario = load(args, None, seed)?;
+    let mut scenario = match scenario {
+        Some(path) => load(
+            &ScenarioArgs {
+                scenario: path,
+                set,
+            },
+            None,
+            seed,
+        )?,
+        None => {
+            let mut s = crate::vllm_flags::default_bench_scenario()?;
+            if seed.is_some() {
+                s.seed = seed;
+            }
+            for a in &set {
+                s.apply_set(a)?;
+            }
+            s
+        }
+    };
+    // The dataset's requests, as a trace the workload replays (removed when dropped).
+    let _trace = match &dataset {
+        Some(d) => Some(d.install(&mut scenario, opts.tokenizer.as_deref())?),
+        None => None,
+    };
     let bar = (progress && std::io::stderr().is_terminal()).then(requests_bar);
     let mut tick = |done: u64, total: u64| {
         if let Some(b) = &bar {
@@ -129,7 +191,7 @@ fn bench_command(
             b.set_position(done);
         }
     };
-    let run = lockstep_bench::run(&scenario, &opts, Some(&mut tick))?;
+    let mut run = lockstep_bench::run(&scenario, &opts, Some(&mut tick))?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -140,14 +202,21 @@ fn bench_command(
              length (--ignore-eos on|off to choose)"
         );
     }
-    let mut report = run.report;
     if let Some(slo) = slo {
-        report.apply_slo(slo);
+        run.report.apply_slo(slo);
     }
+    let report = &run.report;
     print!("{}", report.table());
-    print!("{}", lockstep_bench::summary::vllm_summary(&report));
+    print!("{}", lockstep_bench::summary::vllm_summary(report));
+    vllm.finish(
+        &run,
+        tokenizer_id.as_deref().unwrap_or(&run.model),
+        &opts,
+        dataset.as_ref(),
+        &scenario,
+    )?;
     if let Some(p) = json {
-        write_json(p, &report)?;
+        write_json(p, report)?;
     }
     if report.requests.failed > 0 {
         eprintln!(
@@ -156,5 +225,5 @@ fn bench_command(
         );
         return Ok(ExitCode::FAILURE);
     }
-    Ok(exit_code(&report))
+    Ok(exit_code(report))
 }

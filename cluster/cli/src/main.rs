@@ -25,6 +25,7 @@ mod sim_cmd;
 mod simbench_cmd;
 mod swarm_cmd;
 mod trtllm_cmd;
+mod vllm_flags;
 
 #[derive(Debug, Parser)]
 #[command(

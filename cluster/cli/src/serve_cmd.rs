@@ -18,6 +18,7 @@ use crate::mpirun::{
     args_for_each_process, mpirun_command, processes_of, require_mpi_build, run_draining_on_signal,
     status_of,
 };
+use crate::vllm_flags::ServeShorthands;
 
 /// `lockstep serve`'s options.
 #[derive(Debug, clap::Args)]
@@ -51,9 +52,9 @@ pub(crate) struct ServeArgs {
     /// Policy preset (applied before --set).
     #[arg(long, value_parser = ["fixed", "legacy"])]
     policy: Option<String>,
-    /// The served model's name (default: the --model directory's name, or else the
-    /// scenario file's stem).
-    #[arg(long)]
+    /// The served model's name, as vLLM's --served-model-name (default: the --model
+    /// directory's name, or else the scenario file's stem). `--model-name` still works.
+    #[arg(long = "served-model-name", alias = "model-name", value_name = "NAME")]
     model_name: Option<String>,
     /// Largest request body in bytes (413 past it).
     #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..))]
@@ -88,6 +89,8 @@ pub(crate) struct ServeArgs {
     seed: u64,
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    vllm: ServeShorthands,
 }
 
 /// Runs `lockstep serve`.
@@ -112,6 +115,7 @@ pub(crate) fn run(
         timeout_ms,
         seed,
         model: model_args,
+        vllm,
     }: ServeArgs,
 ) -> anyhow::Result<ExitCode> {
     use lockstep_serve::ServeOptions;
@@ -122,7 +126,8 @@ pub(crate) fn run(
         api_key_file.as_deref(),
         std::env::var_os(API_KEY_ENV),
     )?;
-    let scenario = load(&args, policy.as_deref(), None)?;
+    let mut scenario = load(&args, policy.as_deref(), None)?;
+    vllm.apply(&mut scenario)?;
     if driver != ProcessDriver::MpiRank {
         crate::output::serve_notes(&scenario, time_scale, model_args.model.is_some());
     }
@@ -142,7 +147,10 @@ pub(crate) fn run(
         api_key: api_key.as_ref().map(|k| k.key.clone()),
         model,
         max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
-        max_prompt_tokens,
+        max_prompt_tokens: vllm
+            .max_model_len
+            .map_or(max_prompt_tokens, |l| l.min(max_prompt_tokens)),
+        max_model_len: vllm.max_model_len,
         drain_timeout: std::time::Duration::from_secs(drain_timeout_s),
         workers: 2,
         max_pending: usize::try_from(max_pending).unwrap_or(usize::MAX),

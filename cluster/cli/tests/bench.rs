@@ -528,3 +528,384 @@ fn prompt_ids_come_from_the_tokenizer_and_a_range_must_fit_it() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 32 item 4: `vllm bench serve`'s flags, no scenario file. 20 random prompts
+/// sent at once, at most 4 in flight, and vLLM's result JSON beside ours.
+#[test]
+fn a_vllm_random_dataset_runs_without_a_scenario_and_saves_vllms_json() {
+    let server = Server::start("agg-balanced.toml", &["--served-model-name", "m"]);
+    let dir = temp("bench-vllm-result");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = bench(&[
+        "--url",
+        &server.url,
+        "--no-progress",
+        "--model",
+        "org/some-path",
+        "--served-model-name",
+        "m",
+        "--dataset-name",
+        "random",
+        "--num-prompts",
+        "20",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "6",
+        "--request-rate",
+        "inf",
+        "--max-concurrency",
+        "4",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99",
+        "--save-result",
+        "--result-dir",
+        dir.to_str().unwrap(),
+        "--result-filename",
+        "r.json",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("P90 E2EL (ms):"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).expect("saved"))
+            .expect("JSON");
+    for k in [
+        "date",
+        "backend",
+        "model_id",
+        "tokenizer_id",
+        "num_prompts",
+        "request_rate",
+        "burstiness",
+        "max_concurrency",
+        "duration",
+        "completed",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "input_lens",
+        "output_lens",
+        "ttfts",
+        "itls",
+        "generated_texts",
+        "errors",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "std_ttft_ms",
+        "p99_ttft_ms",
+        "p90_tpot_ms",
+        "p50_itl_ms",
+        "mean_e2el_ms",
+        "p99_e2el_ms",
+    ] {
+        assert!(v.get(k).is_some(), "no `{k}` in {v}");
+    }
+    assert_eq!(v["completed"], 20, "{v}");
+    assert_eq!(v["num_prompts"], 20);
+    assert_eq!(v["request_rate"], "inf");
+    assert_eq!(v["max_concurrency"], 4);
+    assert_eq!(v["model_id"], "m");
+    assert_eq!(v["tokenizer_id"], "org/some-path");
+    assert_eq!(v["total_input_tokens"], 20 * 32);
+    assert_eq!(v["total_output_tokens"], 20 * 6);
+    let itls = v["itls"].as_array().unwrap();
+    assert_eq!(itls.len(), 20);
+    assert!(itls.iter().all(|l| l.as_array().unwrap().len() == 5), "{v}");
+    assert!(
+        v["ttfts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t.as_f64().unwrap() > 0.0)
+    );
+}
+
+/// ShareGPT's first turns give the lengths; a Poisson-like rate with burstiness paces
+/// them; the dataset replaces a given scenario's `[workload]`.
+#[test]
+fn a_sharegpt_file_gives_the_lengths_and_replaces_the_scenarios_workload() {
+    let server = Server::start("agg-balanced.toml", &[]);
+    let data = temp("bench-sharegpt.json");
+    std::fs::write(
+        &data,
+        r#"[{"id":"a","conversations":[{"from":"human","value":"one two three four five"},{"from":"gpt","value":"a b c d e f g"}]},
+            {"id":"b","conversations":[{"from":"human","value":"w w w w w w w w"},{"from":"gpt","value":"x y z x y"}]},
+            {"id":"c","conversations":[{"from":"human","value":"hi"}]}]"#,
+    )
+    .unwrap();
+    let dir = temp("bench-sharegpt-result");
+    let _ = std::fs::remove_dir_all(&dir);
+    let scenario = example_path("agg-balanced.toml");
+    let out = bench(&[
+        "--url",
+        &server.url,
+        "--no-progress",
+        &scenario,
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        data.to_str().unwrap(),
+        "--num-prompts",
+        "2",
+        "--request-rate",
+        "50",
+        "--burstiness",
+        "0.5",
+        "--save-result",
+        "--result-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let name = file.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("vllm-50.0qps-agg-balanced-"), "{name}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(v["completed"], 2, "{v}");
+    assert_eq!(v["request_rate"], 50.0);
+    assert_eq!(v["burstiness"], 0.5);
+    let mut pairs: Vec<(u64, u64)> = (0..2)
+        .map(|i| {
+            (
+                v["input_lens"][i].as_u64().unwrap(),
+                v["output_lens"][i].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    pairs.sort_unstable();
+    assert_eq!(pairs, vec![(5, 7), (8, 5)], "{v}");
+    // --sharegpt-output-len fixes every output.
+    let out = bench(&[
+        "--url",
+        &server.url,
+        "--no-progress",
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        data.to_str().unwrap(),
+        "--num-prompts",
+        "2",
+        "--sharegpt-output-len",
+        "3",
+        "--save-result",
+        "--result-dir",
+        dir.to_str().unwrap(),
+        "--result-filename",
+        "fixed.json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("fixed.json")).unwrap()).unwrap();
+    assert_eq!(v["output_lens"], serde_json::json!([3, 3]), "{v}");
+}
+
+#[test]
+fn bad_vllm_bench_flags_are_refused_naming_the_flag() {
+    let url = "http://127.0.0.1:9";
+    let scenario = example_path("agg-balanced.toml");
+    for (args, says) in [
+        (
+            vec!["--dataset-name", "random", "--request-rate", "-1"],
+            "--request-rate",
+        ),
+        (
+            vec!["--dataset-name", "random", "--request-rate", "0"],
+            "--request-rate",
+        ),
+        (vec!["--dataset-name", "foo"], "--dataset-name"),
+        (
+            vec!["--dataset-name", "random", "--burstiness", "0"],
+            "--burstiness",
+        ),
+        (
+            vec!["--dataset-name", "random", "--num-prompts", "0"],
+            "--num-prompts",
+        ),
+        (
+            vec!["--dataset-name", "random", "--random-range-ratio", "1.5"],
+            "--random-range-ratio",
+        ),
+        (vec!["--dataset-name", "sharegpt"], "--dataset-path"),
+        (
+            vec![scenario.as_str(), "--num-prompts", "5"],
+            "--num-prompts shapes",
+        ),
+        (vec![], "--dataset-name random|sharegpt"),
+        (
+            vec![
+                "--dataset-name",
+                "random",
+                "--percentile-metrics",
+                "ttft,foo",
+            ],
+            "--percentile-metrics",
+        ),
+        (
+            vec!["--dataset-name", "random", "--metric-percentiles", "101"],
+            "--metric-percentiles",
+        ),
+    ] {
+        let mut all = vec!["--url", url, "--no-progress"];
+        all.extend(args.iter().copied());
+        let out = bench(&all);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?} ran");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+/// The most requests in flight at once, by the client's send and end times.
+fn peak_in_flight(report: &Report) -> i32 {
+    let mut events: Vec<(f64, i32)> = report
+        .per_request
+        .iter()
+        .flat_map(|d| [(d.arrival_ms(), 1), (d.end_ms().expect("ended"), -1)])
+        .collect();
+    // An end at the same instant as a send frees its place first.
+    events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut now = 0;
+    events
+        .iter()
+        .map(|&(_, d)| {
+            now += d;
+            now
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// `--max-concurrency 2`, as vLLM's semaphore: 12 requests all due at once, never more
+/// than two in flight (without it all twelve overlap on a server that takes time).
+#[test]
+fn max_concurrency_caps_the_requests_in_flight() {
+    let server = Server::start("agg-balanced.toml", &["--time-scale", "1"]);
+    let json = temp("bench-max-concurrency.json");
+    let out = bench(&[
+        "--url",
+        &server.url,
+        "--no-progress",
+        "--json",
+        json.to_str().unwrap(),
+        "--dataset-name",
+        "random",
+        "--num-prompts",
+        "12",
+        "--random-input-len",
+        "64",
+        "--random-output-len",
+        "8",
+        "--max-concurrency",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report = read_report(&json);
+    assert_eq!(report.requests.completed, 12, "{:?}", report.per_request);
+    let peak = peak_in_flight(&report);
+    assert!((1..=2).contains(&peak), "{peak} in flight at once");
+}
+
+/// `--request-rate 20` with `--burstiness 50` (gaps of 50 ms ± 14 %) spreads six sends
+/// over about 250 ms; `inf` sends them all at once.
+#[test]
+fn request_rate_spaces_the_sends_and_inf_sends_all_at_once() {
+    let server = Server::start("agg-balanced.toml", &[]);
+    let spread = |rate: &str, name: &str| {
+        let json = temp(name);
+        let out = bench(&[
+            "--url",
+            &server.url,
+            "--no-progress",
+            "--json",
+            json.to_str().unwrap(),
+            "--dataset-name",
+            "random",
+            "--num-prompts",
+            "6",
+            "--random-input-len",
+            "16",
+            "--random-output-len",
+            "2",
+            "--request-rate",
+            rate,
+            "--burstiness",
+            "50",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let report = read_report(&json);
+        assert_eq!(report.requests.completed, 6);
+        let sends: Vec<f64> = report.per_request.iter().map(|d| d.arrival_ms()).collect();
+        let first = sends.iter().copied().fold(f64::INFINITY, f64::min);
+        let last = sends.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        last - first
+    };
+    let paced = spread("20", "bench-rate-20.json");
+    assert!((180.0..600.0).contains(&paced), "sends over {paced} ms");
+    let at_once = spread("inf", "bench-rate-inf.json");
+    assert!(at_once < 100.0, "sends over {at_once} ms");
+}
+
+/// `bench --model` is the name sent in requests (as vLLM's); a model directory there
+/// is refused with what to give instead.
+#[test]
+fn bench_model_refuses_a_model_directory() {
+    let dir = temp("bench-model-dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), "{}").unwrap();
+    let out = bench(&[
+        "--url",
+        "http://127.0.0.1:9",
+        "--no-progress",
+        "--dataset-name",
+        "random",
+        "--model",
+        dir.to_str().unwrap(),
+    ]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("is a model directory"), "{err}");
+    assert!(err.contains("--served-model-name"), "{err}");
+    assert!(
+        err.contains(&format!("--tokenizer {}", dir.display())),
+        "{err}"
+    );
+}
+
+/// Without a dataset, the saved `request_rate` is the scenario's open-loop rate (not
+/// vLLM's `inf`, which would misdescribe a paced run).
+#[test]
+fn the_saved_rate_of_a_scenario_workload_is_its_open_loop_rate() {
+    let server = Server::start("agg-balanced.toml", &[]);
+    let dir = temp("bench-scenario-rate");
+    let _ = std::fs::remove_dir_all(&dir);
+    let scenario = example_path("agg-balanced.toml");
+    let out = bench(&[
+        "--url",
+        &server.url,
+        "--no-progress",
+        &scenario,
+        "--set",
+        "workload.num_requests=4",
+        "--set",
+        "workload.rate=40",
+        "--save-result",
+        "--result-dir",
+        dir.to_str().unwrap(),
+        "--result-filename",
+        "s.json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("s.json")).unwrap()).unwrap();
+    assert_eq!(v["request_rate"], 40.0, "{v}");
+    assert_eq!(v["completed"], 4, "{v}");
+}

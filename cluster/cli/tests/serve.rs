@@ -1614,3 +1614,189 @@ fn streams_whose_clients_read_are_never_cut_off_by_their_buffer() {
     assert_eq!(sample(&after, "lockstep_request_cancelled_total"), 0.0);
     assert_eq!(sample(&after, "lockstep_request_success_total"), 16.0);
 }
+
+/// Issue 32 item 4: vLLM's names. `--served-model-name` names the model (the old
+/// `--model-name` still works), `--max-model-len` bounds prompt plus max_tokens, and
+/// `--max-num-batched-tokens` with `--no-enable-chunked-prefill` reach every server.
+#[test]
+fn vllm_engine_flags_name_the_model_and_set_the_fleet() {
+    let s = Server::start(
+        "agg-balanced.toml",
+        &[
+            "--served-model-name",
+            "my-llm",
+            "--max-model-len",
+            "64",
+            "--max-num-seqs",
+            "4",
+            "--max-num-batched-tokens",
+            "48",
+            "--no-enable-chunked-prefill",
+            "--data-parallel-size",
+            "2",
+        ],
+    );
+    let (code, body) = get(&s.url("/v1/models"));
+    assert_eq!(code, 200, "{body}");
+    let m = json_of(&body);
+    assert_eq!(m["data"][0]["id"], "my-llm", "{m}");
+    assert_eq!(m["data"][0]["max_model_len"], 64, "{m}");
+    let words = |n: usize| vec!["w"; n].join(" ");
+    // Within both limits: answered.
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        &json!({"model": "my-llm", "prompt": words(40), "max_tokens": 8}).to_string(),
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    // Past --max-model-len: prompt 40 + max_tokens 30 > 64.
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        &json!({"prompt": words(40), "max_tokens": 30}).to_string(),
+        None,
+    );
+    assert_eq!(code, 400, "{body}");
+    let e = json_of(&body);
+    assert_eq!(e["error"]["code"], "context_length_exceeded", "{e}");
+    assert!(body.contains("--max-model-len"), "{body}");
+    // A prompt past --max-num-batched-tokens 48 without chunked prefill: refused by the
+    // fleet's own limit (before, T was the scenario's 8192 with chunking on).
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        &json!({"prompt": words(50), "max_tokens": 1}).to_string(),
+        None,
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("max_num_tokens 48"), "{body}");
+    // --data-parallel-size 2: two ranks where the scenario has four.
+    let m = scrape_until(&s, |m| {
+        m.iter()
+            .any(|(n, _)| n.starts_with("lockstep_kv_cache_usage_perc{"))
+    });
+    let ranks = m
+        .iter()
+        .filter(|(n, _)| n.starts_with("lockstep_kv_cache_usage_perc{"))
+        .count();
+    assert_eq!(ranks, 2, "{m:?}");
+    drop(s);
+    // The old name still works.
+    let s = Server::start("agg-balanced.toml", &["--model-name", "old-name"]);
+    let (_, body) = get(&s.url("/v1/models"));
+    assert_eq!(json_of(&body)["data"][0]["id"], "old-name", "{body}");
+}
+
+#[test]
+fn bad_vllm_engine_flags_are_refused_naming_the_flag_and_the_field() {
+    let agg = example("agg-balanced.toml");
+    let disagg = example("disagg-small.toml");
+    for (args, says) in [
+        (
+            vec![agg.as_str(), "--max-num-seqs", "0"],
+            vec!["--max-num-seqs 0", "max_batch_size"],
+        ),
+        (
+            vec![
+                agg.as_str(),
+                "--tensor-parallel-size",
+                "2",
+                "--data-parallel-size",
+                "2",
+            ],
+            vec![
+                "--tensor-parallel-size 2 --data-parallel-size 2",
+                "one of the two must be 1",
+            ],
+        ),
+        (
+            vec![disagg.as_str(), "--data-parallel-size", "2"],
+            vec!["--data-parallel-size 2", "2 servers", "--set server.NAME"],
+        ),
+        (
+            vec![agg.as_str(), "--max-model-len", "0"],
+            vec!["--max-model-len"],
+        ),
+    ] {
+        let mut all = args.clone();
+        all.extend(["--port", "0"]);
+        let err = startup_failure(&all, &[]);
+        for s in says {
+            assert!(err.contains(s), "{args:?}: {err}");
+        }
+    }
+}
+
+/// `--max-num-seqs 1`: one request per forward, so six overlapping requests are
+/// scheduled one at a time (without it B is the scenario's 32 and they share forwards).
+#[test]
+fn max_num_seqs_bounds_the_requests_in_one_forward() {
+    let s = Server::start(
+        "agg-balanced.toml",
+        &[
+            "--max-num-seqs",
+            "1",
+            "--data-parallel-size",
+            "1",
+            "--time-scale",
+            "1",
+        ],
+    );
+    let url = s.url("/v1/completions");
+    let body = json!({"prompt": vec!["w"; 32].join(" "), "max_tokens": 8}).to_string();
+    let posts: Vec<_> = (0..6)
+        .map(|_| {
+            let (url, body) = (url.clone(), body.clone());
+            std::thread::spawn(move || post(&url, &body, None))
+        })
+        .collect();
+    for p in posts {
+        let (code, body) = p.join().expect("a client thread");
+        assert_eq!(code, 200, "{body}");
+    }
+    let m = scrape_until(&s, |m| {
+        over_ranks(m, "lockstep_rank_routed_requests_total") == 6.0
+            && over_ranks(m, "lockstep_rank_requests_resident") == 0.0
+    });
+    let scheduled = over_ranks(&m, "lockstep_rank_scheduled_requests_total");
+    let iterations = over_ranks(&m, "lockstep_rank_iterations_total");
+    assert!(scheduled >= 6.0, "{m:?}");
+    assert!(
+        scheduled <= iterations,
+        "{scheduled} requests over {iterations} forwards: more than one per forward"
+    );
+}
+
+/// The flags win over the scenario and its `--set`s (as vLLM's CLI over its config):
+/// `--enable-chunked-prefill` turns chunking back on after `--set` turned it off, so a
+/// prompt longer than `--max-num-batched-tokens` is taken; `--tensor-parallel-size 2`
+/// makes one attention group (one series per attention-DP rank) where the scenario has
+/// four.
+#[test]
+fn vllm_engine_flags_win_over_the_scenarios_sets() {
+    let s = Server::start(
+        "agg-balanced.toml",
+        &[
+            "--set",
+            "server.enable_chunked_prefill=false",
+            "--max-num-batched-tokens",
+            "48",
+            "--enable-chunked-prefill",
+            "--tensor-parallel-size",
+            "2",
+        ],
+    );
+    let (code, body) = post(
+        &s.url("/v1/completions"),
+        &json!({"prompt": vec!["w"; 50].join(" "), "max_tokens": 2}).to_string(),
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    let m = scrape_until(&s, |m| {
+        m.iter()
+            .any(|(n, _)| n.starts_with("lockstep_kv_cache_usage_perc{"))
+    });
+    let ranks = m
+        .iter()
+        .filter(|(n, _)| n.starts_with("lockstep_kv_cache_usage_perc{"))
+        .count();
+    assert_eq!(ranks, 1, "{m:?}");
+}

@@ -41,6 +41,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// The longest prompt taken, in tokens.
     pub max_prompt_tokens: u32,
+    /// `--max-model-len`: the most prompt plus `max_tokens` tokens of one request.
+    pub max_model_len: Option<u32>,
     /// The metrics.
     pub registry: Arc<Registry>,
     /// When the server started (`/v1/models`' `created`).
@@ -361,6 +363,25 @@ const PEER_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(2
 /// Refuses a request no server could ever run (400, as vLLM refuses a prompt past
 /// `max_model_len`): the prompt alone, or with its `max_tokens`.
 fn check_size(state: &AppState, parsed: &Parsed, endpoint: Endpoint) -> Result<(), ApiError> {
+    if let Some(limit) = state.max_model_len {
+        let want = u64::from(parsed.prompt_tokens) + u64::from(parsed.max_tokens);
+        if want > u64::from(limit) {
+            let param = if parsed.prompt_tokens >= limit {
+                api::prompt_param(endpoint)
+            } else {
+                parsed.max_tokens_param
+            };
+            let mut e = ApiError::field(
+                param,
+                format!(
+                    "{param}: this model's maximum context length is {limit} tokens (--max-model-len); the request asks for {want} ({} prompt tokens + max_tokens {})",
+                    parsed.prompt_tokens, parsed.max_tokens
+                ),
+            );
+            e.code = Some("context_length_exceeded");
+            return Err(e);
+        }
+    }
     let shape = |max_new_tokens| RequestShape {
         prompt_len: parsed.prompt_tokens,
         max_new_tokens,
@@ -447,6 +468,10 @@ async fn models(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
             Some(text.max_positions()),
         ),
         None => (state.model.clone(), None),
+    };
+    let max_model_len = match (max_model_len, state.max_model_len) {
+        (Some(m), Some(l)) => Some(m.min(l)),
+        (m, l) => m.or(l),
     };
     HttpResponse::Ok().json(json!({
         "object": "list",
@@ -677,7 +702,10 @@ fn model_prompt(
     if endpoint == Endpoint::Chat && !parsed.max_tokens_given {
         // vLLM's default: what the context leaves after the prompt (here also what the
         // fleet's KV can hold), rather than OpenAI's 16 for completions.
-        parsed.max_tokens = context_left(state, parsed, text.max_positions());
+        let positions = state
+            .max_model_len
+            .map_or(text.max_positions(), |l| l.min(text.max_positions()));
+        parsed.max_tokens = context_left(state, parsed, positions);
     }
     text.check_length(ids.len() as u32, parsed.max_tokens, parsed.max_tokens_param)?;
     text.check_logit_bias(&parsed.logit_bias)?;

@@ -55,6 +55,9 @@ pub struct ServeOptions {
     pub max_body_bytes: usize,
     /// The longest prompt, in tokens (400 past it).
     pub max_prompt_tokens: u32,
+    /// vLLM's `--max-model-len`: the most prompt plus `max_tokens` tokens one request
+    /// may take (400 `context_length_exceeded` past it); `None`: no such limit.
+    pub max_model_len: Option<u32>,
     /// How long a shutdown waits for in-flight requests.
     pub drain_timeout: Duration,
     /// HTTP worker threads.
@@ -209,6 +212,7 @@ impl HttpSide {
             api_key: opts.api_key.clone(),
             max_body_bytes: opts.max_body_bytes,
             max_prompt_tokens: opts.max_prompt_tokens,
+            max_model_len: opts.max_model_len,
             registry: Arc::new(registry),
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
