@@ -117,6 +117,9 @@ pub struct BenchRun {
     pub prompt_ids: (u32, u32, usize),
     /// The model named in requests.
     pub model: String,
+    /// What the server says its times are (`/v1/models`' `lockstep_time_base`; `None`
+    /// from a server that does not say, any other than lockstep's).
+    pub server_time_base: Option<TimeBase>,
     /// Per completed request (by id), the gaps between its chunks carrying text, in ns.
     pub gaps_ns: BTreeMap<u64, Vec<u64>>,
 }
@@ -231,7 +234,9 @@ pub fn run(
         .build()
         .map_err(|e| BenchError::Start(error_chain(&e)))?;
     runtime.block_on(async {
-        let model = match (&opts.model, probe(&client, &base, opts).await?) {
+        let card = probe(&client, &base, opts).await?;
+        let server_time_base = card.as_ref().ok().and_then(|c| c.time_base);
+        let model = match (&opts.model, card.map(|c| c.model)) {
             (Some(m), _) => m.clone(),
             (None, Ok(Some(m))) => m,
             (None, Ok(None)) => {
@@ -287,6 +292,7 @@ pub fn run(
             ignore_eos_refused,
             prompt_ids,
             model,
+            server_time_base,
             gaps_ns,
         })
     })
@@ -315,13 +321,21 @@ async fn probe_ignore_eos(
     refuses_ignore_eos(status, &text).then(|| sse::http_error_reason(status, &text))
 }
 
-/// Checks that the server answers HTTP (`GET /v1/models`); its first model's id, or why
-/// the answer names none. An error only when no HTTP answer came.
+/// What `GET /v1/models` says of the server's first model.
+struct ModelCard {
+    /// Its id.
+    model: Option<String>,
+    /// lockstep's `lockstep_time_base`.
+    time_base: Option<TimeBase>,
+}
+
+/// Checks that the server answers HTTP (`GET /v1/models`); its first model's card, or
+/// why the answer is not one. An error only when no HTTP answer came.
 async fn probe(
     client: &reqwest::Client,
     base: &reqwest::Url,
     opts: &BenchOptions,
-) -> Result<Result<Option<String>, String>, BenchError> {
+) -> Result<Result<ModelCard, String>, BenchError> {
     let unreachable = |why: String| BenchError::Unreachable {
         url: opts.url.clone(),
         why,
@@ -345,12 +359,16 @@ async fn probe(
         return Ok(Err(sse::http_error_reason(status.as_u16(), &text)));
     }
     let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    Ok(Ok(v
-        .get("data")
-        .and_then(|d| d.get(0))
-        .and_then(|m| m.get("id"))
-        .and_then(Value::as_str)
-        .map(String::from)))
+    let first = v.get("data").and_then(|d| d.get(0));
+    Ok(Ok(ModelCard {
+        model: first
+            .and_then(|m| m.get("id"))
+            .and_then(Value::as_str)
+            .map(String::from),
+        time_base: first
+            .and_then(|m| m.get("lockstep_time_base"))
+            .and_then(|t| serde_json::from_value(t.clone()).ok()),
+    }))
 }
 
 /// Plays the workload: one task owns it; one tokio task per request.

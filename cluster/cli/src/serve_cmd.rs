@@ -151,6 +151,13 @@ pub(crate) fn run(
             .max_model_len
             .map_or(max_prompt_tokens, |l| l.min(max_prompt_tokens)),
         max_model_len: vllm.max_model_len,
+        time_base: if model_args.model.is_some() {
+            lockstep_plan::report::TimeBase::RealModel
+        } else if time_scale > 0.0 {
+            lockstep_plan::report::TimeBase::Modeled { time_scale }
+        } else {
+            lockstep_plan::report::TimeBase::ZeroCost
+        },
         drain_timeout: std::time::Duration::from_secs(drain_timeout_s),
         workers: 2,
         max_pending: usize::try_from(max_pending).unwrap_or(usize::MAX),

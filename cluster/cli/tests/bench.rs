@@ -110,6 +110,12 @@ fn closed_loop_completes_every_request_with_the_asked_lengths_and_renders() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains("Serving Benchmark Result"), "{stdout}");
+    // The server models no time (no --time-scale), and bench says what that means.
+    assert!(
+        text(&out.stderr).contains("note: the server models no time"),
+        "{}",
+        text(&out.stderr)
+    );
     assert!(stdout.contains("Request goodput (req/s):"), "{stdout}");
     let report = read_report(&json);
     assert_eq!(report.requests.submitted, 50);
@@ -355,7 +361,11 @@ fn the_usage_count_wins_and_a_stream_without_done_fails() {
         "workload.output_len=5",
         &example_path("agg-dp2-binding.toml"),
     ]);
-    assert!(!out.status.success(), "two requests failed");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "two requests failed: the run is incomplete, as sim and run say"
+    );
     let report = read_report(&json);
     let got: Vec<(u64, u32, Option<String>)> = report
         .per_request
@@ -808,6 +818,11 @@ fn max_concurrency_caps_the_requests_in_flight() {
         "2",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("models no time"),
+        "a server pacing its cost model models time: {}",
+        text(&out.stderr)
+    );
     let report = read_report(&json);
     assert_eq!(report.requests.completed, 12, "{:?}", report.per_request);
     let peak = peak_in_flight(&report);

@@ -43,6 +43,8 @@ pub struct AppState {
     pub max_prompt_tokens: u32,
     /// `--max-model-len`: the most prompt plus `max_tokens` tokens of one request.
     pub max_model_len: Option<u32>,
+    /// What the fleet's times are (`/v1/models`' `lockstep_time_base`).
+    pub time_base: lockstep_plan::report::TimeBase,
     /// The metrics.
     pub registry: Arc<Registry>,
     /// When the server started (`/v1/models`' `created`).
@@ -483,6 +485,9 @@ async fn models(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
             "root": root,
             "parent": null,
             "max_model_len": max_model_len,
+            // lockstep's own: whether this server's times model anything (a client's
+            // throughput against a zero-cost fleet measures the control plane only).
+            "lockstep_time_base": state.time_base,
         }],
     }))
 }

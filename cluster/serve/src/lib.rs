@@ -58,6 +58,9 @@ pub struct ServeOptions {
     /// vLLM's `--max-model-len`: the most prompt plus `max_tokens` tokens one request
     /// may take (400 `context_length_exceeded` past it); `None`: no such limit.
     pub max_model_len: Option<u32>,
+    /// What the fleet's times are (`/v1/models` says so, so a benchmark can tell a
+    /// server that models no time from one that does).
+    pub time_base: lockstep_plan::report::TimeBase,
     /// How long a shutdown waits for in-flight requests.
     pub drain_timeout: Duration,
     /// HTTP worker threads.
@@ -213,6 +216,7 @@ impl HttpSide {
             max_body_bytes: opts.max_body_bytes,
             max_prompt_tokens: opts.max_prompt_tokens,
             max_model_len: opts.max_model_len,
+            time_base: opts.time_base,
             registry: Arc::new(registry),
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
