@@ -1443,144 +1443,152 @@ fn a_models_logprobs_are_the_dense_forwards_log_softmax() {
             .collect()
     };
     let dir_arg = dir.to_string_lossy().into_owned();
-    let s = Server::start("model/agg-tiny.toml", &["--model", &dir_arg]);
-    let mut biased_changed = 0;
-    for i in 0..3 {
-        let prompt = format!("logprobs prompt {i} of the test");
-        let ids = tokenizer.encode_prompt(&prompt).expect("encode");
-        let steps = reference(&ids, None);
-        let what = format!("completion {i}");
-        let body = json!({"prompt": prompt, "max_tokens": MAX_TOKENS, "logprobs": 3});
-        let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
-        assert_eq!(code, 200, "{answer}");
-        let v = json_of(&answer);
-        assert_eq!(v["usage"]["completion_tokens"], steps.len(), "{answer}");
-        check_completion(&v["choices"][0]["logprobs"], &steps, 3, &what);
-        // Streamed with k = 0: each chunk with a token carries its logprob alone.
-        let mut body = body;
-        body["stream"] = json!(true);
-        body["logprobs"] = json!(0);
-        let (code, events) = post(&s.url("/v1/completions"), &body.to_string(), None);
-        assert_eq!(code, 200, "{events}");
-        let mut merged =
-            json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
-        for c in streamed(&events) {
-            let lp = &c["choices"][0]["logprobs"];
-            if lp.is_null() {
-                continue;
+    // Disaggregated, the first token's logprobs come from the ctx server.
+    for scenario in ["model/disagg-tiny.toml", "model/agg-tiny.toml"] {
+        let s = Server::start(scenario, &["--model", &dir_arg]);
+        let mut biased_changed = 0;
+        for i in 0..3 {
+            let prompt = format!("logprobs prompt {i} of the test");
+            let ids = tokenizer.encode_prompt(&prompt).expect("encode");
+            let steps = reference(&ids, None);
+            let what = format!("completion {i}");
+            let body = json!({"prompt": prompt, "max_tokens": MAX_TOKENS, "logprobs": 3});
+            let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
+            assert_eq!(code, 200, "{answer}");
+            let v = json_of(&answer);
+            assert_eq!(v["usage"]["completion_tokens"], steps.len(), "{answer}");
+            check_completion(&v["choices"][0]["logprobs"], &steps, 3, &what);
+            // Streamed with k = 0: each chunk with a token carries its logprob alone.
+            let mut body = body;
+            body["stream"] = json!(true);
+            body["logprobs"] = json!(0);
+            let (code, events) = post(&s.url("/v1/completions"), &body.to_string(), None);
+            assert_eq!(code, 200, "{events}");
+            let mut merged =
+                json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+            for c in streamed(&events) {
+                let lp = &c["choices"][0]["logprobs"];
+                if lp.is_null() {
+                    continue;
+                }
+                for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+                    let items = lp[key].as_array().expect("a list").clone();
+                    merged[key].as_array_mut().expect("a list").extend(items);
+                }
             }
-            for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
-                let items = lp[key].as_array().expect("a list").clone();
-                merged[key].as_array_mut().expect("a list").extend(items);
-            }
-        }
-        check_completion(&merged, &steps, 0, &format!("streamed {what}"));
-        // A bias that bans the greedy first token: another is sampled, its logprob the
-        // raw model's (not the biased logits').
-        let banned = steps[0].token;
-        let biased = reference(&ids, Some((banned, -100.0)));
-        let body = json!({"prompt": prompt, "max_tokens": MAX_TOKENS, "logprobs": 2,
+            check_completion(&merged, &steps, 0, &format!("streamed {what}"));
+            // A bias that bans the greedy first token: another is sampled, its logprob the
+            // raw model's (not the biased logits').
+            let banned = steps[0].token;
+            let biased = reference(&ids, Some((banned, -100.0)));
+            let body = json!({"prompt": prompt, "max_tokens": MAX_TOKENS, "logprobs": 2,
             "logit_bias": {banned.to_string(): -100}});
+            let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
+            assert_eq!(code, 200, "{answer}");
+            check_completion(
+                &json_of(&answer)["choices"][0]["logprobs"],
+                &biased,
+                2,
+                "biased",
+            );
+            biased_changed += usize::from(biased[0].token != banned);
+            // Chat: logprobs true with top_logprobs 2, whole and streamed.
+            let message = format!("logprobs message {i}");
+            let chat_ids = tokenizer
+                .encode(
+                    &tokenizer
+                        .chat_prompt_messages(&[("user".into(), message.clone())])
+                        .expect("the chat template"),
+                )
+                .expect("encode");
+            let chat_steps = reference(&chat_ids, None);
+            let body = json!({"messages": [{"role": "user", "content": message}],
+            "max_tokens": MAX_TOKENS, "logprobs": true, "top_logprobs": 2});
+            let (code, answer) = post(&s.url("/v1/chat/completions"), &body.to_string(), None);
+            assert_eq!(code, 200, "{answer}");
+            let v = json_of(&answer);
+            let content = v["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .expect("content");
+            check_chat(content, &chat_steps, 2, &format!("chat {i}"));
+            let mut body = body;
+            body["stream"] = json!(true);
+            let (code, events) = post(&s.url("/v1/chat/completions"), &body.to_string(), None);
+            assert_eq!(code, 200, "{events}");
+            let content: Vec<Value> = streamed(&events)
+                .iter()
+                .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+                .flatten()
+                .collect();
+            check_chat(&content, &chat_steps, 2, &format!("streamed chat {i}"));
+            // Without logprobs: null, as before.
+            let body = json!({"prompt": prompt, "max_tokens": 2});
+            let (_, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
+            assert!(
+                json_of(&answer)["choices"][0]["logprobs"].is_null(),
+                "{answer}"
+            );
+        }
+        assert_eq!(
+            biased_changed, 3,
+            "{scenario}: the bias changed every first token"
+        );
+        if scenario.contains("disagg") {
+            continue;
+        }
+        // echo: the prompt first, whole and streamed.
+        let body = json!({"prompt": "echo this", "max_tokens": 3, "echo": true});
         let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
         assert_eq!(code, 200, "{answer}");
-        check_completion(
-            &json_of(&answer)["choices"][0]["logprobs"],
-            &biased,
-            2,
-            "biased",
+        let plain = json!({"prompt": "echo this", "max_tokens": 3});
+        let (_, plain) = post(&s.url("/v1/completions"), &plain.to_string(), None);
+        let plain = json_of(&plain)["choices"][0]["text"]
+            .as_str()
+            .expect("text")
+            .to_string();
+        assert_eq!(
+            json_of(&answer)["choices"][0]["text"],
+            format!("echo this{plain}")
         );
-        biased_changed += usize::from(biased[0].token != banned);
-        // Chat: logprobs true with top_logprobs 2, whole and streamed.
-        let message = format!("logprobs message {i}");
-        let chat_ids = tokenizer
-            .encode(
-                &tokenizer
-                    .chat_prompt_messages(&[("user".into(), message.clone())])
-                    .expect("the chat template"),
-            )
-            .expect("encode");
-        let chat_steps = reference(&chat_ids, None);
-        let body = json!({"messages": [{"role": "user", "content": message}],
-            "max_tokens": MAX_TOKENS, "logprobs": true, "top_logprobs": 2});
-        let (code, answer) = post(&s.url("/v1/chat/completions"), &body.to_string(), None);
-        assert_eq!(code, 200, "{answer}");
-        let v = json_of(&answer);
-        let content = v["choices"][0]["logprobs"]["content"]
-            .as_array()
-            .expect("content");
-        check_chat(content, &chat_steps, 2, &format!("chat {i}"));
         let mut body = body;
         body["stream"] = json!(true);
-        let (code, events) = post(&s.url("/v1/chat/completions"), &body.to_string(), None);
-        assert_eq!(code, 200, "{events}");
-        let content: Vec<Value> = streamed(&events)
+        let (_, events) = post(&s.url("/v1/completions"), &body.to_string(), None);
+        let text: String = streamed(&events)
             .iter()
-            .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
-            .flatten()
+            .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
             .collect();
-        check_chat(&content, &chat_steps, 2, &format!("streamed chat {i}"));
-        // Without logprobs: null, as before.
-        let body = json!({"prompt": prompt, "max_tokens": 2});
-        let (_, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
-        assert!(
-            json_of(&answer)["choices"][0]["logprobs"].is_null(),
-            "{answer}"
-        );
+        assert_eq!(text, format!("echo this{plain}"));
+        // Refusals name the field (and the value past 20).
+        for (path, body, field, named) in [
+            (
+                "/v1/completions",
+                json!({"prompt": "x", "logprobs": 21}),
+                "logprobs",
+                "21",
+            ),
+            (
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+                "21",
+            ),
+            (
+                "/v1/completions",
+                json!({"prompt": "x", "logprobs": 1, "echo": true}),
+                "echo",
+                "logprobs",
+            ),
+        ] {
+            let (code, err) = post(&s.url(path), &body.to_string(), None);
+            assert_eq!(code, 400, "{err}");
+            let e = &json_of(&err)["error"];
+            assert_eq!(e["param"], field, "{err}");
+            assert!(
+                e["message"].as_str().expect("a message").contains(named),
+                "{err}"
+            );
+        }
     }
-    assert_eq!(biased_changed, 3, "the bias changed every first token");
-    // echo: the prompt first, whole and streamed.
-    let body = json!({"prompt": "echo this", "max_tokens": 3, "echo": true});
-    let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
-    assert_eq!(code, 200, "{answer}");
-    let plain = json!({"prompt": "echo this", "max_tokens": 3});
-    let (_, plain) = post(&s.url("/v1/completions"), &plain.to_string(), None);
-    let plain = json_of(&plain)["choices"][0]["text"]
-        .as_str()
-        .expect("text")
-        .to_string();
-    assert_eq!(
-        json_of(&answer)["choices"][0]["text"],
-        format!("echo this{plain}")
-    );
-    let mut body = body;
-    body["stream"] = json!(true);
-    let (_, events) = post(&s.url("/v1/completions"), &body.to_string(), None);
-    let text: String = streamed(&events)
-        .iter()
-        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
-        .collect();
-    assert_eq!(text, format!("echo this{plain}"));
-    // Refusals name the field (and the value past 20).
-    for (path, body, field, named) in [
-        (
-            "/v1/completions",
-            json!({"prompt": "x", "logprobs": 21}),
-            "logprobs",
-            "21",
-        ),
-        (
-            "/v1/chat/completions",
-            json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}),
-            "top_logprobs",
-            "21",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": "x", "logprobs": 1, "echo": true}),
-            "echo",
-            "logprobs",
-        ),
-    ] {
-        let (code, err) = post(&s.url(path), &body.to_string(), None);
-        assert_eq!(code, 400, "{err}");
-        let e = &json_of(&err)["error"];
-        assert_eq!(e["param"], field, "{err}");
-        assert!(
-            e["message"].as_str().expect("a message").contains(named),
-            "{err}"
-        );
-    }
-    drop(s);
     // No model, no forward: refused, saying so.
     let sim = Server::start("agg-balanced.toml", &[]);
     let body = json!({"prompt": "x", "max_tokens": 2, "logprobs": 1});
