@@ -396,6 +396,12 @@ try:
     raise SystemExit("no 401")
 except openai.AuthenticationError:
     pass
+# No forward without --model: logprobs are a 400 naming the field.
+try:
+    c.completions.create(model="agg-balanced", prompt="one", max_tokens=2, logprobs=1)
+    raise SystemExit("no 400")
+except openai.BadRequestError as e:
+    assert e.body["param"] == "logprobs", e.body
 print("ok")
 "#;
     let out = Command::new("python3")
@@ -409,6 +415,48 @@ print("ok")
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    drop(s);
+    // With a model, the client reads the logprobs objects (the numbers are checked
+    // against the dense forward in `a_models_logprobs_are_the_dense_forwards_log_softmax`).
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-openai-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &lockstep_gpu::model::InitOptions::default())
+        .expect("init");
+    let s = Server::start("model/agg-tiny.toml", &["--model", &dir.to_string_lossy()]);
+    let script = r#"
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="none")
+m = c.models.list().data[0].id
+r = c.completions.create(model=m, prompt="one two", max_tokens=4, logprobs=2, extra_body={"ignore_eos": True})
+lp = r.choices[0].logprobs
+assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4, lp
+assert all(x <= 0 for x in lp.token_logprobs), lp
+assert all(2 <= len(d) <= 3 for d in lp.top_logprobs), lp
+assert lp.text_offset[0] == 0, lp
+r = c.chat.completions.create(model=m, messages=[{"role": "user", "content": "hi"}], max_tokens=3, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+content = r.choices[0].logprobs.content
+assert len(content) == 3 and all(len(t.top_logprobs) == 2 for t in content), content
+assert content[0].top_logprobs[0].logprob >= content[0].top_logprobs[1].logprob, content
+n = 0
+for ch in c.chat.completions.create(model=m, messages=[{"role": "user", "content": "hi"}], max_tokens=3, logprobs=True, stream=True, extra_body={"ignore_eos": True}):
+    if ch.choices and ch.choices[0].logprobs is not None:
+        n += len(ch.choices[0].logprobs.content)
+assert n == 3, n
+print("ok")
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &s.base])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
