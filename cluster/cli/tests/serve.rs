@@ -1581,6 +1581,35 @@ fn a_models_logprobs_are_the_dense_forwards_log_softmax() {
             biased_changed, 3,
             "{scenario}: the bias changed every first token"
         );
+        // Concurrent requests share batches: each gets its own entry's numbers.
+        let prompts: Vec<String> = (0..6).map(|i| format!("together {i}, at once")).collect();
+        let expected: Vec<Vec<RefStep>> = prompts
+            .iter()
+            .map(|p| reference(&tokenizer.encode_prompt(p).expect("encode"), None))
+            .collect();
+        let answers: Vec<Value> = std::thread::scope(|scope| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .enumerate()
+                .map(|(k, p)| {
+                    let url = s.url("/v1/completions");
+                    let body = json!({"prompt": p, "max_tokens": MAX_TOKENS, "logprobs": k % 3});
+                    scope.spawn(move || {
+                        let (code, answer) = post(&url, &body.to_string(), None);
+                        assert_eq!(code, 200, "{answer}");
+                        json_of(&answer)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a request"))
+                .collect()
+        });
+        for (k, (v, steps)) in answers.iter().zip(&expected).enumerate() {
+            let what = format!("{scenario}: concurrent {k}");
+            check_completion(&v["choices"][0]["logprobs"], steps, k % 3, &what);
+        }
         if scenario.contains("disagg") {
             continue;
         }
