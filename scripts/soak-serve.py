@@ -250,7 +250,7 @@ MALFORMED = [
     ("max_tokens a string", request_bytes(C, '{"prompt": "a", "max_tokens": "ten"}'), {400}),
     ("temperature -1", request_bytes(C, '{"prompt": "a", "temperature": -1}'), {400}),
     ("n 2", request_bytes(C, '{"prompt": "a", "n": 2}'), {400}),
-    ("logprobs", request_bytes(C, '{"prompt": "a", "logprobs": 2}'), {400}),
+    ("logprobs past 20", request_bytes(C, '{"prompt": "a", "logprobs": 21}'), {400}),
     ("five stop strings", request_bytes(C, '{"prompt": "a", "stop": ["a","b","c","d","e"]}'), {400}),
     ("a 2,000-byte stop string", request_bytes(C, json.dumps({"prompt": "a", "stop": "x" * 2000})), {400}),
     ("a bad chat role", request_bytes(CHAT, '{"messages": [{"role": "robot", "content": "hi"}]}'), {400}),

@@ -148,6 +148,10 @@ pub struct RequestSampling {
     /// [`RequestSpec::end_ids`] (`min_tokens`).
     #[serde(default)]
     pub min_tokens: u32,
+    /// `logprobs`: the sampled token's log-probability and those of this many most
+    /// likely tokens are returned with it (`None`: none computed).
+    #[serde(default)]
+    pub logprobs: Option<u32>,
 }
 
 fn no_repetition_penalty() -> f32 {
@@ -166,6 +170,7 @@ impl Default for RequestSampling {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             min_tokens: 0,
+            logprobs: None,
         }
     }
 }

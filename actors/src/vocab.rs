@@ -126,7 +126,26 @@ pub struct Response {
     pub generated: u32,
     /// Set when the request ended.
     pub finish: Option<Finish>,
+    /// The last token's log-probabilities, when its request asked for them
+    /// (`logprobs`) and a model computed them.
+    #[serde(default)]
+    pub logprobs: Option<TokenLogprobs>,
 }
+
+/// One sampled token's log-probabilities (the OpenAI API's `logprobs`): its own and
+/// the `top` most likely tokens', log-softmax of the model's logits.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TokenLogprobs {
+    /// The sampled token.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens with theirs, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+// A log-softmax of finite logits is never NaN, so equality is reflexive here.
+impl Eq for TokenLogprobs {}
 
 /// Why a request failed. Whoever decides something from a failure (the report's kind,
 /// the HTTP status, the swarm's classification) matches on the variant; `Display` is

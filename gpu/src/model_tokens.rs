@@ -23,12 +23,13 @@ use lockstep_actors::ids::ReqId;
 use lockstep_actors::kv::{chain_keys, mix};
 use lockstep_actors::request::RequestSpec;
 use lockstep_actors::transceiver::{KvBlock, KvStore, SequenceKv};
+use lockstep_actors::vocab::TokenLogprobs;
 
 use lockstep_actors::executor::{EntryInputs, ForwardInputs};
 
 use crate::model::{
     BatchEntry, Model, ModelError, PagedKvCache, Penalties, PenaltyScratch, Sampler,
-    SamplingParams, apply_logit_bias, apply_penalties, forward_paged, mask_tokens,
+    SamplingParams, apply_logit_bias, apply_penalties, forward_paged, mask_tokens, token_logprobs,
 };
 
 /// Largest K/V pool one rank may ask for (its pages are touched only as blocks are
@@ -447,15 +448,32 @@ impl RankModel {
         let logits = forward_paged(model, cache, &entries).map_err(|e| e.to_string())?;
         out.batch = batch.number;
         out.sampled.clear();
-        for ((e, inp), logits) in batch.with_inputs().zip(&logits) {
+        out.logprobs.clear();
+        for (index, ((e, inp), logits)) in batch.with_inputs().zip(&logits).enumerate() {
             if e.is_dummy {
                 out.sampled.push(0);
                 continue;
             }
+            let raw = logits;
             let history = memory.histories.get(&e.id).map(Vec::as_slice);
             let logits =
                 with_logit_rules(logits, inputs, inp, e.position, history, &mut self.rules);
             let token = sample_one(self.sampling, inp.sampling, e.id, e.position, logits)?;
+            // vLLM's default (`raw_logprobs`): the model's own distribution, before the
+            // request's bias, penalties and temperature. Only a request that asks pays.
+            if let Some(top) = inp.sampling.and_then(|s| s.logprobs)
+                && e.kind.samples()
+            {
+                let (logprob, top) = token_logprobs(raw, token, top as usize);
+                out.logprobs.push((
+                    index as u32,
+                    TokenLogprobs {
+                        token,
+                        logprob,
+                        top,
+                    },
+                ));
+            }
             if e.kind.samples()
                 && let Some(history) = memory.histories.get_mut(&e.id)
             {
@@ -708,6 +726,7 @@ mod tests {
         let mut out = ForwardOutput {
             batch: BatchNumber(0),
             sampled: Vec::new(),
+            logprobs: Vec::new(),
         };
         let e = rank.compute_into(&batch, &mut out).unwrap_err();
         assert_eq!((e.rank, e.batch), (RankId(1), BatchNumber(3)));

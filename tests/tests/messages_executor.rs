@@ -322,6 +322,7 @@ impl Host {
                                 ForwardOutput {
                                     batch: batch.number,
                                     sampled,
+                                    logprobs: Vec::new(),
                                 },
                             );
                             launched.push(batch.clone());
@@ -420,6 +421,7 @@ fn tok(id: u64, position: u32, generated: u32, finish: Option<Finish>) -> Respon
         last_token: token(ReqId(id), position),
         generated,
         finish,
+        logprobs: None,
     }
 }
 
@@ -651,6 +653,7 @@ fn refused_and_cancelled_requests_are_answered_in_the_responses() {
             last_token: 0,
             generated: 1,
             finish: Some(Finish::Cancelled),
+            logprobs: None,
         }]
     );
     assert!(h.ranks[0].active().is_empty());
@@ -677,6 +680,7 @@ fn a_request_cancelled_in_the_fetch_that_brings_it_never_runs() {
             last_token: 0,
             generated: 0,
             finish: Some(Finish::Cancelled),
+            logprobs: None,
         }]
     );
     assert!(h.ranks[0].active().is_empty());
@@ -722,6 +726,7 @@ fn bad_inputs(asked: &Asked, dp: usize) -> Vec<Input<'static>> {
     static BOGUS_OUTPUT: ForwardOutput = ForwardOutput {
         batch: BatchNumber(999),
         sampled: Vec::new(),
+        logprobs: Vec::new(),
     };
     assert!(dp < 3, "the wrong arities below assume dp < 3");
     let mut v: Vec<Input<'static>> = vec![
@@ -866,6 +871,7 @@ impl Host {
                         ForwardOutput {
                             batch: batch.number,
                             sampled,
+                            logprobs: Vec::new(),
                         },
                     );
                 }
@@ -926,6 +932,7 @@ fn wrong_arity_wrong_batch_and_wrong_phase_name_the_problem() {
     let wrong = ForwardOutput {
         batch: BatchNumber(batch.number.0 + 1),
         sampled: vec![0],
+        logprobs: Vec::new(),
     };
     assert_eq!(
         h.ranks[0].handle(Input::Output(Some(&wrong))),

@@ -138,6 +138,7 @@ fn token(id: u64, token: u32, generated: u32) -> Response {
         last_token: token,
         generated,
         finish: None,
+        logprobs: None,
     }
 }
 
@@ -155,6 +156,7 @@ fn ended(id: u64, finish: Finish) -> Response {
         last_token: 0,
         generated: 0,
         finish: Some(finish),
+        logprobs: None,
     }
 }
 

@@ -386,6 +386,7 @@ impl RankExecutor {
             last_token: 0,
             generated,
             finish: Some(finish),
+            logprobs: None,
         });
     }
 

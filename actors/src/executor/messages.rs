@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::counts::RankCounts;
 use crate::ids::{BatchNumber, RankId, ReqId};
 use crate::request::{IngressItem, RequestSampling, RequestSpec, TokenBias};
-use crate::vocab::{Response, TransferEvent};
+use crate::vocab::{Response, TokenLogprobs, TransferEvent};
 
 /// The collectives of one iteration, in their fixed order (§3). A collective is tagged
 /// with `(iteration, phase)`; transports compare tags across ranks. A server's
@@ -536,6 +536,10 @@ pub struct ForwardOutput {
     pub batch: BatchNumber,
     /// One token per entry.
     pub sampled: Vec<u32>,
+    /// `(entry index, its token's log-probabilities)` for the entries whose request
+    /// asked for them, in entry order (empty when none did: nothing is computed).
+    #[serde(default)]
+    pub logprobs: Vec<(u32, TokenLogprobs)>,
 }
 
 /// Phase 8 contribution, gathered to rank 0 every iteration (even when empty).

@@ -167,7 +167,12 @@ impl RankExecutor {
         self.iter.responses.responses.reserve(batch.entries.len());
         // A finished request leaves `active` at the cursor: what precedes it is unchanged.
         let mut cursor = 0;
-        for (e, &token) in batch.entries.iter().zip(&output.sampled) {
+        // The entries that carry log-probabilities, in entry order.
+        let mut logprobs = output.logprobs.iter().peekable();
+        for (index, (e, &token)) in batch.entries.iter().zip(&output.sampled).enumerate() {
+            let logprobs = logprobs
+                .next_if(|(at, _)| *at as usize == index)
+                .map(|(_, l)| l.clone());
             if e.is_dummy {
                 continue;
             }
@@ -195,6 +200,7 @@ impl RankExecutor {
                 last_token: token,
                 generated,
                 finish: done.then(|| finished.clone()),
+                logprobs,
             });
             if done {
                 self.finish(i);
@@ -279,6 +285,7 @@ impl RankExecutor {
             last_token: 0,
             generated: r.generated,
             finish: Some(Finish::Failed(reason)),
+            logprobs: None,
         });
     }
 }

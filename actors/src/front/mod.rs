@@ -703,5 +703,6 @@ fn failed(spec: &RequestSpec, reason: Failure) -> Response {
         last_token: 0,
         generated: spec.generated_before,
         finish: Some(Finish::Failed(reason)),
+        logprobs: None,
     }
 }

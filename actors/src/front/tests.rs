@@ -42,6 +42,7 @@ fn response(id: u64, finish: Option<Finish>) -> Response {
         last_token: 7,
         generated: 1,
         finish,
+        logprobs: None,
     }
 }
 

@@ -45,6 +45,7 @@ pub trait TokenSource {
         let mut out = ForwardOutput {
             batch: batch.number,
             sampled: Vec::with_capacity(batch.entries.len()),
+            logprobs: Vec::new(),
         };
         self.sample_into(batch, &mut out)?;
         Ok(out)
@@ -568,6 +569,7 @@ impl ServerGroup {
             let mut out = self.spare_outputs.pop().unwrap_or(ForwardOutput {
                 batch: batch.number,
                 sampled: Vec::new(),
+                logprobs: Vec::new(),
             });
             tokens.sample_into(batch, &mut out)?;
             self.outputs[batch.rank.index()].push(out);

@@ -396,6 +396,12 @@ try:
     raise SystemExit("no 401")
 except openai.AuthenticationError:
     pass
+# No forward without --model: logprobs are a 400 naming the field.
+try:
+    c.completions.create(model="agg-balanced", prompt="one", max_tokens=2, logprobs=1)
+    raise SystemExit("no 400")
+except openai.BadRequestError as e:
+    assert e.body["param"] == "logprobs", e.body
 print("ok")
 "#;
     let out = Command::new("python3")
@@ -409,6 +415,48 @@ print("ok")
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    drop(s);
+    // With a model, the client reads the logprobs objects (the numbers are checked
+    // against the dense forward in `a_models_logprobs_are_the_dense_forwards_log_softmax`).
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-openai-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &lockstep_gpu::model::InitOptions::default())
+        .expect("init");
+    let s = Server::start("model/agg-tiny.toml", &["--model", &dir.to_string_lossy()]);
+    let script = r#"
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="none")
+m = c.models.list().data[0].id
+r = c.completions.create(model=m, prompt="one two", max_tokens=4, logprobs=2, extra_body={"ignore_eos": True})
+lp = r.choices[0].logprobs
+assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4, lp
+assert all(x <= 0 for x in lp.token_logprobs), lp
+assert all(2 <= len(d) <= 3 for d in lp.top_logprobs), lp
+assert lp.text_offset[0] == 0, lp
+r = c.chat.completions.create(model=m, messages=[{"role": "user", "content": "hi"}], max_tokens=3, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+content = r.choices[0].logprobs.content
+assert len(content) == 3 and all(len(t.top_logprobs) == 2 for t in content), content
+assert content[0].top_logprobs[0].logprob >= content[0].top_logprobs[1].logprob, content
+n = 0
+for ch in c.chat.completions.create(model=m, messages=[{"role": "user", "content": "hi"}], max_tokens=3, logprobs=True, stream=True, extra_body={"ignore_eos": True}):
+    if ch.choices and ch.choices[0].logprobs is not None:
+        n += len(ch.choices[0].logprobs.content)
+assert n == 3, n
+print("ok")
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &s.base])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -1068,7 +1116,6 @@ fn a_models_chat_defaults_to_its_context_and_unimplemented_fields_are_refused() 
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{answer}");
     assert_eq!(v["usage"]["completion_tokens"], end + 1, "{answer}");
     for (field, value) in [
-        ("logprobs", json!(true)),
         ("top_logprobs", json!(2)),
         (
             "tools",
@@ -1317,6 +1364,323 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
         assert_eq!(complete(&prompt, json!({})).1, end);
         drop(s);
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One greedy step of the dense reference: the token and the log-softmax (f64) of the
+/// logits it was chosen from.
+struct RefStep {
+    token: u32,
+    logprobs: Vec<f64>,
+}
+
+fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let norm = max
+        + logits
+            .iter()
+            .map(|&l| (l as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    logits.iter().map(|&l| l as f64 - norm).collect()
+}
+
+/// The ids of the `k` largest of `logprobs`, largest first.
+fn top_ids(logprobs: &[f64], k: usize) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..logprobs.len() as u32).collect();
+    ids.sort_by(|&a, &b| logprobs[b as usize].total_cmp(&logprobs[a as usize]));
+    ids.truncate(k);
+    ids
+}
+
+fn close(got: &Value, want: f64, what: &str) {
+    let got = got
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what}: not a number: {got}"));
+    assert!((got - want).abs() < 1e-4, "{what}: {got} vs {want}");
+}
+
+/// `serve --model` with `logprobs`: every output token's log-probability is the
+/// log-softmax of the dense forward's logits at its position (within 1e-4), the top k
+/// are the k most likely in order, on completions (whole and streamed, `top_logprobs`
+/// dicts with `text_offset`) and chat (`logprobs.content`, streamed and whole); with a
+/// `logit_bias` the sampled token changes but its logprob stays the raw model's (vLLM's
+/// default); `echo` puts the prompt first; k above 20 and echo with logprobs are a 400
+/// naming the field; without a model logprobs are a 400 saying no forward runs.
+#[test]
+fn a_models_logprobs_are_the_dense_forwards_log_softmax() {
+    use lockstep_gpu::model::{DenseSequence, InitOptions, Model, TextTokenizer, forward_dense};
+    const MAX_TOKENS: usize = 10;
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-logprobs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
+    let model = Model::load(&dir).expect("load");
+    let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
+    let ends: Vec<u32> = tokenizer.end_of_answer_ids(&model.config.eos_token_ids);
+    // Greedy over the dense forward, `bias` added to one token's logit before the
+    // argmax (the logprobs are of the logits before it).
+    let reference = |prompt: &[u32], bias: Option<(u32, f32)>| {
+        let mut sequence = [DenseSequence::new(&model)];
+        let mut logits = forward_dense(&model, &mut sequence, &[prompt]).expect("forward");
+        let mut steps = Vec::new();
+        loop {
+            let logprobs = log_softmax(&logits[0]);
+            let mut chosen = logits[0].clone();
+            if let Some((t, b)) = bias {
+                chosen[t as usize] += b;
+            }
+            let token = lockstep_gpu::model::argmax(&chosen);
+            steps.push(RefStep { token, logprobs });
+            if steps.len() == MAX_TOKENS || ends.contains(&token) {
+                return steps;
+            }
+            logits = forward_dense(&model, &mut sequence, &[&[token]]).expect("forward");
+        }
+    };
+    let text_of = |id: u32| tokenizer.token_text(id).expect("token text");
+    // A completions `logprobs` object against the reference, k top tokens asked.
+    let check_completion = |lp: &Value, steps: &[RefStep], k: usize, what: &str| {
+        let tokens = lp["tokens"].as_array().expect("tokens");
+        assert_eq!(tokens.len(), steps.len(), "{what}: {lp}");
+        let mut offset = 0;
+        for (i, step) in steps.iter().enumerate() {
+            assert_eq!(tokens[i], text_of(step.token).as_str(), "{what}");
+            let own = step.logprobs[step.token as usize];
+            close(&lp["token_logprobs"][i], own, what);
+            assert_eq!(lp["text_offset"][i], offset, "{what}");
+            offset += text_of(step.token).chars().count();
+            let top = lp["top_logprobs"][i].as_object().expect("a dict");
+            let want = top_ids(&step.logprobs, k);
+            assert!(top.len() <= k + 1, "{what}: {top:?}");
+            for id in want.iter().copied().chain([step.token]) {
+                let t = text_of(id);
+                // Two ids of one text share a key: only a text of one id is checked.
+                if want.iter().filter(|&&w| text_of(w) == t).count() <= 1 {
+                    close(&top[&t], step.logprobs[id as usize], what);
+                }
+            }
+        }
+    };
+    // Chat's `logprobs.content` entries against the reference.
+    let check_chat = |content: &[Value], steps: &[RefStep], k: usize, what: &str| {
+        assert_eq!(content.len(), steps.len(), "{what}");
+        for (entry, step) in content.iter().zip(steps) {
+            let t = text_of(step.token);
+            assert_eq!(entry["token"], t.as_str(), "{what}");
+            assert_eq!(entry["bytes"], json!(t.as_bytes()), "{what}");
+            close(&entry["logprob"], step.logprobs[step.token as usize], what);
+            let top = entry["top_logprobs"].as_array().expect("top");
+            let want = top_ids(&step.logprobs, k);
+            assert_eq!(top.len(), k, "{what}");
+            for (got, id) in top.iter().zip(want) {
+                assert_eq!(got["token"], text_of(id).as_str(), "{what}");
+                close(&got["logprob"], step.logprobs[id as usize], what);
+            }
+            let ordered = top
+                .windows(2)
+                .all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64());
+            assert!(ordered, "{what}: {top:?}");
+        }
+    };
+    let streamed = |events: &str| -> Vec<Value> {
+        events
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(json_of)
+            .collect()
+    };
+    let dir_arg = dir.to_string_lossy().into_owned();
+    // Disaggregated, the first token's logprobs come from the ctx server.
+    for scenario in ["model/disagg-tiny.toml", "model/agg-tiny.toml"] {
+        let s = Server::start(scenario, &["--model", &dir_arg]);
+        let mut biased_changed = 0;
+        for i in 0..3 {
+            let prompt = format!("logprobs prompt {i} of the test");
+            let ids = tokenizer.encode_prompt(&prompt).expect("encode");
+            let steps = reference(&ids, None);
+            let what = format!("completion {i}");
+            let body = json!({"prompt": prompt, "max_tokens": MAX_TOKENS, "logprobs": 3});
+            let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
+            assert_eq!(code, 200, "{answer}");
+            let v = json_of(&answer);
+            assert_eq!(v["usage"]["completion_tokens"], steps.len(), "{answer}");
+            check_completion(&v["choices"][0]["logprobs"], &steps, 3, &what);
+            // Streamed with k = 0: each chunk with a token carries its logprob alone.
+            let mut body = body;
+            body["stream"] = json!(true);
+            body["logprobs"] = json!(0);
+            let (code, events) = post(&s.url("/v1/completions"), &body.to_string(), None);
+            assert_eq!(code, 200, "{events}");
+            let mut merged =
+                json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+            for c in streamed(&events) {
+                let lp = &c["choices"][0]["logprobs"];
+                if lp.is_null() {
+                    continue;
+                }
+                for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+                    let items = lp[key].as_array().expect("a list").clone();
+                    merged[key].as_array_mut().expect("a list").extend(items);
+                }
+            }
+            check_completion(&merged, &steps, 0, &format!("streamed {what}"));
+            // A bias that bans the greedy first token: another is sampled, its logprob the
+            // raw model's (not the biased logits').
+            let banned = steps[0].token;
+            let biased = reference(&ids, Some((banned, -100.0)));
+            let body = json!({"prompt": prompt, "max_tokens": MAX_TOKENS, "logprobs": 2,
+            "logit_bias": {banned.to_string(): -100}});
+            let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
+            assert_eq!(code, 200, "{answer}");
+            check_completion(
+                &json_of(&answer)["choices"][0]["logprobs"],
+                &biased,
+                2,
+                "biased",
+            );
+            biased_changed += usize::from(biased[0].token != banned);
+            // Chat: logprobs true with top_logprobs 2, whole and streamed.
+            let message = format!("logprobs message {i}");
+            let chat_ids = tokenizer
+                .encode(
+                    &tokenizer
+                        .chat_prompt_messages(&[("user".into(), message.clone())])
+                        .expect("the chat template"),
+                )
+                .expect("encode");
+            let chat_steps = reference(&chat_ids, None);
+            let body = json!({"messages": [{"role": "user", "content": message}],
+            "max_tokens": MAX_TOKENS, "logprobs": true, "top_logprobs": 2});
+            let (code, answer) = post(&s.url("/v1/chat/completions"), &body.to_string(), None);
+            assert_eq!(code, 200, "{answer}");
+            let v = json_of(&answer);
+            let content = v["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .expect("content");
+            check_chat(content, &chat_steps, 2, &format!("chat {i}"));
+            let mut body = body;
+            body["stream"] = json!(true);
+            let (code, events) = post(&s.url("/v1/chat/completions"), &body.to_string(), None);
+            assert_eq!(code, 200, "{events}");
+            let content: Vec<Value> = streamed(&events)
+                .iter()
+                .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+                .flatten()
+                .collect();
+            check_chat(&content, &chat_steps, 2, &format!("streamed chat {i}"));
+            // Without logprobs: null, as before.
+            let body = json!({"prompt": prompt, "max_tokens": 2});
+            let (_, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
+            assert!(
+                json_of(&answer)["choices"][0]["logprobs"].is_null(),
+                "{answer}"
+            );
+        }
+        assert_eq!(
+            biased_changed, 3,
+            "{scenario}: the bias changed every first token"
+        );
+        // Concurrent requests share batches: each gets its own entry's numbers.
+        let prompts: Vec<String> = (0..6).map(|i| format!("together {i}, at once")).collect();
+        let expected: Vec<Vec<RefStep>> = prompts
+            .iter()
+            .map(|p| reference(&tokenizer.encode_prompt(p).expect("encode"), None))
+            .collect();
+        let answers: Vec<Value> = std::thread::scope(|scope| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .enumerate()
+                .map(|(k, p)| {
+                    let url = s.url("/v1/completions");
+                    let body = json!({"prompt": p, "max_tokens": MAX_TOKENS, "logprobs": k % 3});
+                    scope.spawn(move || {
+                        let (code, answer) = post(&url, &body.to_string(), None);
+                        assert_eq!(code, 200, "{answer}");
+                        json_of(&answer)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a request"))
+                .collect()
+        });
+        for (k, (v, steps)) in answers.iter().zip(&expected).enumerate() {
+            let what = format!("{scenario}: concurrent {k}");
+            check_completion(&v["choices"][0]["logprobs"], steps, k % 3, &what);
+        }
+        if scenario.contains("disagg") {
+            continue;
+        }
+        // echo: the prompt first, whole and streamed.
+        let body = json!({"prompt": "echo this", "max_tokens": 3, "echo": true});
+        let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
+        assert_eq!(code, 200, "{answer}");
+        let plain = json!({"prompt": "echo this", "max_tokens": 3});
+        let (_, plain) = post(&s.url("/v1/completions"), &plain.to_string(), None);
+        let plain = json_of(&plain)["choices"][0]["text"]
+            .as_str()
+            .expect("text")
+            .to_string();
+        assert_eq!(
+            json_of(&answer)["choices"][0]["text"],
+            format!("echo this{plain}")
+        );
+        let mut body = body;
+        body["stream"] = json!(true);
+        let (_, events) = post(&s.url("/v1/completions"), &body.to_string(), None);
+        let text: String = streamed(&events)
+            .iter()
+            .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(text, format!("echo this{plain}"));
+        // Refusals name the field (and the value past 20).
+        for (path, body, field, named) in [
+            (
+                "/v1/completions",
+                json!({"prompt": "x", "logprobs": 21}),
+                "logprobs",
+                "21",
+            ),
+            (
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+                "21",
+            ),
+            (
+                "/v1/completions",
+                json!({"prompt": "x", "logprobs": 1, "echo": true}),
+                "echo",
+                "logprobs",
+            ),
+        ] {
+            let (code, err) = post(&s.url(path), &body.to_string(), None);
+            assert_eq!(code, 400, "{err}");
+            let e = &json_of(&err)["error"];
+            assert_eq!(e["param"], field, "{err}");
+            assert!(
+                e["message"].as_str().expect("a message").contains(named),
+                "{err}"
+            );
+        }
+    }
+    // No model, no forward: refused, saying so.
+    let sim = Server::start("agg-balanced.toml", &[]);
+    let body = json!({"prompt": "x", "max_tokens": 2, "logprobs": 1});
+    let (code, err) = post(&sim.url("/v1/completions"), &body.to_string(), None);
+    assert_eq!(code, 400, "{err}");
+    let e = &json_of(&err)["error"];
+    assert_eq!(e["param"], "logprobs", "{err}");
+    assert!(
+        e["message"]
+            .as_str()
+            .expect("a message")
+            .contains("no forward"),
+        "{err}"
+    );
+    drop(sim);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -250,6 +250,7 @@ mod tests {
             last_token: 7,
             generated: 1,
             finish: None,
+            logprobs: None,
         }]
     }
 

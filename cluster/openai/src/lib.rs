@@ -21,9 +21,11 @@
 //!   four not given; the zero-cost and analytic backends do not sample (there
 //!   `min_tokens` only keeps stop strings from ending an answer before it). `user` is
 //!   type-checked and otherwise ignored;
+//! - `logprobs` (completions: 0 to 20 top tokens; chat: `true`, with `top_logprobs`
+//!   0 to 20) and completions' `echo` are checked; `echo` with `logprobs` is refused
+//!   (prompt log-probabilities are not computed), as is chat's `echo`;
 //! - a field lockstep does not implement is refused (400 naming it) rather than
-//!   answered as if it were not there: `logprobs`, `top_logprobs`, `echo`,
-//!   `response_format` other than text, `tools`/`functions`, `tool_choice` that asks
+//!   answered as if it were not there: `response_format` other than text, `tools`/`functions`, `tool_choice` that asks
 //!   for a tool, `suffix`, `best_of` above 1, `n` above 1; `ignore_eos` is implemented
 //!   (the end of sequence no longer ends the answer);
 //! - with `--model` the model's tokenizer replaces the word rules: the prompt is its
@@ -104,6 +106,12 @@ pub struct Parsed {
     /// `logit_bias`, by token id (empty: none). A model backend checks the ids against
     /// its vocabulary and adds each bias to its token's logit.
     pub logit_bias: Vec<TokenBias>,
+    /// Log-probabilities asked for: each output token's, with this many most likely
+    /// tokens' (completions' `logprobs: k`; chat's `logprobs: true` with
+    /// `top_logprobs`). `None`: not asked.
+    pub logprobs: Option<u32>,
+    /// Completions' `echo`: the prompt's text begins the answer.
+    pub echo: bool,
 }
 
 /// `temperature`, `top_p`, `top_k`, `seed` and the penalties as the body gave them, each
@@ -506,6 +514,7 @@ pub fn parse(
     // Used by a model backend only, but always checked.
     let sampling = sampling_fields(obj)?;
     refuse_unimplemented(obj)?;
+    let (logprobs, echo) = logprobs_and_echo(obj, endpoint)?;
     let ignore_eos = match obj.get("ignore_eos") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -558,12 +567,98 @@ pub fn parse(
         ignore_eos,
         min_tokens,
         logit_bias,
+        logprobs,
+        echo,
     };
     // A model's chat without a length gets it later (`check_min_tokens` runs then).
     if parsed.max_tokens_given || endpoint == Endpoint::Completions {
         check_min_tokens(&parsed)?;
     }
     Ok(parsed)
+}
+
+/// vLLM's `max_logprobs` default: the most top tokens a request may ask for.
+pub const MAX_LOGPROBS: u32 = 20;
+
+/// `logprobs` / `top_logprobs` and `echo`, each checked: completions take `logprobs: k`
+/// and `echo`; chat takes `logprobs: true` with `top_logprobs: k` (k at most
+/// [`MAX_LOGPROBS`]). Prompt log-probabilities are not computed, so `echo` with
+/// `logprobs` is refused naming both.
+fn logprobs_and_echo(
+    obj: &serde_json::Map<String, Value>,
+    endpoint: Endpoint,
+) -> Result<(Option<u32>, bool), ApiError> {
+    let given = |k: &str| obj.get(k).filter(|v| !v.is_null());
+    let count = |field: &str, v: &Value| match v.as_u64() {
+        Some(k) if k <= u64::from(MAX_LOGPROBS) => Ok(k as u32),
+        _ => Err(ApiError::field(
+            field,
+            format!(
+                "{field} must be an integer from 0 to {MAX_LOGPROBS}, got {}",
+                short(v)
+            ),
+        )),
+    };
+    let flag = |field: &str| match given(field) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(ApiError::field(
+            field,
+            format!("{field} must be a boolean, got {}", short(v)),
+        )),
+    };
+    match endpoint {
+        Endpoint::Completions => {
+            if let Some(v) = given("top_logprobs")
+                && v.as_u64() != Some(0)
+            {
+                return Err(ApiError::field(
+                    "top_logprobs",
+                    format!(
+                        "top_logprobs {} is a chat field: /v1/completions takes logprobs: k",
+                        short(v)
+                    ),
+                ));
+            }
+            let logprobs = match given("logprobs") {
+                None | Some(Value::Bool(false)) => None,
+                Some(v) => Some(count("logprobs", v)?),
+            };
+            let echo = flag("echo")?;
+            if echo && logprobs.is_some() {
+                return Err(ApiError::field(
+                    "echo",
+                    "echo with logprobs is not supported by lockstep: the prompt's log-probabilities are not computed (echo alone, or logprobs alone, is)",
+                ));
+            }
+            Ok((logprobs, echo))
+        }
+        Endpoint::Chat => {
+            if let Some(v) = given("echo")
+                && v != &Value::Bool(false)
+            {
+                return Err(ApiError::field(
+                    "echo",
+                    format!(
+                        "echo {} is not supported by lockstep on chat completions",
+                        short(v)
+                    ),
+                ));
+            }
+            let wanted = flag("logprobs")?;
+            let top = given("top_logprobs")
+                .map(|v| count("top_logprobs", v))
+                .transpose()?;
+            // OpenAI's rule: top tokens come only with the sampled token's own.
+            if top.is_some_and(|k| k > 0) && !wanted {
+                return Err(ApiError::field(
+                    "top_logprobs",
+                    "top_logprobs needs logprobs: true",
+                ));
+            }
+            Ok((wanted.then_some(top.unwrap_or(0)), false))
+        }
+    }
 }
 
 /// Refuses the fields lockstep does not implement when they ask for something (their
@@ -576,21 +671,6 @@ fn refuse_unimplemented(obj: &serde_json::Map<String, Value>) -> Result<(), ApiE
             format!("{field} {} is not supported by lockstep: {why}", short(v)),
         ))
     };
-    if let Some(v) = given("logprobs")
-        && v != &Value::Bool(false)
-    {
-        return refuse("logprobs", v, "no log-probabilities are returned");
-    }
-    if let Some(v) = given("top_logprobs")
-        && v.as_u64() != Some(0)
-    {
-        return refuse("top_logprobs", v, "no log-probabilities are returned");
-    }
-    if let Some(v) = given("echo")
-        && v != &Value::Bool(false)
-    {
-        return refuse("echo", v, "the prompt is not echoed");
-    }
     if let Some(v) = given("response_format")
         && v.get("type").and_then(Value::as_str) != Some("text")
     {
@@ -859,10 +939,11 @@ mod tests {
     #[test]
     fn fields_lockstep_does_not_implement_are_refused_naming_them() {
         let refused = [
-            (r#""logprobs": 2"#, "logprobs"),
+            (r#""logprobs": 21"#, "logprobs"),
             (r#""logprobs": true"#, "logprobs"),
             (r#""top_logprobs": 3"#, "top_logprobs"),
-            (r#""echo": true"#, "echo"),
+            (r#""echo": true, "logprobs": 0"#, "echo"),
+            (r#""echo": 1"#, "echo"),
             (
                 r#""response_format": {"type": "json_object"}"#,
                 "response_format",
@@ -890,6 +971,63 @@ mod tests {
         let parsed = p(neutral, Endpoint::Completions).expect("the defaults pass");
         assert!(!parsed.ignore_eos && !parsed.max_tokens_given);
         assert!(parsed.logit_bias.is_empty() && parsed.min_tokens == 0);
+        assert_eq!((parsed.logprobs, parsed.echo), (None, false));
+    }
+
+    #[test]
+    fn logprobs_top_logprobs_and_echo_are_read_per_endpoint_and_bounded_by_20() {
+        let c = |body: &str| p(body, Endpoint::Completions);
+        let chat = |extra: &str| {
+            p(
+                &format!(r#"{{"messages": [{{"role": "user", "content": "a"}}]{extra}}}"#),
+                Endpoint::Chat,
+            )
+        };
+        let got = c(r#"{"prompt": "a", "logprobs": 20}"#).unwrap();
+        assert_eq!((got.logprobs, got.echo), (Some(20), false));
+        assert_eq!(
+            c(r#"{"prompt": "a", "logprobs": 0}"#).unwrap().logprobs,
+            Some(0)
+        );
+        assert!(c(r#"{"prompt": "a", "echo": true}"#).unwrap().echo);
+        assert_eq!(chat(r#", "logprobs": true"#).unwrap().logprobs, Some(0));
+        assert_eq!(
+            chat(r#", "logprobs": true, "top_logprobs": 5"#)
+                .unwrap()
+                .logprobs,
+            Some(5)
+        );
+        assert_eq!(
+            chat(r#", "logprobs": false, "top_logprobs": 0"#)
+                .unwrap()
+                .logprobs,
+            None
+        );
+        // Past 20, or of the wrong kind: a 400 naming the field and the value.
+        for (result, field, value) in [
+            (c(r#"{"prompt": "a", "logprobs": 21}"#), "logprobs", "21"),
+            (c(r#"{"prompt": "a", "logprobs": -1}"#), "logprobs", "-1"),
+            (
+                chat(r#", "logprobs": true, "top_logprobs": 21"#),
+                "top_logprobs",
+                "21",
+            ),
+            (chat(r#", "logprobs": 3"#), "logprobs", "3"),
+        ] {
+            let e = result.expect_err(field);
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(field)));
+            assert!(e.message.contains(value), "{}", e.message);
+        }
+        // Top tokens without logprobs, echo on chat, echo with logprobs: refused.
+        let e = chat(r#", "top_logprobs": 2"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+        assert_eq!(
+            chat(r#", "echo": true"#).unwrap_err().param.as_deref(),
+            Some("echo")
+        );
+        let e = c(r#"{"prompt": "a", "echo": true, "logprobs": 1}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("echo"));
+        assert!(e.message.contains("logprobs"), "{}", e.message);
     }
 
     #[test]

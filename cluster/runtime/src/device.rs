@@ -200,9 +200,11 @@ impl DeviceHandle {
             let mut out = self.spare.pop().unwrap_or(ForwardOutput {
                 batch: batch.number,
                 sampled: Vec::new(),
+                logprobs: Vec::new(),
             });
             out.batch = batch.number;
             out.sampled.clear();
+            out.logprobs.clear();
             m.launched += 1;
             let sent = m
                 .launches
@@ -226,6 +228,7 @@ impl DeviceHandle {
         let mut out = self.spare.pop().unwrap_or(ForwardOutput {
             batch: batch.number,
             sampled: Vec::new(),
+            logprobs: Vec::new(),
         });
         self.tokens.sample_into(batch, &mut out)?;
         self.queued.push_back(out);

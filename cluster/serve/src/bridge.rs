@@ -77,6 +77,8 @@ pub enum Event {
         count: u32,
         /// Output tokens so far.
         generated: u32,
+        /// The last token's log-probabilities, when the request asked for them.
+        logprobs: Option<lockstep_actors::vocab::TokenLogprobs>,
     },
     /// The request reached its length.
     Completed,
@@ -378,7 +380,7 @@ fn cut_all(open: &mut HashMap<ReqId, Open>, metrics: &Metrics, to_front: &Sender
 
 fn deliver(
     open: &mut HashMap<ReqId, Open>,
-    r: Response,
+    mut r: Response,
     metrics: &Metrics,
     to_front: &Sender<ClientItem>,
     stream_buffer: usize,
@@ -401,6 +403,7 @@ fn deliver(
                 last: r.last_token,
                 count: r.new_tokens,
                 generated: r.generated,
+                logprobs: r.logprobs.take(),
             },
         );
         // More than a buffer behind, and its connection waiting on its client: the

@@ -568,12 +568,18 @@ async fn generate(
     };
     let mut prompt_ids = Vec::new();
     let mut decoder = None;
+    let mut echo = None;
     if let Some(text) = &state.text {
         match model_prompt(text, &body, endpoint, &mut parsed, &state) {
             Ok(ids) => prompt_ids = ids,
             Err(e) => return error(&e),
         }
         decoder = Some(text.decoder());
+        if parsed.echo {
+            echo = Some(text.prompt_text(&body, &prompt_ids));
+        }
+    } else if let Err(e) = no_forward(&parsed) {
+        return error(&e);
     }
     // Against the final length (a model's chat gets its length above).
     if let Err(e) = api::check_min_tokens(&parsed) {
@@ -651,6 +657,8 @@ async fn generate(
         ),
         created: now_s(),
         model: state.model.clone(),
+        text_offset: echo.as_deref().map_or(0, |e| e.chars().count()),
+        echo,
         parsed,
         decoder,
     };
@@ -660,6 +668,7 @@ async fn generate(
         backlog,
         guard,
         generated: 0,
+        logprobs: Vec::new(),
         front_output: state.front_output.clone(),
     };
     if streamed {
@@ -679,7 +688,75 @@ struct Answer {
     guard: CancelOnDrop,
     /// Output tokens so far.
     generated: u32,
+    /// A whole answer's tokens' log-probabilities so far (when asked for).
+    logprobs: Vec<TokenLogprob>,
     front_output: FrontOutput,
+}
+
+/// Without `--model` no forward runs, so there are no log-probabilities (and no
+/// tokenizer to echo a prompt with): a 400 rather than made-up numbers.
+fn no_forward(parsed: &Parsed) -> Result<(), ApiError> {
+    let field = if parsed.logprobs.is_some() {
+        "logprobs"
+    } else if parsed.echo {
+        "echo"
+    } else {
+        return Ok(());
+    };
+    Err(ApiError::field(
+        field,
+        format!("{field} needs a model: this server models no forward (start it with --model)"),
+    ))
+}
+
+/// One output token's log-probabilities as an answer shows them.
+struct TokenLogprob {
+    /// Its text.
+    token: String,
+    logprob: f32,
+    /// The most likely tokens' texts and log-probabilities, most likely first.
+    top: Vec<(String, f32)>,
+    /// Where its text begins in the answer's text (completions' `text_offset`).
+    offset: usize,
+}
+
+/// A log-probability as JSON: vLLM's -9999 stands for minus infinity, which JSON lacks.
+fn logprob_value(l: f32) -> Value {
+    json!(if l.is_finite() { l } else { -9999.0 })
+}
+
+/// The `logprobs` object of a choice carrying `items` (`null` when none were asked).
+fn logprobs_json(endpoint: Endpoint, asked: bool, items: &[TokenLogprob]) -> Value {
+    if !asked {
+        return Value::Null;
+    }
+    match endpoint {
+        // The sampled token is always among the top ones (OpenAI's rule: up to k + 1).
+        Endpoint::Completions => json!({
+            "tokens": items.iter().map(|i| i.token.as_str()).collect::<Vec<_>>(),
+            "token_logprobs": items.iter().map(|i| logprob_value(i.logprob)).collect::<Vec<_>>(),
+            "top_logprobs": items.iter().map(|i| {
+                let mut top: serde_json::Map<String, Value> = i
+                    .top
+                    .iter()
+                    .map(|(t, l)| (t.clone(), logprob_value(*l)))
+                    .collect();
+                top.entry(i.token.clone()).or_insert_with(|| logprob_value(i.logprob));
+                Value::Object(top)
+            }).collect::<Vec<_>>(),
+            "text_offset": items.iter().map(|i| i.offset).collect::<Vec<_>>(),
+        }),
+        Endpoint::Chat => {
+            let entry = |token: &str, l: f32| json!({"token": token, "logprob": logprob_value(l), "bytes": token.as_bytes()});
+            json!({
+                "content": items.iter().map(|i| {
+                    let mut e = entry(&i.token, i.logprob);
+                    e["top_logprobs"] = i.top.iter().map(|(t, l)| entry(t, *l)).collect();
+                    e
+                }).collect::<Vec<_>>(),
+            })
+        }
+    }
 }
 
 /// The error a failed request answers with.
@@ -762,6 +839,11 @@ struct Shape {
     parsed: Parsed,
     /// `--model`: output ids to text.
     decoder: Option<super::model_text::Decoder>,
+    /// `echo`: the prompt's text, until the first piece of the answer carries it.
+    echo: Option<String>,
+    /// Where the next token's text begins in the answer (in characters, as vLLM
+    /// counts: its `text_offset`).
+    text_offset: usize,
 }
 
 impl Shape {
@@ -783,6 +865,34 @@ impl Shape {
         } else {
             watch.push(&text)
         }
+    }
+
+    /// `text` with the echoed prompt before it, the first time only.
+    fn with_echo(&mut self, text: String) -> String {
+        match self.echo.take() {
+            Some(mut prompt) => {
+                prompt.push_str(&text);
+                prompt
+            }
+            None => text,
+        }
+    }
+
+    /// A token's log-probabilities as the answer shows them (its text, special tokens
+    /// shown, as vLLM names them), advancing the text offset.
+    fn logprob_of(&mut self, l: &lockstep_actors::vocab::TokenLogprobs) -> TokenLogprob {
+        let text = |id: u32| match &self.decoder {
+            Some(d) => d.token_text(id),
+            None => String::new(),
+        };
+        let item = TokenLogprob {
+            token: text(l.token),
+            logprob: l.logprob,
+            top: l.top.iter().map(|&(id, lp)| (text(id), lp)).collect(),
+            offset: self.text_offset,
+        };
+        self.text_offset += item.token.chars().count();
+        item
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -807,13 +917,25 @@ impl Shape {
         v
     }
 
-    /// A streamed choice carrying `text` (and `finish`, if it ends).
-    fn delta(&self, text: Option<&str>, finish: Option<&str>, first: bool) -> Value {
+    /// A streamed choice carrying `text` (and `finish`, if it ends) and its tokens'
+    /// log-probabilities (`null` unless asked for).
+    fn delta(
+        &self,
+        text: Option<&str>,
+        finish: Option<&str>,
+        first: bool,
+        items: &[TokenLogprob],
+    ) -> Value {
+        let logprobs = logprobs_json(
+            self.endpoint,
+            self.parsed.logprobs.is_some() && !items.is_empty(),
+            items,
+        );
         match self.endpoint {
             Endpoint::Completions => json!([{
                 "index": 0,
                 "text": text.unwrap_or(""),
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }]),
             Endpoint::Chat => {
@@ -827,7 +949,7 @@ impl Shape {
                 json!([{
                     "index": 0,
                     "delta": delta,
-                    "logprobs": null,
+                    "logprobs": logprobs,
                     "finish_reason": finish,
                 }])
             }
@@ -860,8 +982,17 @@ impl Answer {
     async fn gather(&mut self, text: &mut String, watch: &mut StopWatch) -> WholeEnd {
         loop {
             match self.next().await {
-                Some(Event::Tokens { last, count, .. }) => {
+                Some(Event::Tokens {
+                    last,
+                    count,
+                    logprobs,
+                    ..
+                }) => {
                     let began = Instant::now();
+                    if let Some(l) = &logprobs {
+                        let item = self.shape.logprob_of(l);
+                        self.logprobs.push(item);
+                    }
                     let released = self.shape.release(watch, last, count, self.generated);
                     text.push_str(&released.text);
                     self.generated += count;
@@ -893,16 +1024,22 @@ impl Answer {
     }
 
     /// The whole answer's JSON.
-    fn whole_json(&self, text: String, watch: &StopWatch) -> Value {
+    fn whole_json(&mut self, text: String, watch: &StopWatch) -> Value {
         let finish = if watch.stopped() { "stop" } else { "length" };
+        let text = self.shape.with_echo(text);
+        let logprobs = logprobs_json(
+            self.shape.endpoint,
+            self.shape.parsed.logprobs.is_some(),
+            &self.logprobs,
+        );
         let choices = match self.shape.endpoint {
             Endpoint::Completions => json!([{
-                "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
             }]),
             Endpoint::Chat => json!([{
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }]),
         };
@@ -1056,10 +1193,20 @@ fn stream(
         };
         let done = Bytes::from_static(b"data: [DONE]\n\n");
         match st.answer.next().await {
-            Some(Event::Tokens { last, count, .. }) => {
+            Some(Event::Tokens {
+                last,
+                count,
+                logprobs,
+                ..
+            }) => {
                 let began = Instant::now();
                 let before = st.answer.generated;
+                let items: Vec<TokenLogprob> = logprobs
+                    .iter()
+                    .map(|l| st.answer.shape.logprob_of(l))
+                    .collect();
                 let released = st.answer.shape.release(&mut st.watch, last, count, before);
+                let text = st.answer.shape.with_echo(released.text);
                 st.answer.generated += count;
                 let finish = if released.stopped {
                     // The answer ends here; the rest of the request is cancelled.
@@ -1076,7 +1223,7 @@ fn stream(
                 let shape = &st.answer.shape;
                 let chunk = shape.wrap(
                     true,
-                    shape.delta(Some(&released.text), finish, st.first),
+                    shape.delta(Some(&text), finish, st.first, &items),
                     Value::Null,
                 );
                 st.first = false;
@@ -1091,7 +1238,7 @@ fn stream(
                 if st.answer.shape.parsed.include_usage {
                     st.tail.push(usage(&st));
                 }
-                let rest = st.watch.finish();
+                let rest = st.answer.shape.with_echo(st.watch.finish());
                 let shape = &st.answer.shape;
                 let chunk = shape.wrap(
                     true,
@@ -1099,6 +1246,7 @@ fn stream(
                         (!rest.is_empty()).then_some(rest.as_str()),
                         Some("length"),
                         st.first,
+                        &[],
                     ),
                     Value::Null,
                 );

@@ -176,7 +176,7 @@ impl ModelText {
         id: u64,
     ) -> Option<lockstep_actors::request::RequestSampling> {
         let fields = &parsed.sampling;
-        (fields.any() || parsed.min_tokens > 0).then(|| {
+        (fields.any() || parsed.min_tokens > 0 || parsed.logprobs.is_some()).then(|| {
             let d = self.defaults;
             lockstep_actors::request::RequestSampling {
                 temperature: fields.temperature.unwrap_or(d.params.temperature),
@@ -189,6 +189,7 @@ impl ModelText {
                 frequency_penalty: fields.frequency_penalty.unwrap_or(0.0),
                 repetition_penalty: fields.repetition_penalty.unwrap_or(1.0),
                 min_tokens: parsed.min_tokens,
+                logprobs: parsed.logprobs,
             }
         })
     }
@@ -217,6 +218,19 @@ impl ModelText {
                 ),
             )),
             None => Ok(()),
+        }
+    }
+
+    /// What completions' `echo` puts before the answer: the prompt as the body gave it
+    /// (a text), or the text of its token ids.
+    pub fn prompt_text(&self, body: &[u8], ids: &[u32]) -> String {
+        let value: Value = serde_json::from_slice(body).unwrap_or_default();
+        match value.get("prompt") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(items)) if matches!(items.as_slice(), [Value::String(_)]) => {
+                items[0].as_str().unwrap_or_default().to_string()
+            }
+            _ => self.tokenizer.decode(ids).unwrap_or_default(),
         }
     }
 
@@ -257,6 +271,12 @@ impl Decoder {
     /// Whether `id` ends the answer (the model's end of sequence or of its turn).
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos.contains(&id)
+    }
+
+    /// One token's own text, as a `logprobs` entry names it (a byte-level piece of a
+    /// character reads as U+FFFD, as in vLLM).
+    pub fn token_text(&self, id: u32) -> String {
+        self.tokenizer.token_text(id).unwrap_or_default()
     }
 
     /// The text `id` adds to the answer (empty while it ends inside a character).

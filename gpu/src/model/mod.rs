@@ -31,7 +31,7 @@ pub use paged_kv::{PagedKvCache, PagedKvGeometry};
 pub use rope::RopeScaling;
 pub use sampling::{
     Penalties, PenaltyScratch, Sampler, SamplingParams, apply_logit_bias, apply_penalties, argmax,
-    mask_tokens,
+    mask_tokens, token_logprobs,
 };
 pub use tokenizer::TextTokenizer;
 pub use weights::{LayerWeights, Linear, ModelWeights};

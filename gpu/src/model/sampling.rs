@@ -224,3 +224,35 @@ pub fn mask_tokens(logits: &mut [f32], ids: &[u32]) {
         }
     }
 }
+
+/// The log-softmax of `logits` at `token`, and the `top` most likely tokens with theirs,
+/// most likely first (ties: lower id first). The normaliser is summed in f64, so a
+/// large vocabulary loses no precision to it.
+pub fn token_logprobs(logits: &[f32], token: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return (f32::NEG_INFINITY, Vec::new());
+    }
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_normaliser = f64::from(max) + sum.ln();
+    let logprob = |l: f32| (f64::from(l) - log_normaliser) as f32;
+    // A small sorted list (top is at most 20): one pass, no copy of the vocabulary.
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (id, &l) in logits.iter().enumerate() {
+            if best.len() == top && best.last().is_some_and(|&(_, worst)| l <= worst) {
+                continue;
+            }
+            let at = best.partition_point(|&(_, b)| b >= l);
+            best.insert(at, (id as u32, l));
+            best.truncate(top);
+        }
+    }
+    let own = logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&l| logprob(l));
+    (
+        own,
+        best.into_iter().map(|(id, l)| (id, logprob(l))).collect(),
+    )
+}

@@ -1271,3 +1271,28 @@ fn logit_bias_adds_and_masked_tokens_cannot_be_drawn() {
         assert_ne!(sampler.sample(&logits).unwrap(), 0);
     }
 }
+
+/// Log-softmax against a direct computation: the sampled token's own value whatever its
+/// rank, the top k most likely first, ties by id, and exp of them summing to 1 over the
+/// whole vocabulary.
+#[test]
+fn token_logprobs_are_the_log_softmax_with_the_top_k_in_order() {
+    use super::sampling::token_logprobs;
+    let logits = [1.0f32, 3.0, -2.0, 3.0, 0.5, 2.0];
+    let norm: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum::<f64>().ln();
+    let expect = |i: usize| (f64::from(logits[i]) - norm) as f32;
+    let (own, top) = token_logprobs(&logits, 2, 3);
+    assert!((own - expect(2)).abs() < 1e-6, "{own} vs {}", expect(2));
+    let ids: Vec<u32> = top.iter().map(|&(id, _)| id).collect();
+    assert_eq!(ids, [1, 3, 5], "most likely first, the tie by id");
+    for &(id, lp) in &top {
+        assert!((lp - expect(id as usize)).abs() < 1e-6);
+    }
+    let total: f64 = (0..logits.len())
+        .map(|t| f64::from(token_logprobs(&logits, t as u32, 0).0).exp())
+        .sum();
+    assert!((total - 1.0).abs() < 1e-6, "{total}");
+    assert!(token_logprobs(&logits, 0, 0).1.is_empty());
+    // More asked for than the vocabulary holds: every token, in order.
+    assert_eq!(token_logprobs(&logits, 0, 20).1.len(), logits.len());
+}

@@ -155,6 +155,13 @@ impl TextTokenizer {
             .map_err(|e| self.error(e.to_string()))
     }
 
+    /// One token's own text, special tokens shown (what a `logprobs` entry names it).
+    pub fn token_text(&self, id: u32) -> Result<String> {
+        self.inner
+            .decode(&[id], false)
+            .map_err(|e| self.error(e.to_string()))
+    }
+
     /// The id of a token spelled `token`, if the vocabulary has it.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
