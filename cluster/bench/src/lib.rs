@@ -36,7 +36,7 @@ pub mod summary;
 pub mod vllm_result;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -120,6 +120,9 @@ pub struct BenchRun {
     /// What the server says its times are (`/v1/models`' `lockstep_time_base`; `None`
     /// from a server that does not say, any other than lockstep's).
     pub server_time_base: Option<TimeBase>,
+    /// The served model's directory whose tokenizer prompt ids were drawn from, when
+    /// neither `--tokenizer` nor `--prompt-ids` was given and the server named one.
+    pub tokenizer_from_server: Option<String>,
     /// Per completed request (by id), the gaps between its chunks carrying text, in ns.
     pub gaps_ns: BTreeMap<u64, Vec<u64>>,
 }
@@ -221,7 +224,7 @@ pub fn run(
     progress: Option<&mut dyn FnMut(u64, u64)>,
 ) -> Result<BenchRun, BenchError> {
     let base = base_url(&opts.url)?;
-    let ids = prompt_ids(opts)?;
+    let mut ids = prompt_ids(opts)?;
     let fleet = Fleet::plan(scenario, opts.seed)?;
     let workload = fleet.workload()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -236,6 +239,17 @@ pub fn run(
     runtime.block_on(async {
         let card = probe(&client, &base, opts).await?;
         let server_time_base = card.as_ref().ok().and_then(|c| c.time_base);
+        // Asked nothing of ids: the served model's own tokenizer, where the server names
+        // a directory holding one (`root`, as vLLM and `lockstep serve --model` give it)
+        // on this machine, so prompt ids lie inside its vocabulary.
+        let mut tokenizer_from_server = None;
+        if opts.tokenizer.is_none() && opts.prompt_ids.is_none() {
+            let root = card.as_ref().ok().and_then(|c| c.root.clone());
+            if let Some(root) = root.filter(|r| Path::new(r).join("tokenizer.json").is_file()) {
+                ids = PromptIds::from_tokenizer(Path::new(&root), None)?;
+                tokenizer_from_server = Some(root);
+            }
+        }
         let model = match (&opts.model, card.map(|c| c.model)) {
             (Some(m), _) => m.clone(),
             (None, Ok(Some(m))) => m,
@@ -293,6 +307,7 @@ pub fn run(
             prompt_ids,
             model,
             server_time_base,
+            tokenizer_from_server,
             gaps_ns,
         })
     })
@@ -327,6 +342,8 @@ struct ModelCard {
     model: Option<String>,
     /// lockstep's `lockstep_time_base`.
     time_base: Option<TimeBase>,
+    /// What is served (vLLM: the model's path or hub name).
+    root: Option<String>,
 }
 
 /// Checks that the server answers HTTP (`GET /v1/models`); its first model's card, or
@@ -368,6 +385,10 @@ async fn probe(
         time_base: first
             .and_then(|m| m.get("lockstep_time_base"))
             .and_then(|t| serde_json::from_value(t.clone()).ok()),
+        root: first
+            .and_then(|m| m.get("root"))
+            .and_then(Value::as_str)
+            .map(String::from),
     }))
 }
 

@@ -202,6 +202,12 @@ fn bench_command(
              length (--ignore-eos on|off to choose)"
         );
     }
+    if let Some(root) = &run.tokenizer_from_server {
+        eprintln!(
+            "note: prompt ids drawn from the served model's tokenizer ({root}, the root \
+             GET /v1/models names); --tokenizer or --prompt-ids to choose"
+        );
+    }
     if run.server_time_base == Some(lockstep_plan::report::TimeBase::ZeroCost) {
         eprintln!(
             "note: the server models no time (lockstep serve at zero cost: no --time-scale, \

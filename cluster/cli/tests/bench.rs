@@ -477,9 +477,10 @@ fn ignore_eos_auto_leaves_it_out_only_where_the_server_refuses_it() {
 }
 
 /// Against `lockstep serve --model` with the tiny random model (a vocabulary of 512, the
-/// CPU backend): the default ids (1000..=30000) lie outside it and every request fails
-/// with the server's reason; `--tokenizer` draws them inside and every request
-/// completes; a `--prompt-ids` range past the vocabulary is an error naming both
+/// CPU backend): asked nothing, bench draws ids from the tokenizer of the directory the
+/// server names (`root`) and every request completes; an explicit range (1000..=30000)
+/// lies outside it and every request fails with the server's reason; `--tokenizer`
+/// draws them inside; a `--prompt-ids` range past the vocabulary is an error naming both
 /// numbers before any request (the URL is never reached).
 #[test]
 fn prompt_ids_come_from_the_tokenizer_and_a_range_must_fit_it() {
@@ -490,6 +491,19 @@ fn prompt_ids_come_from_the_tokenizer_and_a_range_must_fit_it() {
     let dir_arg = dir.to_string_lossy().into_owned();
     let server = Server::start("model/agg-tiny.toml", &["--model", &dir_arg]);
     let (out, report) = bench_four(&server.url, "bench-vocab-default.json", &[]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(report.requests.completed, 4, "{:?}", report.per_request);
+    assert!(
+        stderr.contains("note: prompt ids drawn from the served model's tokenizer")
+            && stderr.contains(&dir_arg),
+        "{stderr}"
+    );
+    let (out, report) = bench_four(
+        &server.url,
+        "bench-vocab-range.json",
+        &["--prompt-ids", "1000-30000"],
+    );
     assert!(!out.status.success());
     assert_eq!(report.requests.failed, 4, "{:?}", report.per_request);
     for d in &report.per_request {
