@@ -2424,3 +2424,34 @@ fn a_stop_token_id_ends_the_answer_as_the_end_of_sequence_does() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client that leaves an `n` = 3 answer, streamed or whole, cancels all three
+/// sequences, and their KV is freed.
+#[test]
+fn a_client_that_disconnects_cancels_every_one_of_its_n_sequences() {
+    // Paced by the model: 2,000 tokens take far longer than the test.
+    let s = Server::start("agg-balanced.toml", &["--time-scale", "1"]);
+    for (stream, cancelled) in [(true, 3.0), (false, 6.0)] {
+        let body = json!({"prompt": "a b c d e f g h i j k l m n o p", "max_tokens": 2000,
+            "n": 3, "stream": stream});
+        let c = start_request(&s, &body, stream);
+        let running = scrape_until(&s, |m| sample(m, "lockstep_num_requests_running") == 3.0);
+        assert_eq!(
+            sample(&running, "lockstep_num_requests_running"),
+            3.0,
+            "stream {stream}: the three sequences run: {running:?}"
+        );
+        drop(c);
+        let after = scrape_until(&s, |m| {
+            sample(m, "lockstep_request_cancelled_total") == cancelled
+                && over_ranks(m, "lockstep_kv_cache_used_blocks") == 0.0
+        });
+        assert_eq!(
+            sample(&after, "lockstep_request_cancelled_total"),
+            cancelled,
+            "stream {stream}: {after:?}"
+        );
+        assert_eq!(over_ranks(&after, "lockstep_kv_cache_used_blocks"), 0.0);
+        assert_eq!(sample(&after, "lockstep_num_requests_running"), 0.0);
+    }
+}
