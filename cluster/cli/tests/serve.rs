@@ -1131,7 +1131,7 @@ fn a_models_chat_defaults_to_its_context_and_unimplemented_fields_are_refused() 
         ),
         ("response_format", json!({"type": "json_object"})),
         ("echo", json!(true)),
-        ("n", json!(2)),
+        ("best_of", json!(2)),
     ] {
         let (code, err) = chat(json!({ field: value }));
         assert_eq!(code, 400, "{field}: {err}");
