@@ -249,7 +249,7 @@ MALFORMED = [
     ("max_tokens 1e30", request_bytes(C, '{"prompt": "a", "max_tokens": 1e30}'), {400}),
     ("max_tokens a string", request_bytes(C, '{"prompt": "a", "max_tokens": "ten"}'), {400}),
     ("temperature -1", request_bytes(C, '{"prompt": "a", "temperature": -1}'), {400}),
-    ("n 2", request_bytes(C, '{"prompt": "a", "n": 2}'), {400}),
+    ("n 0", request_bytes(C, '{"prompt": "a", "n": 0}'), {400}),
     ("logprobs past 20", request_bytes(C, '{"prompt": "a", "logprobs": 21}'), {400}),
     ("five stop strings", request_bytes(C, '{"prompt": "a", "stop": ["a","b","c","d","e"]}'), {400}),
     ("a 2,000-byte stop string", request_bytes(C, json.dumps({"prompt": "a", "stop": "x" * 2000})), {400}),

@@ -155,6 +155,14 @@ fn bad_requests_get_openai_errors_naming_the_field() {
     );
     assert_eq!(code, 400, "{answer}");
     assert_eq!(json_of(&answer)["error"]["param"], "messages");
+    // No model, no vocabulary to check stop ids against: refused naming the field.
+    let (code, answer) = post(
+        &s.url("/v1/completions"),
+        r#"{"prompt": "a", "stop_token_ids": [1]}"#,
+        None,
+    );
+    assert_eq!(code, 400, "{answer}");
+    assert_eq!(json_of(&answer)["error"]["param"], "stop_token_ids");
 }
 
 /// `lockstep serve ARGS...` with `env`, expected to exit non-zero before it serves:
@@ -1123,7 +1131,7 @@ fn a_models_chat_defaults_to_its_context_and_unimplemented_fields_are_refused() 
         ),
         ("response_format", json!({"type": "json_object"})),
         ("echo", json!(true)),
-        ("n", json!(2)),
+        ("best_of", json!(2)),
     ] {
         let (code, err) = chat(json!({ field: value }));
         assert_eq!(code, 400, "{field}: {err}");
@@ -2163,4 +2171,287 @@ fn vllm_engine_flags_win_over_the_scenarios_sets() {
         .filter(|(n, _)| n.starts_with("lockstep_kv_cache_usage_perc{"))
         .count();
     assert_eq!(ranks, 1, "{m:?}");
+}
+
+/// The `data:` events of a streamed answer, `[DONE]` left out.
+fn sse_json(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(json_of)
+        .collect()
+}
+
+/// `serve --model` with `n`: the sequences after the first reuse the prompt's KV
+/// blocks (a one-rank server: the prefix-cache hit counter moves by the prompt's full
+/// blocks for each of them); greedy, the `n` choices (`index` 0..n) are each the dense
+/// reference, whole and streamed, and the usage counts the prompt once and every
+/// sequence's tokens; sampled with a `seed`, the answer is the same every time, its
+/// sequences differ, and sequence i is `n: 1` with `seed + i`; `best_of` other than `n`
+/// and `n` past `--max-pending` are a 400 naming the field.
+#[test]
+fn n_sequences_of_one_prompt_share_its_kv_blocks_and_are_sampled_each_on_its_own() {
+    use lockstep_gpu::model::{InitOptions, Model, TextTokenizer, greedy_reference};
+    const MAX_TOKENS: usize = 12;
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-n-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
+    let model = Model::load(&dir).expect("load");
+    let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
+    let ends: Vec<u32> = tokenizer.end_of_answer_ids(&model.config.eos_token_ids);
+    // One rank: every sequence runs where the first registered the prompt's blocks.
+    let scenario = dir.join("one-rank.toml");
+    std::fs::write(
+        &scenario,
+        r#"name = "one-rank-tiny"
+
+[[server]]
+name = "agg0"
+role = "agg"
+tensor_parallel_size = 1
+max_batch_size = 8
+max_num_tokens = 512
+enable_chunked_prefill = true
+
+[server.kv_cache_config]
+tokens_per_block = 16
+max_tokens = 16384
+enable_block_reuse = true
+
+[workload]
+kind = "open_loop"
+rate = 50.0
+num_requests = 4
+input_len = [64, 128]
+output_len = [4, 8]
+"#,
+    )
+    .expect("scenario");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let s = Server::start(
+        scenario.to_str().expect("utf-8"),
+        &["--model", &dir_arg, "--max-pending", "4"],
+    );
+    let complete = |body: Value| -> Value {
+        let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
+        assert_eq!(code, 200, "{answer}");
+        json_of(&answer)
+    };
+    // 40 prompt tokens: two full blocks of 16 are reusable (the last token is always
+    // computed). The first request with this prompt: any hit is the sequences sharing.
+    let prompt: Vec<u32> = (0..40u32).map(|i| 3 + i * 7 % 50).collect();
+    let v = complete(json!({"prompt": prompt, "max_tokens": 4, "n": 3, "temperature": 0}));
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(3), "{v}");
+    let m = scrape_until(&s, |m| {
+        over_ranks(m, "lockstep_prefix_cache_hit_blocks_total") >= 4.0
+    });
+    assert_eq!(
+        over_ranks(&m, "lockstep_prefix_cache_hit_blocks_total"),
+        4.0,
+        "two blocks for each of the two sequences after the first: {m:?}"
+    );
+    // Greedy: each sequence is the dense reference.
+    let text = "n sequences of one prompt";
+    let ids = tokenizer.encode_prompt(text).expect("encode");
+    let reference = greedy_reference(&model, &ids, MAX_TOKENS).expect("reference");
+    let (shown, per_sequence) = match reference.iter().position(|t| ends.contains(t)) {
+        Some(end) => (&reference[..end], end + 1),
+        None => (&reference[..], MAX_TOKENS),
+    };
+    // The server holds back a byte-level piece of a character not yet whole.
+    let want = tokenizer.decode(shown).expect("decode");
+    let want = want.trim_end_matches('\u{FFFD}').to_string();
+    let body =
+        json!({"prompt": text, "max_tokens": MAX_TOKENS, "n": 3, "best_of": 3, "temperature": 0});
+    let v = complete(body.clone());
+    let choices = v["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3, "{v}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i, "{v}");
+        assert_eq!(c["text"], want.as_str(), "sequence {i}: {v}");
+    }
+    let usage = &v["usage"];
+    assert_eq!(usage["prompt_tokens"], ids.len(), "the prompt once: {v}");
+    assert_eq!(usage["completion_tokens"], 3 * per_sequence, "{v}");
+    assert_eq!(usage["total_tokens"], ids.len() + 3 * per_sequence, "{v}");
+    // Streamed: chunks of every index, each sequence's text the reference.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (code, events) = post(&s.url("/v1/completions"), &streamed.to_string(), None);
+    assert_eq!(code, 200, "{events}");
+    let events = sse_json(&events);
+    let mut texts = vec![String::new(); 3];
+    let mut finished = [0; 3];
+    for e in &events {
+        for c in e["choices"].as_array().expect("choices") {
+            let i = c["index"].as_u64().expect("an index") as usize;
+            texts[i].push_str(c["text"].as_str().expect("text"));
+            if !c["finish_reason"].is_null() {
+                finished[i] += 1;
+            }
+        }
+    }
+    assert_eq!(texts, vec![want.clone(); 3], "{events:?}");
+    assert_eq!(finished, [1; 3], "one finish per sequence: {events:?}");
+    let usage = &events.last().expect("the usage chunk")["usage"];
+    assert_eq!(usage["completion_tokens"], 3 * per_sequence, "{events:?}");
+    assert_eq!(usage["prompt_tokens"], ids.len(), "{events:?}");
+    // Sampled with a seed: reproducible, not all alike, sequence i is seed + i.
+    let sampled = |n: u32, seed: u64| -> Vec<String> {
+        let v = complete(json!({"prompt": text, "max_tokens": MAX_TOKENS, "n": n,
+            "temperature": 1, "seed": seed, "ignore_eos": true}));
+        v["choices"]
+            .as_array()
+            .expect("choices")
+            .iter()
+            .map(|c| c["text"].as_str().expect("text").to_string())
+            .collect()
+    };
+    let a = sampled(3, 7);
+    assert_eq!(a, sampled(3, 7), "the same seed, the same sequences");
+    assert!(
+        a[0] != a[1] || a[1] != a[2],
+        "three identical samples: {a:?}"
+    );
+    assert_eq!(
+        sampled(1, 8),
+        [a[1].clone()],
+        "sequence 1 samples with seed + 1"
+    );
+    // Chat: one choice per index.
+    let (code, answer) = post(
+        &s.url("/v1/chat/completions"),
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+            "n": 2, "temperature": 0})
+        .to_string(),
+        None,
+    );
+    assert_eq!(code, 200, "{answer}");
+    let v = json_of(&answer);
+    let c = v["choices"].as_array().expect("choices");
+    assert_eq!(
+        (c.len(), &c[0]["index"], &c[1]["index"]),
+        (2, &json!(0), &json!(1))
+    );
+    assert_eq!(c[0]["message"], c[1]["message"], "greedy: alike");
+    // Refused, naming the field: best_of past n, n past --max-pending 4, n of 0.
+    for (extra, field, says) in [
+        (json!({"n": 2, "best_of": 3}), "best_of", "3"),
+        (json!({"n": 5}), "n", "--max-pending 4"),
+        (json!({"n": 0}), "n", "0"),
+    ] {
+        let mut body = json!({"prompt": "x"});
+        for (k, v) in extra.as_object().expect("an object") {
+            body[k] = v.clone();
+        }
+        let (code, err) = post(&s.url("/v1/completions"), &body.to_string(), None);
+        assert_eq!(code, 400, "{err}");
+        let e = &json_of(&err)["error"];
+        assert_eq!(e["param"], field, "{err}");
+        assert!(e["message"].as_str().unwrap_or("").contains(says), "{err}");
+    }
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `serve --model` with `stop_token_ids`: a greedy answer whose third token is given as
+/// a stop id ends there, whole and streamed, on every one of `n` sequences
+/// (`finish_reason: "stop"`, the token counted and not shown); an id outside the
+/// vocabulary is a 400 naming the field and the id.
+#[test]
+fn a_stop_token_id_ends_the_answer_as_the_end_of_sequence_does() {
+    use lockstep_gpu::model::{InitOptions, Model, TextTokenizer, greedy_reference};
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-stop-ids-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
+    let model = Model::load(&dir).expect("load");
+    let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
+    let ends: Vec<u32> = tokenizer.end_of_answer_ids(&model.config.eos_token_ids);
+    // A prompt whose greedy answer's third token is new and no end.
+    let (text, reference) = (0..20)
+        .map(|i| {
+            let text = format!("stop token ids prompt {i}");
+            let ids = tokenizer.encode_prompt(&text).expect("encode");
+            (text, greedy_reference(&model, &ids, 8).expect("reference"))
+        })
+        .find(|(_, r)| !r[..3].iter().any(|t| ends.contains(t)) && !r[..2].contains(&r[2]))
+        .expect("a prompt of three distinct first tokens");
+    let want = tokenizer.decode(&reference[..2]).expect("decode");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let s = Server::start("model/agg-tiny.toml", &["--model", &dir_arg]);
+    let body = json!({"prompt": text, "max_tokens": 8, "temperature": 0,
+        "stop_token_ids": [reference[2]], "n": 2});
+    let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
+    assert_eq!(code, 200, "{answer}");
+    let v = json_of(&answer);
+    for c in v["choices"].as_array().expect("choices") {
+        assert_eq!(c["finish_reason"], "stop", "{v}");
+        assert_eq!(c["text"], want.as_str(), "{v}");
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 2 * 3, "{v}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["n"] = json!(1);
+    let (code, events) = post(&s.url("/v1/completions"), &streamed.to_string(), None);
+    assert_eq!(code, 200, "{events}");
+    let events = sse_json(&events);
+    let text: String = events
+        .iter()
+        .map(|e| e["choices"][0]["text"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(text, want);
+    assert_eq!(
+        events.last().expect("events")["choices"][0]["finish_reason"],
+        "stop"
+    );
+    let vocab = model.config.vocab_size;
+    let (code, err) = post(
+        &s.url("/v1/completions"),
+        &json!({"prompt": "x", "stop_token_ids": [1, vocab]}).to_string(),
+        None,
+    );
+    assert_eq!(code, 400, "{err}");
+    let e = &json_of(&err)["error"];
+    assert_eq!(e["param"], "stop_token_ids", "{err}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&vocab.to_string()),
+        "{err}"
+    );
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client that leaves an `n` = 3 answer, streamed or whole, cancels all three
+/// sequences, and their KV is freed.
+#[test]
+fn a_client_that_disconnects_cancels_every_one_of_its_n_sequences() {
+    // Paced by the model: 2,000 tokens take far longer than the test.
+    let s = Server::start("agg-balanced.toml", &["--time-scale", "1"]);
+    for (stream, cancelled) in [(true, 3.0), (false, 6.0)] {
+        let body = json!({"prompt": "a b c d e f g h i j k l m n o p", "max_tokens": 2000,
+            "n": 3, "stream": stream});
+        let c = start_request(&s, &body, stream);
+        let running = scrape_until(&s, |m| sample(m, "lockstep_num_requests_running") == 3.0);
+        assert_eq!(
+            sample(&running, "lockstep_num_requests_running"),
+            3.0,
+            "stream {stream}: the three sequences run: {running:?}"
+        );
+        drop(c);
+        let after = scrape_until(&s, |m| {
+            sample(m, "lockstep_request_cancelled_total") == cancelled
+                && over_ranks(m, "lockstep_kv_cache_used_blocks") == 0.0
+        });
+        assert_eq!(
+            sample(&after, "lockstep_request_cancelled_total"),
+            cancelled,
+            "stream {stream}: {after:?}"
+        );
+        assert_eq!(over_ranks(&after, "lockstep_kv_cache_used_blocks"), 0.0);
+        assert_eq!(sample(&after, "lockstep_num_requests_running"), 0.0);
+    }
 }

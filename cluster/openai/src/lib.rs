@@ -26,8 +26,11 @@
 //!   (prompt log-probabilities are not computed), as is chat's `echo`;
 //! - a field lockstep does not implement is refused (400 naming it) rather than
 //!   answered as if it were not there: `response_format` other than text, `tools`/`functions`, `tool_choice` that asks
-//!   for a tool, `suffix`, `best_of` above 1, `n` above 1; `ignore_eos` is implemented
+//!   for a tool, `suffix`, `best_of` other than `n`; `ignore_eos` is implemented
 //!   (the end of sequence no longer ends the answer);
+//! - `n` (1 or more) asks for that many sequences of one prompt (`n × max_tokens` at
+//!   most [`MAX_TOKENS_LIMIT`]; the server bounds `n` by `--max-pending` too);
+//!   `stop_token_ids` (token ids) end an answer as the end of sequence does;
 //! - with `--model` the model's tokenizer replaces the word rules: the prompt is its
 //!   token ids (a chat in the model's chat format), the output its decoded text, and the
 //!   model's end of sequence ends an answer with `finish_reason: "stop"`
@@ -112,6 +115,12 @@ pub struct Parsed {
     pub logprobs: Option<u32>,
     /// Completions' `echo`: the prompt's text begins the answer.
     pub echo: bool,
+    /// `n`: sequences generated for the prompt (1 or more; `n × max_tokens` at most
+    /// [`MAX_TOKENS_LIMIT`]; the server bounds it further by `--max-pending`).
+    pub n: u32,
+    /// `stop_token_ids`: ids that end the answer as the end of sequence does (sorted,
+    /// deduplicated; a model backend checks them against its vocabulary).
+    pub stop_token_ids: Vec<u32>,
 }
 
 /// `temperature`, `top_p`, `top_k`, `seed` and the penalties as the body gave them, each
@@ -502,15 +511,7 @@ pub fn parse(
             ));
         }
     };
-    if let Some(n) = obj.get("n")
-        && !n.is_null()
-        && n.as_u64() != Some(1)
-    {
-        return Err(ApiError::field(
-            "n",
-            format!("n must be 1 (one choice per request), got {}", short(n)),
-        ));
-    }
+    let n = n_and_best_of(obj, max_tokens, max_param)?;
     // Used by a model backend only, but always checked.
     let sampling = sampling_fields(obj)?;
     refuse_unimplemented(obj)?;
@@ -539,6 +540,7 @@ pub fn parse(
     }
     let stop = stop_strings(obj.get("stop"))?;
     let logit_bias = logit_bias(obj.get("logit_bias"))?;
+    let stop_token_ids = stop_token_ids(obj.get("stop_token_ids"))?;
     let min_tokens = match obj.get("min_tokens") {
         None | Some(Value::Null) => 0,
         Some(v) => match v.as_u64() {
@@ -569,6 +571,8 @@ pub fn parse(
         logit_bias,
         logprobs,
         echo,
+        n,
+        stop_token_ids,
     };
     // A model's chat without a length gets it later (`check_min_tokens` runs then).
     if parsed.max_tokens_given || endpoint == Endpoint::Completions {
@@ -700,12 +704,88 @@ fn refuse_unimplemented(obj: &serde_json::Map<String, Value>) -> Result<(), ApiE
     {
         return refuse("suffix", v, "insertion after a suffix is not implemented");
     }
-    if let Some(v) = given("best_of")
-        && v.as_u64() != Some(1)
-    {
-        return refuse("best_of", v, "one sequence is generated per request");
-    }
     Ok(())
+}
+
+/// `n` (1 or more, `n × max_tokens` at most [`MAX_TOKENS_LIMIT`]) and `best_of`, which
+/// may only equal `n`: choosing the best of more sequences than are returned is not
+/// implemented, and fewer than `n` is vLLM's error too.
+fn n_and_best_of(
+    obj: &serde_json::Map<String, Value>,
+    max_tokens: u32,
+    max_param: &str,
+) -> Result<u32, ApiError> {
+    let n = match obj.get("n").filter(|v| !v.is_null()) {
+        None => 1,
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=u64::from(MAX_TOKENS_LIMIT)).contains(&n) => n as u32,
+            _ => {
+                return Err(ApiError::field(
+                    "n",
+                    format!("n must be an integer of 1 or more, got {}", short(v)),
+                ));
+            }
+        },
+    };
+    if u64::from(n) * u64::from(max_tokens) > u64::from(MAX_TOKENS_LIMIT) {
+        return Err(ApiError::field(
+            "n",
+            format!(
+                "n {n} times {max_param} {max_tokens} is more than the {MAX_TOKENS_LIMIT} output tokens one request may ask for"
+            ),
+        ));
+    }
+    if let Some(v) = obj.get("best_of").filter(|v| !v.is_null())
+        && v.as_u64() != Some(u64::from(n))
+    {
+        let why = match v.as_u64() {
+            Some(b) if b < u64::from(n) => format!("best_of must be at least n ({n})"),
+            Some(_) => format!(
+                "choosing the best of more sequences than n ({n}) is not implemented; best_of may only equal n"
+            ),
+            None => "best_of must be an integer".to_string(),
+        };
+        return Err(ApiError::field(
+            "best_of",
+            format!("best_of {} is not supported by lockstep: {why}", short(v)),
+        ));
+    }
+    Ok(n)
+}
+
+/// `stop_token_ids`: absent, or an array of token ids (sorted and deduplicated; the
+/// error names the field and the bad item).
+fn stop_token_ids(v: Option<&Value>) -> Result<Vec<u32>, ApiError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let Some(items) = v.as_array() else {
+        return Err(ApiError::field(
+            "stop_token_ids",
+            format!(
+                "stop_token_ids must be an array of token ids, got {}",
+                short(v)
+            ),
+        ));
+    };
+    let mut ids = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        match item.as_u64() {
+            Some(id) if id <= u64::from(u32::MAX) => ids.push(id as u32),
+            _ => {
+                return Err(ApiError::field(
+                    "stop_token_ids",
+                    format!(
+                        "stop_token_ids[{i}] must be a token id, got {}",
+                        short(item)
+                    ),
+                ));
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
 }
 
 /// The field a prompt comes in.
@@ -955,7 +1035,9 @@ mod tests {
             (r#""tool_choice": "required""#, "tool_choice"),
             (r#""suffix": "end""#, "suffix"),
             (r#""best_of": 3"#, "best_of"),
-            (r#""n": 2"#, "n"),
+            (r#""n": 2, "best_of": 3"#, "best_of"),
+            (r#""n": 3, "best_of": 2"#, "best_of"),
+            (r#""n": 0"#, "n"),
         ];
         for (field, name) in refused {
             let body = format!(r#"{{"prompt": "a b", {field}}}"#);
@@ -1104,6 +1186,33 @@ mod tests {
     }
 
     #[test]
+    fn n_best_of_equal_to_n_and_stop_token_ids_are_read() {
+        let c = p(
+            r#"{"prompt": "a", "n": 3, "best_of": 3, "stop_token_ids": [9, 2, 9]}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        assert_eq!((c.n, c.stop_token_ids.as_slice()), (3, &[2, 9][..]));
+        let c = p(r#"{"prompt": "a"}"#, Endpoint::Completions).unwrap();
+        assert_eq!((c.n, c.stop_token_ids.len()), (1, 0));
+        // n × max_tokens past the bound: refused naming n and the bound.
+        let e = p(
+            r#"{"prompt": "a", "n": 2, "max_tokens": 1048576}"#,
+            Endpoint::Completions,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("n"));
+        assert!(e.message.contains("1048576"), "{e}");
+        let e = p(
+            r#"{"prompt": "a", "stop_token_ids": [4, "x"]}"#,
+            Endpoint::Completions,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop_token_ids"));
+        assert!(e.message.contains("stop_token_ids[1]"), "{e}");
+    }
+
+    #[test]
     fn ignore_eos_and_whether_max_tokens_was_given_are_read() {
         let c = p(
             r#"{"messages": [{"role": "user", "content": "x"}], "ignore_eos": true}"#,
@@ -1183,7 +1292,13 @@ mod tests {
             (r#"{"prompt": "a", "temperature": "hot"}"#, "temperature"),
             (r#"{"prompt": "a", "temperature": 1e308}"#, "temperature"),
             (r#"{"prompt": "a", "top_p": 1e-50}"#, "top_p"),
-            (r#"{"prompt": "a", "n": 2}"#, "n"),
+            (r#"{"prompt": "a", "n": 0}"#, "n"),
+            (r#"{"prompt": "a", "n": 1.5}"#, "n"),
+            (
+                r#"{"prompt": "a", "stop_token_ids": [1, -2]}"#,
+                "stop_token_ids",
+            ),
+            (r#"{"prompt": "a", "stop_token_ids": 7}"#, "stop_token_ids"),
             (r#"{"prompt": "a", "model": 3}"#, "model"),
         ];
         for (body, field) in cases {

@@ -235,9 +235,9 @@ enum Departure {
 
 /// What an answer's body and its watchdog share (on one worker thread).
 struct Flow {
-    /// The request's events not yet taken, and since when the connection has held the
+    /// Each sequence's events not yet taken, and since when the connection has held the
     /// body's bytes without asking for more (shared with the bridge).
-    backlog: Arc<Backlog>,
+    backlogs: Vec<Arc<Backlog>>,
     /// The body ended, or was dropped.
     over: Notify,
     /// A drain cut was answered or counted for this answer.
@@ -245,12 +245,25 @@ struct Flow {
 }
 
 impl Flow {
-    fn new(backlog: Arc<Backlog>) -> Rc<Flow> {
+    fn new(backlogs: Vec<Arc<Backlog>>) -> Rc<Flow> {
         Rc::new(Flow {
-            backlog,
+            backlogs,
             over: Notify::new(),
             cut_counted: Cell::new(false),
         })
+    }
+
+    fn block(&self) {
+        self.backlogs.iter().for_each(|b| b.block());
+    }
+
+    fn unblock(&self) {
+        self.backlogs.iter().for_each(|b| b.unblock());
+    }
+
+    /// All are blocked and unblocked together: the longest is the connection's.
+    fn blocked_for(&self) -> Option<Duration> {
+        self.backlogs.iter().filter_map(|b| b.blocked_for()).max()
     }
 }
 
@@ -264,16 +277,17 @@ struct Delivery {
     flow: Rc<Flow>,
     drain: Arc<Drain>,
     finished: bool,
-    _place: Place,
+    _places: Vec<Place>,
 }
 
 impl Delivery {
-    /// `body`, sent over `req`'s connection, watched; a stall cancels request `id`.
+    /// `body`, sent over `req`'s connection, watched; a stall cancels requests `ids`
+    /// (the `n` sequences of one answer).
     fn new(
         state: &AppState,
         req: &HttpRequest,
-        id: ReqId,
-        place: Place,
+        ids: Vec<ReqId>,
+        places: Vec<Place>,
         flow: Rc<Flow>,
         body: impl Stream<Item = Result<Bytes, actix_web::Error>> + 'static,
     ) -> Delivery {
@@ -284,7 +298,7 @@ impl Delivery {
                 Arc::downgrade(&peer.0),
                 state.stalled.clone(),
                 state.bridge.clone(),
-                id,
+                ids,
             ));
         }
         Delivery {
@@ -292,7 +306,7 @@ impl Delivery {
             flow,
             drain: state.drain.clone(),
             finished: false,
-            _place: place,
+            _places: places,
         }
     }
 }
@@ -303,10 +317,10 @@ impl Stream for Delivery {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
         // Asked for more: what it gave last has been taken.
-        this.flow.backlog.unblock();
+        this.flow.unblock();
         match this.body.as_mut().poll_next(cx) {
             Poll::Ready(Some(item)) => {
-                this.flow.backlog.block();
+                this.flow.block();
                 Poll::Ready(Some(item))
             }
             Poll::Ready(None) => {
@@ -331,14 +345,14 @@ impl Drop for Delivery {
 
 /// Watches an answer's body until it ends: once the connection has held bytes for its
 /// client for `timeout` without asking the body for more (the client reads nothing),
-/// it counts a stall, cancels request `id` and closes the connection.
+/// it counts a stall, cancels requests `ids` and closes the connection.
 async fn watchdog(
     flow: Rc<Flow>,
     timeout: Duration,
     peer: Weak<socket2::Socket>,
     stalled: prometheus_client::metrics::counter::Counter,
     bridge: Sender<BridgeMsg>,
-    id: ReqId,
+    ids: Vec<ReqId>,
 ) {
     let mut wait = timeout;
     loop {
@@ -346,14 +360,16 @@ async fn watchdog(
             () = flow.over.notified() => return,
             () = tokio::time::sleep(wait) => {}
         }
-        wait = match flow.backlog.blocked_for() {
+        wait = match flow.blocked_for() {
             Some(d) if d >= timeout => break,
             Some(d) => timeout - d,
             None => timeout,
         };
     }
     stalled.inc();
-    let _ = bridge.send(BridgeMsg::Cancel(id));
+    for id in ids {
+        let _ = bridge.send(BridgeMsg::Cancel(id));
+    }
     if let Some(socket) = peer.upgrade() {
         Peer::close(&socket);
     }
@@ -567,14 +583,12 @@ async fn generate(
         Err(e) => return error(&e),
     };
     let mut prompt_ids = Vec::new();
-    let mut decoder = None;
     let mut echo = None;
     if let Some(text) = &state.text {
         match model_prompt(text, &body, endpoint, &mut parsed, &state) {
             Ok(ids) => prompt_ids = ids,
             Err(e) => return error(&e),
         }
-        decoder = Some(text.decoder());
         if parsed.echo {
             echo = Some(text.prompt_text(&body, &prompt_ids));
         }
@@ -588,47 +602,106 @@ async fn generate(
     if let Err(e) = check_size(&state, &parsed, endpoint) {
         return error(&e);
     }
-    // Never waits: past the bound the answer is 429 at once.
-    let Some(place) = state.pending.reserve(state.max_pending) else {
-        state.rejected.inc();
-        let mut e = ApiError::status(
-            429,
-            "rate_limit_error",
-            format!(
-                "{} requests are pending, this server's limit (--max-pending); retry after {RETRY_AFTER_S} s",
-                state.max_pending
-            ),
-        );
-        e.code = Some("rate_limit_exceeded");
+    if let Err(e) = check_n(&state, &parsed) {
         return error(&e);
-    };
-    let id = ReqId(state.next_id.fetch_add(1, Ordering::Relaxed));
-    // Only a model samples: the other backends get none of these.
-    let (sampling, logit_bias, end_ids) = match &state.text {
-        Some(t) => (
-            t.sampling_of(&parsed, id.0),
-            std::mem::take(&mut parsed.logit_bias),
-            t.end_ids_of(&parsed),
-        ),
-        None => (None, Vec::new(), Vec::new()),
-    };
-    let (events, rx) = unbounded_channel();
-    let backlog = Arc::new(Backlog::default());
-    let submit = BridgeMsg::Submit {
-        id,
-        prompt_tokens: parsed.prompt_tokens,
-        max_tokens: parsed.max_tokens,
-        block_hashes: std::mem::take(&mut parsed.block_hashes),
-        prompt_ids,
-        sampling,
-        logit_bias,
-        end_ids,
-        received,
-        events,
-        backlog: backlog.clone(),
-        place: place.clone(),
-    };
-    if state.bridge.send(submit).is_err() {
+    }
+    // Never waits: past the bound the answer is 429 at once. Each of the `n` sequences
+    // holds a place, so `n` of them are reserved, or none.
+    let mut places = Vec::with_capacity(parsed.n as usize);
+    for _ in 0..parsed.n {
+        let Some(place) = state.pending.reserve(state.max_pending) else {
+            state.rejected.inc();
+            let mut e = ApiError::status(
+                429,
+                "rate_limit_error",
+                format!(
+                    "{} requests are pending, this server's limit (--max-pending); retry after {RETRY_AFTER_S} s",
+                    state.max_pending
+                ),
+            );
+            e.code = Some("rate_limit_exceeded");
+            return error(&e);
+        };
+        places.push(place);
+    }
+    let block_hashes = std::mem::take(&mut parsed.block_hashes);
+    let logit_bias = std::mem::take(&mut parsed.logit_bias);
+    let streamed = parsed.stream;
+    let created = now_s();
+    let mut answers = Vec::with_capacity(places.len());
+    let mut ids = Vec::with_capacity(places.len());
+    let mut submits = Vec::with_capacity(places.len());
+    for (index, place) in (0u32..).zip(&places) {
+        let id = ReqId(state.next_id.fetch_add(1, Ordering::Relaxed));
+        // Only a model samples: the other backends get none of these.
+        let (sampling, logit_bias, end_ids) = match &state.text {
+            Some(t) => (
+                t.sampling_of(&parsed, id.0, index),
+                logit_bias.clone(),
+                t.end_ids_of(&parsed),
+            ),
+            None => (None, Vec::new(), Vec::new()),
+        };
+        let (events, rx) = unbounded_channel();
+        let backlog = Arc::new(Backlog::default());
+        submits.push(BridgeMsg::Submit {
+            id,
+            prompt_tokens: parsed.prompt_tokens,
+            max_tokens: parsed.max_tokens,
+            block_hashes: block_hashes.clone(),
+            prompt_ids: prompt_ids.clone(),
+            sampling,
+            logit_bias,
+            end_ids,
+            received,
+            events,
+            backlog: backlog.clone(),
+            place: place.clone(),
+        });
+        // The first sequence names the answer.
+        let answer_id = ids.first().copied().unwrap_or(id);
+        let shape = Shape {
+            endpoint,
+            index,
+            id: format!(
+                "{}-{}",
+                match endpoint {
+                    Endpoint::Completions => "cmpl",
+                    Endpoint::Chat => "chatcmpl",
+                },
+                answer_id.0
+            ),
+            created,
+            model: state.model.clone(),
+            text_offset: echo.as_deref().map_or(0, |e: &str| e.chars().count()),
+            echo: echo.clone(),
+            parsed: parsed.clone(),
+            decoder: state.text.as_ref().map(|t| t.decoder()),
+        };
+        answers.push(Answer {
+            shape,
+            rx,
+            backlog,
+            guard: CancelOnDrop {
+                id,
+                bridge: state.bridge.clone(),
+                armed: true,
+            },
+            generated: 0,
+            logprobs: Vec::new(),
+            front_output: state.front_output.clone(),
+            deferred: Vec::new(),
+        });
+        ids.push(id);
+    }
+    // The first sequence goes now; the others once it has its first token, when its
+    // prompt's full blocks are computed and registered: with block reuse on
+    // (`enable_block_reuse`) they then share them on its rank rather than each
+    // computing the prompt in the same batch. With it off each computes the prompt.
+    let mut submits = submits.into_iter();
+    let first = submits.next();
+    answers[0].deferred = submits.collect();
+    if first.is_none_or(|m| state.bridge.send(m).is_err()) {
         return error(&ApiError::status(
             503,
             "server_error",
@@ -639,43 +712,40 @@ async fn generate(
     state
         .front_service
         .observe(received.elapsed().as_secs_f64());
-    let guard = CancelOnDrop {
-        id,
-        bridge: state.bridge.clone(),
-        armed: true,
-    };
-    let streamed = parsed.stream;
-    let shape = Shape {
-        endpoint,
-        id: format!(
-            "{}-{}",
-            match endpoint {
-                Endpoint::Completions => "cmpl",
-                Endpoint::Chat => "chatcmpl",
-            },
-            id.0
-        ),
-        created: now_s(),
-        model: state.model.clone(),
-        text_offset: echo.as_deref().map_or(0, |e| e.chars().count()),
-        echo,
-        parsed,
-        decoder,
-    };
-    let answer = Answer {
-        shape,
-        rx,
-        backlog,
-        guard,
-        generated: 0,
-        logprobs: Vec::new(),
-        front_output: state.front_output.clone(),
-    };
     if streamed {
-        stream(answer, &state, &req, id, place)
+        stream(answers, &state, &req, ids, places)
     } else {
-        whole(answer, &state, &req, id, place).await
+        whole(answers, &state, &req, ids, places).await
     }
+}
+
+/// `n` is bounded by `--max-pending` (each sequence takes a place: a larger `n` could
+/// never be served) and, with the final `max_tokens` (a model's chat gets its own),
+/// `n × max_tokens` by what one request may ask for.
+fn check_n(state: &AppState, parsed: &Parsed) -> Result<(), ApiError> {
+    if parsed.n as usize > state.max_pending {
+        return Err(ApiError::field(
+            "n",
+            format!(
+                "n {} is more than this server's bound of {} sequences per request (--max-pending {}: each sequence takes a pending place)",
+                parsed.n, state.max_pending, state.max_pending
+            ),
+        ));
+    }
+    let total = u64::from(parsed.n) * u64::from(parsed.max_tokens);
+    if total > u64::from(api::MAX_TOKENS_LIMIT) {
+        return Err(ApiError::field(
+            "n",
+            format!(
+                "n {} times {} {} is more than the {} output tokens one request may ask for",
+                parsed.n,
+                parsed.max_tokens_param,
+                parsed.max_tokens,
+                api::MAX_TOKENS_LIMIT
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A request's answer in the making: its events, and what turns them into text.
@@ -691,15 +761,21 @@ struct Answer {
     /// A whole answer's tokens' log-probabilities so far (when asked for).
     logprobs: Vec<TokenLogprob>,
     front_output: FrontOutput,
+    /// The other sequences of an `n` > 1 request, submitted at this one's first event.
+    deferred: Vec<BridgeMsg>,
 }
 
 /// Without `--model` no forward runs, so there are no log-probabilities (and no
-/// tokenizer to echo a prompt with): a 400 rather than made-up numbers.
+/// tokenizer to echo a prompt with, no vocabulary for `stop_token_ids`): a 400 rather
+/// than made-up numbers.
 fn no_forward(parsed: &Parsed) -> Result<(), ApiError> {
     let field = if parsed.logprobs.is_some() {
         "logprobs"
     } else if parsed.echo {
         "echo"
+    } else if !parsed.stop_token_ids.is_empty() {
+        // No model, no vocabulary: its token ids would be checked against nothing.
+        "stop_token_ids"
     } else {
         return Ok(());
     };
@@ -791,6 +867,7 @@ fn model_prompt(
     }
     text.check_length(ids.len() as u32, parsed.max_tokens, parsed.max_tokens_param)?;
     text.check_logit_bias(&parsed.logit_bias)?;
+    text.check_stop_token_ids(&parsed.stop_token_ids)?;
     let keys: Vec<u64> = ids.iter().map(|&t| u64::from(t)).collect();
     parsed.block_hashes = api::block_hashes(&keys, state.tokens_per_block);
     Ok(ids)
@@ -833,6 +910,8 @@ fn context_left(state: &AppState, parsed: &Parsed, max_positions: u32) -> u32 {
 /// What every answer of one request repeats.
 struct Shape {
     endpoint: Endpoint,
+    /// Which of the request's `n` sequences (its choices' `index`).
+    index: u32,
     id: String,
     created: u64,
     model: String,
@@ -849,12 +928,16 @@ struct Shape {
 impl Shape {
     /// What a step's `count` tokens, the last of id `last`, `before` tokens in, let the
     /// answer send: their text through the stop-string watch, or, at the model's end of
-    /// sequence (`--model`), the end of the answer as at a stop string (the token is
+    /// sequence or one of `stop_token_ids` (`--model`), the end of the answer as at a stop string (the token is
     /// counted, not shown). Before `min_tokens` output tokens no stop string is looked
     /// for (vLLM's rule; the rank masks the end of sequence there).
     fn release(&mut self, watch: &mut StopWatch, last: u32, count: u32, before: u32) -> Released {
         let text = match &mut self.decoder {
-            Some(d) if d.is_eos(last) && !self.parsed.ignore_eos => {
+            // `stop_token_ids` end it even with `ignore_eos`, as in vLLM.
+            Some(d)
+                if (d.is_eos(last) && !self.parsed.ignore_eos)
+                    || self.parsed.stop_token_ids.binary_search(&last).is_ok() =>
+            {
                 return watch.end_of_sequence();
             }
             Some(d) => d.push(last),
@@ -933,7 +1016,7 @@ impl Shape {
         );
         match self.endpoint {
             Endpoint::Completions => json!([{
-                "index": 0,
+                "index": self.index,
                 "text": text.unwrap_or(""),
                 "logprobs": logprobs,
                 "finish_reason": finish,
@@ -947,7 +1030,7 @@ impl Shape {
                     delta.insert("content".into(), t.into());
                 }
                 json!([{
-                    "index": 0,
+                    "index": self.index,
                     "delta": delta,
                     "logprobs": logprobs,
                     "finish_reason": finish,
@@ -958,6 +1041,7 @@ impl Shape {
 }
 
 /// How a whole answer's wait ended.
+#[derive(Clone)]
 enum WholeEnd {
     /// The answer is complete.
     Done,
@@ -973,6 +1057,11 @@ impl Answer {
         let event = self.rx.recv().await;
         if event.is_some() {
             self.backlog.took();
+            for m in self.deferred.drain(..) {
+                // Refused (the bridge is gone): that sequence's events end, and it
+                // answers that the servers stopped.
+                let _ = self.guard.bridge.send(m);
+            }
         }
         event
     }
@@ -1023,8 +1112,8 @@ impl Answer {
         }
     }
 
-    /// The whole answer's JSON.
-    fn whole_json(&mut self, text: String, watch: &StopWatch) -> Value {
+    /// This sequence's choice in the whole answer.
+    fn choice_json(&mut self, text: String, watch: &StopWatch) -> Value {
         let finish = if watch.stopped() { "stop" } else { "length" };
         let text = self.shape.with_echo(text);
         let logprobs = logprobs_json(
@@ -1032,23 +1121,81 @@ impl Answer {
             self.shape.parsed.logprobs.is_some(),
             &self.logprobs,
         );
-        let choices = match self.shape.endpoint {
-            Endpoint::Completions => json!([{
-                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
-            }]),
-            Endpoint::Chat => json!([{
-                "index": 0,
+        match self.shape.endpoint {
+            Endpoint::Completions => json!({
+                "index": self.shape.index, "text": text, "logprobs": logprobs, "finish_reason": finish,
+            }),
+            Endpoint::Chat => json!({
+                "index": self.shape.index,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": logprobs,
                 "finish_reason": finish,
-            }]),
-        };
-        self.shape.wrap(
-            false,
-            choices,
-            api::usage(self.shape.parsed.prompt_tokens, self.generated),
-        )
+            }),
+        }
     }
+}
+
+/// One sequence of a whole answer: its answer, its text so far, and how it ended.
+struct Seq {
+    answer: Answer,
+    text: String,
+    watch: StopWatch,
+    end: Option<WholeEnd>,
+}
+
+impl Seq {
+    fn new(answer: Answer) -> Seq {
+        let watch = StopWatch::new(answer.shape.parsed.stop.clone());
+        Seq {
+            answer,
+            text: String::new(),
+            watch,
+            end: None,
+        }
+    }
+
+    /// Gathers until the sequence ends. Cancel-safe, and a no-op once it ended.
+    async fn run(&mut self) {
+        if self.end.is_none() {
+            let end = self.answer.gather(&mut self.text, &mut self.watch).await;
+            self.end = Some(end);
+        }
+    }
+}
+
+/// Every sequence, to its end. Cancel-safe.
+async fn run_all(seqs: &mut [Seq]) {
+    futures_util::future::join_all(seqs.iter_mut().map(Seq::run)).await;
+}
+
+/// The whole answer of ended sequences: one choice each, the usage counting the prompt
+/// once and every sequence's tokens; or the first failure.
+fn whole_answer(seqs: &mut [Seq]) -> Whole {
+    for seq in seqs.iter() {
+        match &seq.end {
+            Some(WholeEnd::Failed(e)) => return Whole::Failed(e.clone()),
+            Some(WholeEnd::Cut) => return Whole::Cut,
+            _ => {}
+        }
+    }
+    let generated: u32 = seqs.iter().map(|s| s.answer.generated).sum();
+    let choices: Vec<Value> = seqs
+        .iter_mut()
+        .map(|s| s.answer.choice_json(std::mem::take(&mut s.text), &s.watch))
+        .collect();
+    let shape = &seqs[0].answer.shape;
+    Whole::Done(shape.wrap(
+        false,
+        Value::Array(choices),
+        api::usage(shape.parsed.prompt_tokens, generated),
+    ))
+}
+
+/// How a whole answer of `n` sequences ended.
+enum Whole {
+    Done(Value),
+    Failed(ApiError),
+    Cut,
 }
 
 const STOPPED: &str = "the servers stopped before the request finished";
@@ -1062,14 +1209,13 @@ const STOPPED: &str = "the servers stopped before the request finished";
 /// half-closed client reads the spaces (JSON whitespace) and then its answer, or the
 /// error object if the request fails after all.
 async fn whole(
-    mut answer: Answer,
+    answers: Vec<Answer>,
     state: &AppState,
     req: &HttpRequest,
-    id: ReqId,
-    place: Place,
+    ids: Vec<ReqId>,
+    places: Vec<Place>,
 ) -> HttpResponse {
-    let mut text = String::new();
-    let mut watch = StopWatch::new(answer.shape.parsed.stop.clone());
+    let mut seqs: Vec<Seq> = answers.into_iter().map(Seq::new).collect();
     let peer = req.conn_data::<Peer>().cloned();
     let departure = async {
         match &peer {
@@ -1077,10 +1223,10 @@ async fn whole(
             None => std::future::pending().await,
         }
     };
-    let end = tokio::select! {
-        end = answer.gather(&mut text, &mut watch) => end,
+    tokio::select! {
+        () = run_all(&mut seqs) => {}
         how = departure => match how {
-            // Nobody reads this answer; the armed guard cancels the request.
+            // Nobody reads this answer; the armed guards cancel the requests.
             Departure::Broken => {
                 return error(&ApiError::status(
                     400,
@@ -1089,14 +1235,14 @@ async fn whole(
                 ));
             }
             Departure::HalfClosed => {
-                return committed(answer, text, watch, state, req, id, place);
+                return committed(seqs, state, req, ids, places);
             }
         }
     };
-    match end {
-        WholeEnd::Done => HttpResponse::Ok().json(answer.whole_json(text, &watch)),
-        WholeEnd::Failed(e) => error(&e),
-        WholeEnd::Cut => {
+    match whole_answer(&mut seqs) {
+        Whole::Done(v) => HttpResponse::Ok().json(v),
+        Whole::Failed(e) => error(&e),
+        Whole::Cut => {
             state.drain.count_cut();
             error(&cut_error())
         }
@@ -1105,30 +1251,28 @@ async fn whole(
 
 /// A whole answer whose client sent its end of file: see [`whole`].
 fn committed(
-    answer: Answer,
-    text: String,
-    watch: StopWatch,
+    seqs: Vec<Seq>,
     state: &AppState,
     req: &HttpRequest,
-    id: ReqId,
-    place: Place,
+    ids: Vec<ReqId>,
+    places: Vec<Place>,
 ) -> HttpResponse {
-    let flow = Flow::new(answer.backlog.clone());
+    let flow = Flow::new(seqs.iter().map(|s| s.answer.backlog.clone()).collect());
     let (cut, drain) = (flow.clone(), state.drain.clone());
-    let body = futures_util::stream::unfold(Some((answer, text, watch)), move |st| {
+    let body = futures_util::stream::unfold(Some(seqs), move |st| {
         let (cut, drain) = (cut.clone(), drain.clone());
         async move {
-            let (mut answer, mut text, mut watch) = st?;
-            let end = tokio::select! {
-                end = answer.gather(&mut text, &mut watch) => end,
+            let mut seqs = st?;
+            tokio::select! {
+                () = run_all(&mut seqs) => {}
                 () = tokio::time::sleep(PEER_CHECK_EVERY) => {
-                    return Some((Ok(Bytes::from_static(b" ")), Some((answer, text, watch))));
+                    return Some((Ok(Bytes::from_static(b" ")), Some(seqs)));
                 }
             };
-            let v = match end {
-                WholeEnd::Done => answer.whole_json(text, &watch),
-                WholeEnd::Failed(e) => e.body(),
-                WholeEnd::Cut => {
+            let v = match whole_answer(&mut seqs) {
+                Whole::Done(v) => v,
+                Whole::Failed(e) => e.body(),
+                Whole::Cut => {
                     cut.cut_counted.set(true);
                     drain.count_cut();
                     cut_error().body()
@@ -1139,138 +1283,152 @@ fn committed(
     });
     HttpResponse::Ok()
         .content_type("application/json")
-        .streaming(Delivery::new(state, req, id, place, flow, body))
+        .streaming(Delivery::new(state, req, ids, places, flow, body))
 }
 
 fn sse(v: &Value) -> Result<Bytes, actix_web::Error> {
     Ok(Bytes::from(format!("data: {v}\n\n")))
 }
 
-/// Server-sent events: `data: {chunk}` per step, the usage chunk if asked, `data: [DONE]`.
-/// The stream dropped before the request ended (the client disconnected) cancels it.
+/// Server-sent events: `data: {chunk}` per step of each of the `n` sequences (each
+/// chunk carries its sequence's `index`, interleaved as they come), the usage chunk if
+/// asked (the prompt once, every sequence's tokens), `data: [DONE]`. The stream dropped
+/// before the requests ended (the client disconnected) cancels them all.
 fn stream(
-    answer: Answer,
+    answers: Vec<Answer>,
     state: &AppState,
     req: &HttpRequest,
-    id: ReqId,
-    place: Place,
+    ids: Vec<ReqId>,
+    places: Vec<Place>,
 ) -> HttpResponse {
     struct St {
         answer: Answer,
         first: bool,
         done: bool,
-        tail: Vec<Bytes>,
         watch: StopWatch,
         flow: Rc<Flow>,
         drain: Arc<Drain>,
+        /// Output tokens of every sequence so far (the usage chunk's).
+        generated: Rc<Cell<u32>>,
+        /// A sequence failed: the stream ends with no usage chunk.
+        failed: Rc<Cell<bool>>,
     }
-    let flow = Flow::new(answer.backlog.clone());
-    let watch = StopWatch::new(answer.shape.parsed.stop.clone());
-    let st = St {
-        answer,
-        first: true,
-        done: false,
-        tail: Vec::new(),
-        watch,
-        flow: flow.clone(),
-        drain: state.drain.clone(),
-    };
-    let body = futures_util::stream::unfold(st, |mut st| async move {
-        if let Some(b) = st.tail.pop() {
-            return Some((Ok(b), st));
-        }
-        if st.done {
-            return None;
-        }
-        let usage = |st: &St| {
-            let shape = &st.answer.shape;
-            let v = shape.wrap(
-                true,
-                json!([]),
-                api::usage(shape.parsed.prompt_tokens, st.answer.generated),
-            );
-            Bytes::from(format!("data: {v}\n\n"))
-        };
-        let done = Bytes::from_static(b"data: [DONE]\n\n");
-        match st.answer.next().await {
-            Some(Event::Tokens {
-                last,
-                count,
-                logprobs,
-                ..
-            }) => {
-                let began = Instant::now();
-                let before = st.answer.generated;
-                let items: Vec<TokenLogprob> = logprobs
-                    .iter()
-                    .map(|l| st.answer.shape.logprob_of(l))
-                    .collect();
-                let released = st.answer.shape.release(&mut st.watch, last, count, before);
-                let text = st.answer.shape.with_echo(released.text);
-                st.answer.generated += count;
-                let finish = if released.stopped {
-                    // The answer ends here; the rest of the request is cancelled.
-                    st.done = true;
-                    st.answer.guard.stop();
-                    st.tail.push(done);
-                    if st.answer.shape.parsed.include_usage {
-                        st.tail.push(usage(&st));
-                    }
-                    Some("stop")
-                } else {
-                    None
-                };
-                let shape = &st.answer.shape;
-                let chunk = shape.wrap(
-                    true,
-                    shape.delta(Some(&text), finish, st.first, &items),
-                    Value::Null,
-                );
-                st.first = false;
-                let event = sse(&chunk);
-                st.answer.front_output.inc_by(began.elapsed().as_secs_f64());
-                Some((event, st))
-            }
-            Some(Event::Completed) => {
-                st.done = true;
-                st.answer.guard.disarm();
-                st.tail.push(done);
-                if st.answer.shape.parsed.include_usage {
-                    st.tail.push(usage(&st));
-                }
-                let rest = st.answer.shape.with_echo(st.watch.finish());
-                let shape = &st.answer.shape;
-                let chunk = shape.wrap(
-                    true,
-                    shape.delta(
-                        (!rest.is_empty()).then_some(rest.as_str()),
-                        Some("length"),
-                        st.first,
-                        &[],
-                    ),
-                    Value::Null,
-                );
-                Some((sse(&chunk), st))
-            }
-            other => {
-                let e = match other {
-                    Some(Event::Failed { why, kind }) => failure(why, kind),
-                    Some(Event::Cut) => {
-                        st.flow.cut_counted.set(true);
-                        st.drain.count_cut();
-                        cut_error()
-                    }
-                    _ => failure(STOPPED.into(), FailureKind::Unavailable),
-                };
-                st.done = true;
-                st.answer.guard.disarm();
-                st.tail.push(done);
-                Some((sse(&e.body()), st))
-            }
-        }
+    let flow = Flow::new(answers.iter().map(|a| a.backlog.clone()).collect());
+    let generated = Rc::new(Cell::new(0u32));
+    let failed = Rc::new(Cell::new(false));
+    let usage = answers.first().and_then(|a| {
+        let shape = &a.shape;
+        shape.parsed.include_usage.then(|| {
+            (
+                shape.wrap(true, json!([]), Value::Null),
+                shape.parsed.prompt_tokens,
+            )
+        })
     });
+    let sequences = answers
+        .into_iter()
+        .map(|answer| {
+            let watch = StopWatch::new(answer.shape.parsed.stop.clone());
+            let st = St {
+                answer,
+                first: true,
+                done: false,
+                watch,
+                flow: flow.clone(),
+                drain: state.drain.clone(),
+                generated: generated.clone(),
+                failed: failed.clone(),
+            };
+            Box::pin(futures_util::stream::unfold(st, |mut st| async move {
+                if st.done {
+                    return None;
+                }
+                match st.answer.next().await {
+                    Some(Event::Tokens {
+                        last,
+                        count,
+                        logprobs,
+                        ..
+                    }) => {
+                        let began = Instant::now();
+                        let before = st.answer.generated;
+                        let items: Vec<TokenLogprob> = logprobs
+                            .iter()
+                            .map(|l| st.answer.shape.logprob_of(l))
+                            .collect();
+                        let released = st.answer.shape.release(&mut st.watch, last, count, before);
+                        let text = st.answer.shape.with_echo(released.text);
+                        st.answer.generated += count;
+                        st.generated.set(st.generated.get() + count);
+                        let finish = if released.stopped {
+                            // The answer ends here; the rest of the request is cancelled.
+                            st.done = true;
+                            st.answer.guard.stop();
+                            Some("stop")
+                        } else {
+                            None
+                        };
+                        let shape = &st.answer.shape;
+                        let chunk = shape.wrap(
+                            true,
+                            shape.delta(Some(&text), finish, st.first, &items),
+                            Value::Null,
+                        );
+                        st.first = false;
+                        let event = sse(&chunk);
+                        st.answer.front_output.inc_by(began.elapsed().as_secs_f64());
+                        Some((event, st))
+                    }
+                    Some(Event::Completed) => {
+                        st.done = true;
+                        st.answer.guard.disarm();
+                        let rest = st.answer.shape.with_echo(st.watch.finish());
+                        let shape = &st.answer.shape;
+                        let chunk = shape.wrap(
+                            true,
+                            shape.delta(
+                                (!rest.is_empty()).then_some(rest.as_str()),
+                                Some("length"),
+                                st.first,
+                                &[],
+                            ),
+                            Value::Null,
+                        );
+                        Some((sse(&chunk), st))
+                    }
+                    other => {
+                        let e = match other {
+                            Some(Event::Failed { why, kind }) => failure(why, kind),
+                            Some(Event::Cut) => {
+                                // One answer cut, whichever of its sequences hears it first.
+                                if !st.flow.cut_counted.replace(true) {
+                                    st.drain.count_cut();
+                                }
+                                cut_error()
+                            }
+                            _ => failure(STOPPED.into(), FailureKind::Unavailable),
+                        };
+                        st.done = true;
+                        st.failed.set(true);
+                        st.answer.guard.disarm();
+                        Some((sse(&e.body()), st))
+                    }
+                }
+            }))
+        })
+        .collect::<Vec<_>>();
+    let tail = futures_util::stream::once(async move {
+        let mut tail = String::new();
+        if let Some((mut chunk, prompt)) = usage.filter(|_| !failed.get()) {
+            chunk["usage"] = api::usage(prompt, generated.get());
+            tail.push_str(&format!("data: {chunk}\n\n"));
+        }
+        tail.push_str("data: [DONE]\n\n");
+        Ok(Bytes::from(tail))
+    });
+    let body = futures_util::stream::select_all(sequences).chain(tail);
     HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header(("Cache-Control", "no-cache"))
-        .streaming(Delivery::new(state, req, id, place, flow, body))
+        .streaming(Delivery::new(state, req, ids, places, flow, body))
 }

@@ -170,10 +170,14 @@ impl ModelText {
     /// Request `id`'s own sampling, when its body gave any of the fields (or a
     /// `min_tokens`): the server's setting fills the others; without a `seed`, the
     /// server's seed mixed with the id (the stream a request without them gets).
+    /// Sequence `index` of `n` with a `seed` samples with `seed + index` (wrapping), as
+    /// vLLM seeds its `n` children: each sequence is reproducible, and sequence `i` is
+    /// what `n: 1` with `seed + i` gives. Without one, each request id seeds its own.
     pub fn sampling_of(
         &self,
         parsed: &super::api::Parsed,
         id: u64,
+        index: u32,
     ) -> Option<lockstep_actors::request::RequestSampling> {
         let fields = &parsed.sampling;
         (fields.any() || parsed.min_tokens > 0 || parsed.logprobs.is_some()).then(|| {
@@ -184,7 +188,11 @@ impl ModelText {
                 top_k: fields
                     .top_k
                     .unwrap_or(u32::try_from(d.params.top_k).unwrap_or(u32::MAX)),
-                seed: fields.seed.unwrap_or(d.seed ^ lockstep_actors::kv::mix(id)),
+                seed: fields
+                    .seed
+                    .map_or(d.seed ^ lockstep_actors::kv::mix(id), |s| {
+                        s.wrapping_add(u64::from(index))
+                    }),
                 presence_penalty: fields.presence_penalty.unwrap_or(0.0),
                 frequency_penalty: fields.frequency_penalty.unwrap_or(0.0),
                 repetition_penalty: fields.repetition_penalty.unwrap_or(1.0),
@@ -195,12 +203,32 @@ impl ModelText {
     }
 
     /// The ids the rank masks before `min_tokens`: the ones that would end the answer
-    /// (none with `ignore_eos`, where they end nothing, as in vLLM).
+    /// (`stop_token_ids` always; the end of sequence unless `ignore_eos`, where it ends
+    /// nothing, as in vLLM).
     pub fn end_ids_of(&self, parsed: &super::api::Parsed) -> Vec<u32> {
-        if parsed.min_tokens > 0 && !parsed.ignore_eos {
-            self.eos.to_vec()
-        } else {
-            Vec::new()
+        if parsed.min_tokens == 0 {
+            return Vec::new();
+        }
+        let mut ids = parsed.stop_token_ids.clone();
+        if !parsed.ignore_eos {
+            ids.extend(self.eos.iter());
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// A `stop_token_ids` id outside the vocabulary is refused, naming it (vLLM's rule).
+    pub fn check_stop_token_ids(&self, ids: &[u32]) -> Result<(), ApiError> {
+        match ids.iter().find(|&&t| t >= self.vocab) {
+            Some(t) => Err(ApiError::field(
+                "stop_token_ids",
+                format!(
+                    "stop_token_ids: token id {t} is outside the model's vocabulary of {}",
+                    self.vocab
+                ),
+            )),
+            None => Ok(()),
         }
     }
 
