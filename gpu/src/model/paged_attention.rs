@@ -129,7 +129,7 @@ mod tests {
         let context = start + n;
         let values_of = |len: usize, salt: f32| -> Vec<f32> {
             (0..len)
-                .map(|i| ((i as f32 * 0.37 + salt).sin() * 1.7))
+                .map(|i| (i as f32 * 0.37 + salt).sin() * 1.7)
                 .collect()
         };
         let q = values_of(n * heads * head_dim, 0.1);
