@@ -7,6 +7,7 @@ use candle_core::{Device, Tensor};
 use super::Model;
 use super::error::{ModelError, Result};
 use super::forward::{KvStore, forward_with};
+use super::ops::attention;
 
 /// One sequence's contiguous K/V, per layer, `[len, kv_heads * head_dim]` row-major.
 #[derive(Debug, Clone)]
@@ -46,7 +47,9 @@ struct DenseStore<'s> {
     sequences: Vec<&'s mut DenseSequence>,
 }
 
-impl KvStore for DenseStore<'_> {
+impl DenseStore<'_> {
+    /// Appends entry `entry`'s new K/V (positions `start..start + n`) to its buffers and
+    /// returns all of them, `[start + n, kv_heads, head_dim]`.
     fn store_and_read(
         &mut self,
         layer: usize,
@@ -54,7 +57,7 @@ impl KvStore for DenseStore<'_> {
         start: usize,
         keys: &Tensor,
         values: &Tensor,
-    ) -> Result<(Tensor, Tensor, usize)> {
+    ) -> Result<(Tensor, Tensor)> {
         let sequence = &mut self.sequences[entry];
         let stride = sequence.kv_heads * sequence.head_dim;
         let n = keys.dim(0)?;
@@ -66,8 +69,44 @@ impl KvStore for DenseStore<'_> {
         Ok((
             Tensor::from_slice(&sequence.keys[layer], shape, &Device::Cpu)?,
             Tensor::from_slice(&sequence.values[layer], shape, &Device::Cpu)?,
-            0,
         ))
+    }
+}
+
+/// The reference attends with candle tensor ops (`ops::attention`), entry by entry: an
+/// implementation independent of the paged store's loops.
+impl KvStore for DenseStore<'_> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        entries: &[(usize, &[u32])],
+        queries: &Tensor,
+        keys: &Tensor,
+        values: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        let mut outputs = Vec::with_capacity(entries.len());
+        let mut row = 0;
+        for (entry, &(start, ids)) in entries.iter().enumerate() {
+            let n = ids.len();
+            let (k, v) = self.store_and_read(
+                layer,
+                entry,
+                start,
+                &keys.narrow(0, row, n)?,
+                &values.narrow(0, row, n)?,
+            )?;
+            outputs.push(attention(
+                &queries.narrow(0, row, n)?,
+                &k,
+                &v,
+                start,
+                0,
+                window,
+            )?);
+            row += n;
+        }
+        Ok(Tensor::cat(&outputs, 0)?)
     }
 }
 

@@ -9,7 +9,8 @@ use candle_core::{Device, Tensor};
 
 use super::Model;
 use super::error::{ModelError, Result};
-use super::ops::{RotaryAngles, attention, gated_mlp, rms_norm};
+use super::ops::{RotaryAngles, gated_mlp, rms_norm};
+use super::paged_attention::{AttentionShape, attend};
 use super::paged_kv::PagedKvCache;
 
 /// One request's share of a forward.
@@ -27,19 +28,22 @@ pub struct BatchEntry<'a> {
     pub dummy: bool,
 }
 
-/// Where the forward keeps K/V: the paged store, or the dense reference's buffers.
+/// Where the forward keeps K/V, and how it attends to them: the paged store with
+/// in-place loops, or the dense reference's buffers with tensor ops.
 pub(crate) trait KvStore {
-    /// Stores the new tokens' K/V of entry `entry` in layer `layer` (`[n, kv_heads,
-    /// head_dim]`, positions `start..start + n`) and returns the K/V the entry's queries
-    /// attend to, with the position of their first key.
-    fn store_and_read(
+    /// Stores the batch's new K/V of layer `layer` (`[total, kv_heads, head_dim]`, the
+    /// entries' tokens in order; `entries` gives each entry's start position and new
+    /// tokens) and attends every entry's queries (`[total, heads, head_dim]`) to its own
+    /// context. Returns `[total, heads * head_dim]`.
+    fn attend(
         &mut self,
         layer: usize,
-        entry: usize,
-        start: usize,
+        entries: &[(usize, &[u32])],
+        queries: &Tensor,
         keys: &Tensor,
         values: &Tensor,
-    ) -> Result<(Tensor, Tensor, usize)>;
+        window: Option<usize>,
+    ) -> Result<Tensor>;
 }
 
 /// Runs every layer over the batch's new tokens; returns each entry's last-position
@@ -102,28 +106,7 @@ pub(crate) fn forward_with(
             .reshape((total, kv_heads, head_dim))?;
         let q = rotary.apply(&q)?;
         let k = rotary.apply(&k)?;
-        let mut outputs = Vec::with_capacity(entries.len());
-        let mut row = 0;
-        for (entry, &(start, ids)) in entries.iter().enumerate() {
-            let n = ids.len();
-            let (keys, values, context_start) = store.store_and_read(
-                layer_index,
-                entry,
-                start,
-                &k.narrow(0, row, n)?,
-                &v.narrow(0, row, n)?,
-            )?;
-            outputs.push(attention(
-                &q.narrow(0, row, n)?,
-                &keys,
-                &values,
-                start,
-                context_start,
-                config.sliding_window,
-            )?);
-            row += n;
-        }
-        let attended = Tensor::cat(&outputs, 0)?;
+        let attended = store.attend(layer_index, entries, &q, &k, &v, config.sliding_window)?;
         x = (x + layer.o_proj.forward(&attended)?)?;
         let h = rms_norm(&x, &layer.post_attention_layernorm, config.rms_norm_eps)?;
         x = (x + gated_mlp(&h, layer, config.hidden_act)?)?;
@@ -139,7 +122,7 @@ pub(crate) fn forward_with(
     let count = last_rows.len();
     let last = x.index_select(&Tensor::from_vec(last_rows, count, &Device::Cpu)?, 0)?;
     let normed = rms_norm(&last, &model.weights.norm, config.rms_norm_eps)?;
-    Ok(model.weights.lm_head.forward(&normed)?.to_vec2::<f32>()?)
+    model.weights.lm_head.logits(&normed)
 }
 
 /// The paged store seen through the batch's block tables.
@@ -149,25 +132,64 @@ struct PagedStore<'c, 'b> {
 }
 
 impl KvStore for PagedStore<'_, '_> {
-    fn store_and_read(
+    fn attend(
         &mut self,
         layer: usize,
-        entry: usize,
-        start: usize,
+        entries: &[(usize, &[u32])],
+        queries: &Tensor,
         keys: &Tensor,
         values: &Tensor,
-    ) -> Result<(Tensor, Tensor, usize)> {
-        let e = &self.batch[entry];
-        if e.dummy {
-            return Ok((keys.clone(), values.clone(), start));
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        let (total, heads, head_dim) = queries.dims3()?;
+        let kv_heads = keys.dim(1)?;
+        let shape = AttentionShape {
+            heads,
+            kv_heads,
+            head_dim,
+            window,
+        };
+        // One copy of the whole batch's rows out of candle per layer, not one per entry.
+        let queries = queries.flatten_all()?.to_vec1::<f32>()?;
+        let keys = keys.flatten_all()?.to_vec1::<f32>()?;
+        let values = values.flatten_all()?.to_vec1::<f32>()?;
+        let (width, stride) = (heads * head_dim, kv_heads * head_dim);
+        let mut row = 0;
+        for (e, &(start, ids)) in self.batch.iter().zip(entries) {
+            let rows = row * stride..(row + ids.len()) * stride;
+            if !e.dummy {
+                self.cache.write(
+                    layer,
+                    e.block_table,
+                    start,
+                    &keys[rows.clone()],
+                    &values[rows],
+                );
+            }
+            row += ids.len();
         }
-        let n = keys.dim(0)?;
-        let key_rows = keys.flatten_all()?.to_vec1::<f32>()?;
-        let value_rows = values.flatten_all()?.to_vec1::<f32>()?;
-        self.cache
-            .write(layer, e.block_table, start, &key_rows, &value_rows);
-        let (keys, values) = self.cache.gather(layer, e.block_table, start + n)?;
-        Ok((keys, values, 0))
+        let mut out = vec![0.0f32; total * width];
+        let mut row = 0;
+        for (e, &(start, ids)) in self.batch.iter().zip(entries) {
+            let n = ids.len();
+            let queries = &queries[row * width..(row + n) * width];
+            let out = &mut out[row * width..(row + n) * width];
+            if e.dummy {
+                // A dummy attends to its own new tokens only (it wrote nothing).
+                let (keys, values) = (&keys[row * stride..], &values[row * stride..]);
+                let own = |p: usize| {
+                    let at = (p - start) * stride;
+                    (&keys[at..at + stride], &values[at..at + stride])
+                };
+                attend(shape, queries, start, start, own, out);
+            } else {
+                let cache = &*self.cache;
+                let cached = |p: usize| cache.token(layer, e.block_table, p);
+                attend(shape, queries, start, 0, cached, out);
+            }
+            row += n;
+        }
+        Ok(Tensor::from_vec(out, (total, width), &Device::Cpu)?)
     }
 }
 

@@ -13,6 +13,7 @@ mod error;
 mod forward;
 mod init;
 mod ops;
+mod paged_attention;
 mod paged_kv;
 mod rope;
 mod sampling;
@@ -34,7 +35,7 @@ pub use sampling::{
     mask_tokens, token_logprobs,
 };
 pub use tokenizer::TextTokenizer;
-pub use weights::{LayerWeights, Linear, ModelWeights};
+pub use weights::{LayerWeights, Linear, LmHead, ModelWeights};
 
 /// A loaded model: its config and its weights.
 #[derive(Debug, Clone)]

@@ -124,6 +124,17 @@ impl PagedKvCache {
         }
     }
 
+    /// The K and V rows (`[kv_heads * head_dim]` each) of position `position` of the
+    /// request whose block table is `table`, read in place.
+    pub(crate) fn token(&self, layer: usize, table: &[u32], position: usize) -> (&[f32], &[f32]) {
+        let stride = self.geometry.token_stride();
+        let at = self.offset(table, position);
+        (
+            &self.keys[layer][at..at + stride],
+            &self.values[layer][at..at + stride],
+        )
+    }
+
     /// Gathers the K and V of positions `0..len` of the request whose block table is
     /// `table`, as two `[len, kv_heads, head_dim]` tensors. Copies whole blocks at a time:
     /// a block's slots are contiguous, so a gather is `len / tokens_per_block` copies.

@@ -508,8 +508,7 @@ fn tied_embeddings_need_no_lm_head() {
     std::fs::write(&config, tied).unwrap();
     drop_tensor(&dir.0.join("model.safetensors"), "lm_head.weight");
     let model = Model::load(&dir.0).unwrap();
-    let head = model.weights.lm_head.weight_t.t().unwrap();
-    let gap = (head - &model.weights.embed_tokens)
+    let gap = (&model.weights.lm_head.weight - &model.weights.embed_tokens)
         .unwrap()
         .abs()
         .unwrap()
@@ -637,9 +636,10 @@ fn scalar_reference_logits(model: &Model, sequence: &[u32], stretch: f64) -> Vec
         }
     }
     let last = norm(&xs[xs.len() - 1], &model.weights.norm);
-    linear(&model.weights.lm_head, &last)
-        .into_iter()
-        .map(|v| v as f32)
+    // The head is [vocab, hidden]: logit[o] = sum_i head[o][i] * last[i].
+    matrix(&model.weights.lm_head.weight)
+        .iter()
+        .map(|row| row.iter().zip(&last).map(|(w, x)| w * x).sum::<f64>() as f32)
         .collect()
 }
 

@@ -33,6 +33,39 @@ impl Linear {
     }
 }
 
+/// The LM head, stored as checkpoints hold it (`[vocab, hidden]`) and applied as
+/// `W @ x^T`: with few rows (a decode step's), candle's gemm then streams each
+/// vocabulary row contiguously, where `x @ W^T` over a transposed copy reads the weight
+/// column-wise at a stride of the whole vocabulary (on 1-32 rows of a 32k x 256 head the
+/// former was faster in 7 of 8 noisy timings, by up to 2x).
+#[derive(Debug, Clone)]
+pub struct LmHead {
+    /// The weight, `[vocab, hidden]` (the embedding itself when tied).
+    pub weight: Tensor,
+}
+
+impl LmHead {
+    /// The logits (`[vocab]` each) of every row of `x` (`[rows, hidden]`).
+    pub fn logits(&self, x: &Tensor) -> Result<Vec<Vec<f32>>> {
+        let rows = x.dim(0)?;
+        // `[vocab, rows]`, contiguous: one copy out of candle, then a transpose that
+        // reads it in order (candle's strided copy indexes element by element).
+        let columns = self
+            .weight
+            .matmul(&x.t()?)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let vocab = columns.len() / rows.max(1);
+        let mut logits: Vec<Vec<f32>> = (0..rows).map(|_| Vec::with_capacity(vocab)).collect();
+        for column in columns.chunks_exact(rows) {
+            for (row, &logit) in logits.iter_mut().zip(column) {
+                row.push(logit);
+            }
+        }
+        Ok(logits)
+    }
+}
+
 /// One transformer block's weights.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
@@ -65,8 +98,8 @@ pub struct ModelWeights {
     pub layers: Vec<LayerWeights>,
     /// Final RMSNorm scale.
     pub norm: Tensor,
-    /// The LM head, `[hidden, vocab]` (transposed; the embedding when tied).
-    pub lm_head: Linear,
+    /// The LM head.
+    pub lm_head: LmHead,
 }
 
 /// The raw bytes of the weight files and which file holds each tensor.
@@ -236,13 +269,13 @@ impl ModelWeights {
         }
         let norm = source.get("model.norm.weight", &[h])?;
         // Some tied checkpoints still ship lm_head.weight; a tied config ignores it.
-        let lm_head = if config.tie_word_embeddings {
-            Linear {
-                weight_t: embed_tokens.t()?.contiguous()?,
-                bias: None,
-            }
-        } else {
-            source.linear("lm_head", h, config.vocab_size, false)?
+        let lm_head = LmHead {
+            // A candle tensor is shared, not copied, when cloned.
+            weight: if config.tie_word_embeddings {
+                embed_tokens.clone()
+            } else {
+                source.get("lm_head.weight", &[config.vocab_size, h])?
+            },
         };
         Ok(ModelWeights {
             embed_tokens,

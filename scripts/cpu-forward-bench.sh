@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The CPU forward's serving throughput, before and after a change (README "A real model
+# (CPU)"): `lockstep serve --model` of each binary in turn on loopback, `lockstep bench`
+# at concurrency 1, 8 and 32 with 32-token prompts and 32-token outputs (closed loop,
+# every request as soon as a slot frees), old and new interleaved round by round so that
+# the machine's load falls on both alike. Prints each run's output tokens/s, then the
+# median per binary and concurrency and the new/old ratio.
+#
+# Usage: scripts/cpu-forward-bench.sh OLD_BINARY [NEW_BINARY] [ROUNDS]
+#   NEW_BINARY defaults to target/release/lockstep (built first), ROUNDS to 3.
+# The model: a random Llama, 4 layers, hidden 256, 8 heads, 4 KV heads, vocab 32,000,
+# intermediate 704 (19.3M parameters, most of them the LM head, as in the issue's model).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+old="${1:?usage: $0 OLD_BINARY [NEW_BINARY] [ROUNDS]}"
+new="${2:-}"
+rounds="${3:-3}"
+if [[ -z "$new" ]]; then
+  cargo build --release -q -p lockstep --bin lockstep
+  new="$PWD/target/release/lockstep"
+fi
+work="$(mktemp -d)"
+server_pid=""
+cleanup() {
+  if [[ -n "$server_pid" ]]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$new" model init "$work/model" --layers 4 --hidden 256 --heads 8 --kv-heads 4 --vocab 32000 > /dev/null
+cat > "$work/scenario.toml" <<'EOF'
+name = "cpu-forward"
+
+[[server]]
+name = "agg0"
+role = "agg"
+tensor_parallel_size = 1
+max_batch_size = 32
+max_num_tokens = 2048
+enable_chunked_prefill = true
+
+[server.kv_cache_config]
+tokens_per_block = 16
+max_tokens = 8192
+enable_block_reuse = false
+
+[workload]
+kind = "closed_loop"
+concurrency = 1
+num_requests = 64
+input_len = 32
+output_len = 32
+EOF
+
+# run BINARY CONCURRENCY: output tokens/s of one serve + bench (in a subshell: it stops
+# its own server, failing or not).
+run() {
+  local bin="$1" conc="$2"
+  : > "$work/serve.out"
+  "$bin" serve "$work/scenario.toml" --model "$work/model" --host 127.0.0.1 --port 0 \
+    > "$work/serve.out" 2> "$work/serve.err" &
+  server_pid=$!
+  local url=""
+  for _ in $(seq 1 400); do
+    url="$(grep -o 'http://[0-9.:]*' "$work/serve.out" || true)"
+    [[ -n "$url" ]] && break
+    sleep 0.05
+  done
+  [[ -n "$url" ]] || { echo "serve did not start:" >&2; cat "$work/serve.err" >&2; kill "$server_pid"; exit 1; }
+  # Eight requests per client slot (at least 32): long enough to be past warm-up.
+  local requests=$((conc * 8 < 32 ? 32 : conc * 8))
+  timeout 300 "$bin" bench "$work/scenario.toml" --url "$url" --time-scale 0 --no-progress \
+    --tokenizer "$work/model" --set "workload.concurrency=$conc" \
+    --set "workload.num_requests=$requests" --json "$work/report.json" > "$work/bench.out" 2>&1 \
+    || { echo "bench failed:" >&2; cat "$work/bench.out" >&2; kill "$server_pid"; exit 1; }
+  kill -TERM "$server_pid"; wait "$server_pid" || true; server_pid=""
+  python3 -c "import json, sys; print('%.1f' % json.load(open(sys.argv[1]))['throughput']['output_tokens_per_s'])" "$work/report.json"
+}
+
+echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+: > "$work/results"
+for round in $(seq 1 "$rounds"); do
+  for conc in 1 8 32; do
+    # Alternate which binary goes first, so neither always follows the other.
+    if (( round % 2 )); then order="old new"; else order="new old"; fi
+    for which in $order; do
+      if [[ "$which" == old ]]; then bin="$old"; else bin="$new"; fi
+      tps="$(run "$bin" "$conc")"
+      echo "round $round concurrency $conc $which: $tps output tok/s"
+      echo "$which $conc $tps" >> "$work/results"
+    done
+  done
+done
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+python3 - "$work/results" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    which, conc, tps = line.split()
+    runs.setdefault((which, int(conc)), []).append(float(tps))
+print("| concurrency | old output tok/s | new output tok/s | new/old |")
+print("|---|---|---|---|")
+for conc in (1, 8, 32):
+    old, new = statistics.median(runs[("old", conc)]), statistics.median(runs[("new", conc)])
+    print(f"| {conc} | {old:,.0f} | {new:,.0f} | {new / old:.2f}x |")
+PY
