@@ -46,13 +46,12 @@ impl std::error::Error for ConfigRefused {}
 /// backend's speed, since a benchmark against it then measures the control plane alone.
 pub(crate) fn serve_notes(
     scenario: &lockstep_plan::scenario::Scenario,
-    time_scale: f64,
-    model: bool,
+    time_base: lockstep_plan::report::TimeBase,
 ) {
     for note in server_notes(scenario) {
         eprintln!("note: {note}");
     }
-    if time_scale == 0.0 && !model {
+    if time_base == lockstep_plan::report::TimeBase::ZeroCost {
         eprintln!(
             "note: serving at zero modeled cost (--time-scale 0, no --model): forwards take no time, so a client's throughput and latencies measure the control plane and HTTP only; give --time-scale 1 to pace the cost model in wall time"
         );

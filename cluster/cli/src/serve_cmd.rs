@@ -126,10 +126,12 @@ pub(crate) fn run(
         api_key_file.as_deref(),
         std::env::var_os(API_KEY_ENV),
     )?;
+    let time_base =
+        lockstep_plan::report::TimeBase::of_real_run(model_args.model.is_some(), time_scale);
     let mut scenario = load(&args, policy.as_deref(), None)?;
     vllm.apply(&mut scenario)?;
     if driver != ProcessDriver::MpiRank {
-        crate::output::serve_notes(&scenario, time_scale, model_args.model.is_some());
+        crate::output::serve_notes(&scenario, time_base);
     }
     // As vLLM names a model by its path: the model directory's name, or else the
     // scenario's.
@@ -151,13 +153,7 @@ pub(crate) fn run(
             .max_model_len
             .map_or(max_prompt_tokens, |l| l.min(max_prompt_tokens)),
         max_model_len: vllm.max_model_len,
-        time_base: if model_args.model.is_some() {
-            lockstep_plan::report::TimeBase::RealModel
-        } else if time_scale > 0.0 {
-            lockstep_plan::report::TimeBase::Modeled { time_scale }
-        } else {
-            lockstep_plan::report::TimeBase::ZeroCost
-        },
+        time_base,
         drain_timeout: std::time::Duration::from_secs(drain_timeout_s),
         workers: 2,
         max_pending: usize::try_from(max_pending).unwrap_or(usize::MAX),

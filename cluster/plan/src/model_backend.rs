@@ -173,12 +173,11 @@ pub fn check_positions(
     workload: &Workload,
 ) -> Result<(), ModelBackendError> {
     let longest = workload.longest_request();
-    let max = max_positions as u64;
-    if longest > max {
+    if !lockstep_gpu::model::ModelConfig::holds_positions(max_positions, longest) {
         return Err(ModelBackendError::Positions {
             dir: dir.to_path_buf(),
             longest,
-            max,
+            max: max_positions as u64,
         });
     }
     Ok(())

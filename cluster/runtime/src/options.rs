@@ -97,9 +97,8 @@ pub(crate) fn real_report(
         lost,
     } = end;
     summaries.sort_by_key(|s| (s.server, s.rank));
-    let time_base = if opts.model.is_some() {
-        TimeBase::RealModel
-    } else if time_scale > 0.0 {
+    let time_base = TimeBase::of_real_run(opts.model.is_some(), time_scale);
+    if let TimeBase::Modeled { time_scale } = time_base {
         let modeled = |ns: u64| (ns as f64 / time_scale).round() as u64;
         for r in &mut result.records {
             r.map_client_times(modeled);
@@ -115,10 +114,7 @@ pub(crate) fn real_report(
             }
             s.series.balance.map_times(modeled);
         }
-        TimeBase::Modeled { time_scale }
-    } else {
-        TimeBase::ZeroCost
-    };
+    }
     let end_s = result.end_ns as f64 / 1e9;
     let first_scheduled: Vec<(u64, u64)> = summaries
         .iter()

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use lockstep_gpu::model::TextTokenizer;
+use lockstep_gpu::model::{ModelConfig, TextTokenizer};
 use serde_json::Value;
 
 use super::api::{ApiError, Endpoint};
@@ -155,7 +155,8 @@ impl ModelText {
 
     /// A request the model's positions cannot hold is refused, naming both numbers.
     pub fn check_length(&self, prompt: u32, max_tokens: u32, param: &str) -> Result<(), ApiError> {
-        if u64::from(prompt) + u64::from(max_tokens) > u64::from(self.max_positions) {
+        let tokens = u64::from(prompt) + u64::from(max_tokens);
+        if !ModelConfig::holds_positions(self.max_positions as usize, tokens) {
             return Err(ApiError::field(
                 param,
                 format!(

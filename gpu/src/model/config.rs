@@ -122,6 +122,13 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// Whether a request of `tokens` positions (its prompt plus every output token)
+    /// fits the model's `max_position_embeddings`: the one rule `serve` applies per
+    /// request and `sim`/`run` to a whole workload at startup.
+    pub fn holds_positions(max_position_embeddings: usize, tokens: u64) -> bool {
+        tokens <= max_position_embeddings as u64
+    }
+
     /// Reads and checks `DIR/config.json`, and `DIR/generation_config.json` when present
     /// (its end ids join the config's; its sampling becomes the defaults).
     pub fn load(dir: &Path) -> Result<Self> {

@@ -92,6 +92,22 @@ pub enum TimeBase {
     Client,
 }
 
+impl TimeBase {
+    /// The clock of a real driver's run (threads, MPI, `serve`): the model's own time
+    /// with `--model`, the cost model paced at `time_scale` wall seconds per modeled
+    /// second when it is positive, else the zero-cost backend's wall time. The one rule
+    /// the report's rescaling, `serve`'s notice and its `/v1/models` all read.
+    pub fn of_real_run(model: bool, time_scale: f64) -> TimeBase {
+        if model {
+            TimeBase::RealModel
+        } else if time_scale > 0.0 {
+            TimeBase::Modeled { time_scale }
+        } else {
+            TimeBase::ZeroCost
+        }
+    }
+}
+
 /// Summary statistics of one latency, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Percentiles {
