@@ -22,31 +22,7 @@ cd "$(dirname "$0")/.."
 what="${1:-all}"
 cargo build --release -q -p lockstep
 bin="$PWD/target/release/lockstep"
-work="$(mktemp -d)"
-server_pid=""
-cleanup() {
-  if [[ -n "$server_pid" ]]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-# Starts `lockstep serve SCENARIO ARGS...` on a free port; sets $url and $server_pid.
-start_server() {
-  local out="$work/serve.out"
-  : > "$out"
-  "$bin" serve "$@" --port 0 > "$out" 2> "$work/serve.err" &
-  server_pid=$!
-  for _ in $(seq 1 200); do
-    url="$(grep -o 'http://[0-9.:]*' "$out" || true)"
-    [[ -n "$url" ]] && return 0
-    sleep 0.05
-  done
-  echo "lockstep serve did not start:"; cat "$work/serve.err"; exit 1
-}
-
-stop_server() {
-  kill -TERM "$server_pid"; wait "$server_pid" || true; server_pid=""
-}
+source scripts/lib/serve.sh  # after the cd: a path from the repository root
 
 # field FILE PATH... : a number from a JSON report.
 field() {
@@ -64,7 +40,7 @@ front_door() {
               --set workload.num_requests=10000 --set workload.concurrency=64
               --set server.max_batch_size=64)
   echo "== front door: zero-cost, dp 2 B 64 (examples/agg-dp2-binding.toml), 10,000 streamed completions of 16 tokens, concurrency 64"
-  start_server examples/agg-dp2-binding.toml --set server.max_batch_size=64 --max-pending 100000
+  start_server "$bin" examples/agg-dp2-binding.toml --set server.max_batch_size=64 --max-pending 100000
   "$bin" bench --url "$url" examples/agg-dp2-binding.toml "${sets[@]}" --time-scale 0 \
     --no-progress --json "$work/http.json" > "$work/bench.out"
   stop_server
@@ -83,7 +59,7 @@ rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 
 load() {
   echo "== load: 20,000 requests at concurrency 512 (examples/agg-dp2-binding.toml, B 256, zero-cost)"
-  start_server examples/agg-dp2-binding.toml --set server.max_batch_size=256 --max-pending 100000
+  start_server "$bin" examples/agg-dp2-binding.toml --set server.max_batch_size=256 --max-pending 100000
   local sets=(--set workload.concurrency=512 --set workload.num_requests=20000
               --set workload.input_len=64 --set workload.output_len=16
               --set server.max_batch_size=256)
@@ -103,7 +79,7 @@ fidelity() {
   local sets=(--set workload.rate=4.0 --set workload.num_requests=150)
   echo "== fidelity: analytic backend at time scale 1 (examples/agg-balanced.toml, Poisson 4 req/s, 150 requests)"
   "$bin" sim examples/agg-balanced.toml "${sets[@]}" --json "$work/sim.json" > /dev/null
-  start_server examples/agg-balanced.toml --time-scale 1
+  start_server "$bin" examples/agg-balanced.toml --time-scale 1
   "$bin" bench --url "$url" examples/agg-balanced.toml "${sets[@]}" --time-scale 1 \
     --no-progress --json "$work/fid.json" > /dev/null
   stop_server
@@ -129,7 +105,7 @@ metric() {
 service_run() {
   local scenario=$1 endpoint=$2 len=$3
   shift 3
-  start_server "$scenario" "$@"
+  start_server "$bin" "$scenario" "$@"
   "$bin" bench --url "$url" "$scenario" --endpoint "$endpoint" --time-scale 0 --no-progress \
     --set workload.kind=\"closed_loop\" --set workload.concurrency=1 \
     --set workload.num_requests=200 --set workload.input_len="$len" \

@@ -19,13 +19,7 @@ if [[ -z "$new" ]]; then
   cargo build --release -q -p lockstep --bin lockstep
   new="$PWD/target/release/lockstep"
 fi
-work="$(mktemp -d)"
-server_pid=""
-cleanup() {
-  if [[ -n "$server_pid" ]]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source scripts/lib/serve.sh  # after the cd: a path from the repository root
 
 "$new" model init "$work/model" --layers 4 --hidden 256 --heads 8 --kv-heads 4 --vocab 32000 > /dev/null
 cat > "$work/scenario.toml" <<'EOF'
@@ -56,24 +50,14 @@ EOF
 # its own server, failing or not).
 run() {
   local bin="$1" conc="$2"
-  : > "$work/serve.out"
-  "$bin" serve "$work/scenario.toml" --model "$work/model" --host 127.0.0.1 --port 0 \
-    > "$work/serve.out" 2> "$work/serve.err" &
-  server_pid=$!
-  local url=""
-  for _ in $(seq 1 400); do
-    url="$(grep -o 'http://[0-9.:]*' "$work/serve.out" || true)"
-    [[ -n "$url" ]] && break
-    sleep 0.05
-  done
-  [[ -n "$url" ]] || { echo "serve did not start:" >&2; cat "$work/serve.err" >&2; kill "$server_pid"; exit 1; }
+  start_server "$bin" "$work/scenario.toml" --model "$work/model" --host 127.0.0.1
   # Eight requests per client slot (at least 32): long enough to be past warm-up.
   local requests=$((conc * 8 < 32 ? 32 : conc * 8))
   timeout 300 "$bin" bench "$work/scenario.toml" --url "$url" --time-scale 0 --no-progress \
     --tokenizer "$work/model" --set "workload.concurrency=$conc" \
     --set "workload.num_requests=$requests" --json "$work/report.json" > "$work/bench.out" 2>&1 \
     || { echo "bench failed:" >&2; cat "$work/bench.out" >&2; kill "$server_pid"; exit 1; }
-  kill -TERM "$server_pid"; wait "$server_pid" || true; server_pid=""
+  stop_server
   python3 -c "import json, sys; print('%.1f' % json.load(open(sys.argv[1]))['throughput']['output_tokens_per_s'])" "$work/report.json"
 }
 

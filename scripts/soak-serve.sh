@@ -21,34 +21,19 @@ else
   cargo build --release -q -p lockstep
   bin="$PWD/target/release/lockstep"
 fi
-work="$(mktemp -d)"
-server_pid=""
-cleanup() {
-  if [[ -n "$server_pid" ]]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source scripts/lib/serve.sh  # after the cd: a path from the repository root
 
-"$bin" serve examples/agg-balanced.toml --host 127.0.0.1 --port 0 --time-scale 0.05 \
-  --write-timeout-s ${SOAK_WRITE_TIMEOUT_S:-5} --drain-timeout-s 10 > "$work/serve.out" 2> "$work/serve.err" &
-server_pid=$!
-addr=""
-for _ in $(seq 1 400); do
-  addr="$(grep -o 'http://[0-9.:]*' "$work/serve.out" | sed 's|http://||' || true)"
-  [[ -n "$addr" ]] && break
-  sleep 0.05
-done
-if [[ -z "$addr" ]]; then echo "lockstep serve did not start:"; cat "$work/serve.err"; exit 1; fi
+start_server "$bin" examples/agg-balanced.toml --host 127.0.0.1 --time-scale 0.05 \
+  --write-timeout-s ${SOAK_WRITE_TIMEOUT_S:-5} --drain-timeout-s 10
+addr="${url#http://}"
 echo "lockstep serve on $addr (pid $server_pid)"
 
 status=0
 python3 scripts/soak-serve.py "$addr" "$server_pid" "$@" || status=1
 
 # The load is over: the server must stop on SIGTERM with nothing left to cut.
-kill -TERM "$server_pid"
-code=0
-wait "$server_pid" || code=$?
-server_pid=""
+stop_server
+code=$server_code
 summary="$(grep 'stopped after' "$work/serve.out" || true)"
 echo "server: ${summary:-no summary} (exit $code)"
 if [[ $code -ne 0 || "$summary" != *"; 0 cut at the drain timeout"* ]]; then
