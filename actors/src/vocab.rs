@@ -132,6 +132,37 @@ pub struct Response {
     pub logprobs: Option<TokenLogprobs>,
 }
 
+/// The plain tokens of a run of consecutive iterations, as one message: in each
+/// iteration every request of `ids` got one token and nothing else happened to it (no
+/// ending, no log-probabilities). What a host that runs such a stretch at once
+/// (coasting, in the simulator) hands on instead of one [`Response`] per request and
+/// iteration; the client applies it token by token, as those responses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenRun {
+    /// The requests, in the order their responses would come (rank, then batch).
+    pub ids: Vec<ReqId>,
+    /// Iterations in the run.
+    pub steps: u32,
+    /// The tokens, request by request: `tokens[i * steps + j]` is request `ids[i]`'s
+    /// token of iteration `j`.
+    pub tokens: Vec<u32>,
+}
+
+impl TokenRun {
+    /// Request `i`'s tokens, one per iteration.
+    pub fn tokens_of(&self, i: usize) -> &[u32] {
+        let steps = self.steps as usize;
+        &self.tokens[i * steps..(i + 1) * steps]
+    }
+
+    /// Empties it, keeping its buffers.
+    pub fn clear(&mut self) {
+        self.ids.clear();
+        self.tokens.clear();
+        self.steps = 0;
+    }
+}
+
 /// One sampled token's log-probabilities (the OpenAI API's `logprobs`): its own and
 /// the `top` most likely tokens', log-softmax of the model's logits.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

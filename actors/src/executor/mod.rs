@@ -40,6 +40,7 @@ pub mod protocol;
 mod schedule;
 pub mod shape;
 pub mod stats;
+mod stretch;
 mod update;
 
 use std::collections::{BTreeSet, VecDeque};
@@ -65,6 +66,7 @@ pub use messages::*;
 pub use protocol::{Exchange, Input, Io, StopReason};
 pub use shape::BatchShape;
 pub use stats::{IterationReport, IterationStats, RankTotals};
+pub use stretch::RankStretch;
 
 use crate::invariants::Violation;
 

@@ -4,11 +4,11 @@
 //! fetch reads nothing, no other event comes in the meantime — and times each coasted
 //! iteration as any other ([`ServerGroup::shapes`], [`ServerGroup::awaited`]).
 
-use crate::executor::{FetchMode, RankExecutor, RankState};
+use crate::executor::{FetchMode, ForwardOutput, IterationStats, RankExecutor, RankState};
 use crate::ids::RankId;
-use crate::vocab::PadIntent;
+use crate::vocab::{PadIntent, TokenRun};
 
-use super::{Asked, ServerGroup};
+use super::{Asked, GroupError, ServerGroup, TokenSource};
 
 impl ServerGroup {
     /// How many iterations the server can coast from here (0: none): every rank is
@@ -88,5 +88,119 @@ impl ServerGroup {
                     .push((RankId(i as u32), start..self.responses.len()));
             }
         }
+    }
+}
+
+/// A stretch of coasted iterations in closed form (`executor::stretch`): every rank's
+/// part planned at once, each iteration timed and recorded from the plans, the
+/// iterations applied to the ranks at the end.
+impl ServerGroup {
+    /// Plans a stretch after [`ServerGroup::coast_begin`]: whether every rank's steps
+    /// are known in advance and the first iteration's fit.
+    pub fn stretch_begin(&mut self) -> bool {
+        self.stretch
+            .resize_with(self.ranks.len(), crate::executor::RankStretch::default);
+        let planned = self
+            .ranks
+            .iter()
+            .zip(&mut self.stretch)
+            .all(|(r, plan)| r.stretch_plan(plan));
+        planned && self.stretch_fits(1)
+    }
+
+    /// Every rank's batch shape in the stretch's `step`-th iteration, into
+    /// [`ServerGroup::shapes`].
+    pub fn stretch_shapes(&mut self, step: u32) {
+        self.shapes.clear();
+        self.shapes
+            .extend(self.stretch.iter().map(|p| p.shape(step)));
+    }
+
+    /// Whether the batches just launched ([`ServerGroup::shapes`]) have the shapes the
+    /// plan gave the stretch's `step`-th iteration (a check of the plan).
+    pub fn stretch_planned_shapes(&self, step: u32) -> bool {
+        self.shapes.len() == self.stretch.len()
+            && self
+                .shapes
+                .iter()
+                .zip(&self.stretch)
+                .all(|(s, p)| *s == p.shape(step))
+    }
+
+    /// Whether every rank's steps of the stretch's `step`-th iteration fit (counted on
+    /// every rank, in order: [`crate::executor::RankStretch::fits`]).
+    pub fn stretch_fits(&mut self, step: u32) -> bool {
+        let mut fits = true;
+        for plan in &mut self.stretch {
+            fits &= plan.fits(step);
+        }
+        fits
+    }
+
+    /// The record rank `rank` reports for the stretch's `step`-th iteration, started
+    /// at `started_ns`, and the rank.
+    pub fn stretch_stats(
+        &mut self,
+        rank: usize,
+        step: u32,
+        started_ns: u64,
+    ) -> (&IterationStats, &RankExecutor) {
+        (
+            self.stretch[rank].stats(step, started_ns),
+            &self.ranks[rank],
+        )
+    }
+
+    /// The batch the stretch's `step`-th iteration awaits (every rank the same).
+    pub fn stretch_awaited(&self, step: u32) -> Option<crate::ids::BatchNumber> {
+        self.stretch.first().map(|p| p.awaited(step))
+    }
+
+    /// Applies the stretch's first `steps` iterations to every rank
+    /// ([`RankExecutor::stretch_apply`]), their tokens into `run` in rank order, the
+    /// last fetched at `last_fetch_ns`. Under overlap each rank's batch now in flight
+    /// is sampled by `tokens`, as a launch is.
+    pub fn stretch_apply(
+        &mut self,
+        steps: u32,
+        last_fetch_ns: u64,
+        shutdown: bool,
+        tokens: &mut dyn TokenSource,
+        run: &mut TokenRun,
+    ) -> Result<(), GroupError> {
+        let Some(token) = tokens.pure_token() else {
+            unreachable!("a stretch is planned only with a pure token source")
+        };
+        run.clear();
+        run.steps = steps;
+        self.responses.clear();
+        self.response_ranks.clear();
+        for i in 0..self.ranks.len() {
+            // Under overlap, the in-flight batch's output, sampled at its launch.
+            let pending = self.ranks[i].in_flight().map(|b| b.number).and_then(|n| {
+                let at = self.outputs[i].iter().position(|o| o.batch == n)?;
+                Some(self.outputs[i].remove(at))
+            });
+            self.ranks[i].stretch_apply(
+                &self.stretch[i],
+                steps,
+                last_fetch_ns,
+                shutdown,
+                pending.as_ref().map(|o| o.sampled.as_slice()),
+                token,
+                run,
+            );
+            self.spare_outputs.extend(pending);
+            if let Some(batch) = self.ranks[i].in_flight() {
+                let mut out = self.spare_outputs.pop().unwrap_or(ForwardOutput {
+                    batch: batch.number,
+                    sampled: Vec::new(),
+                    logprobs: Vec::new(),
+                });
+                tokens.sample_into(batch, &mut out)?;
+                self.outputs[i].push(out);
+            }
+        }
+        Ok(())
     }
 }

@@ -40,6 +40,14 @@ pub trait TokenSource {
         false
     }
 
+    /// The token this source samples for a request at an output position along a
+    /// path ([`crate::executor::ForwardEntry`]'s `id`, `position`, `path`), where that
+    /// is all it reads (a deterministic backend): a host may then compute a stretch of
+    /// steps without batches (`executor::stretch`). `None` (the default) for a model.
+    fn pure_token(&self) -> Option<fn(u64, u32, u64) -> u32> {
+        None
+    }
+
     /// [`TokenSource::sample_into`] into a new output.
     fn sample(&mut self, batch: &ScheduledBatch) -> Result<ForwardOutput, ForwardError> {
         let mut out = ForwardOutput {
@@ -86,6 +94,10 @@ impl TokenSource for DeterministicTokens {
                 .map(|e| deterministic_token(e.id.0, e.position, e.path)),
         );
         Ok(())
+    }
+
+    fn pure_token(&self) -> Option<fn(u64, u32, u64) -> u32> {
+        Some(deterministic_token)
     }
 }
 
@@ -187,6 +199,8 @@ pub struct ServerGroup {
     shapes: Vec<crate::executor::BatchShape>,
     /// Per rank while coasting: its counts and `expected` (`coast.rs`).
     coast: Vec<(crate::counts::RankCounts, u32)>,
+    /// Per rank while coasting in closed form: its part of the stretch (`coast.rs`).
+    stretch: Vec<crate::executor::RankStretch>,
 }
 
 /// The ranks' contributions to the collective they ask for, copied out as each rank is
@@ -348,6 +362,7 @@ impl ServerGroup {
             spare_outputs: Vec::new(),
             shapes: Vec::new(),
             coast: Vec::new(),
+            stretch: Vec::new(),
         })
     }
 

@@ -107,6 +107,37 @@ impl CapacityScheduler {
         self.config.window
     }
 
+    /// For a host that runs a stretch of steady decode at once (every request in
+    /// progress, one token a step, nothing paused: `executor::stretch`): the blocks
+    /// kept back beyond the free ones, and per request of `active` (into `limited`)
+    /// whether its steps draw on what is left. Under MAX_UTILIZATION the requests
+    /// that may not be paused keep their blocks to completion reserved
+    /// ([`reserve_unpausable`]), so only the others' steps draw on the rest; the
+    /// other policies take every step from the free blocks. A stretch in which the
+    /// limited requests' blocks stay within `free − reserved` pauses nothing.
+    pub fn steady_reserve(
+        &self,
+        active: &[Request],
+        kv: &impl KvView,
+        limited: &mut Vec<bool>,
+    ) -> u64 {
+        limited.clear();
+        if self.config.policy != CapacitySchedulerPolicy::MaxUtilization {
+            limited.resize(active.len(), true);
+            return 0;
+        }
+        let tpb = kv.tokens_per_block();
+        let mut reserved = 0;
+        for r in active {
+            let pausable = self.config.pause.may_pause(r, tpb);
+            if !pausable {
+                reserved += u64::from(kv.blocks_needed(r.id(), reserved_tokens(r)));
+            }
+            limited.push(pausable);
+        }
+        reserved
+    }
+
     /// Decides which of `active` may run, given the KV pool. Pure.
     ///
     /// Slots already taken by requests that cannot be batched (retiring requests under

@@ -90,7 +90,7 @@ fn name(p: &Path) -> String {
 fn every_example_reports_the_same_with_and_without_coasting_under_both_presets() {
     let found = examples();
     assert!(found.len() >= 20, "{found:?}");
-    let mut coasted = 0;
+    let (mut coasted, mut closed_form) = (0, 0);
     for path in &found {
         // The production-shaped benchmark runs whole in the benchmark; its first
         // requests show every mechanism here.
@@ -103,12 +103,19 @@ fn every_example_reports_the_same_with_and_without_coasting_under_both_presets()
             s.apply_set(&format!("policy.preset=\"{preset}\""))
                 .expect("a preset");
             let what = format!("{} ({preset})", name(path));
-            coasted += same_both_ways(&what, &s).iterations;
+            let c = same_both_ways(&what, &s);
+            coasted += c.iterations;
+            closed_form += c.closed_form;
         }
     }
     assert!(
         coasted > 10_000,
         "the examples coasted only {coasted} iterations: the comparison would not test coasting"
+    );
+    println!("examples: {coasted} iterations coasted, {closed_form} in closed form");
+    assert!(
+        closed_form > coasted / 2,
+        "only {closed_form} of {coasted} coasted iterations in closed form: the comparison would not test it"
     );
 }
 
@@ -119,7 +126,7 @@ fn every_example_reports_the_same_with_and_without_coasting_under_both_presets()
 /// scheduler does.
 #[test]
 fn max_utilization_on_a_tight_pool_reports_the_same_with_and_without_coasting() {
-    let mut coasted = 0;
+    let (mut coasted, mut closed_form) = (0, 0);
     for (dp, overlap, tokens) in [(1, true, 96), (2, false, 96), (2, true, 160)] {
         let text = format!(
             r#"
@@ -148,8 +155,9 @@ output_len = [8, 120]
             no_overlap = !overlap
         );
         let s = Scenario::parse(&text, "coast").expect("the scenario parses");
-        coasted +=
-            same_both_ways(&format!("dp {dp}, overlap {overlap}, T {tokens}"), &s).iterations;
+        let c = same_both_ways(&format!("dp {dp}, overlap {overlap}, T {tokens}"), &s);
+        coasted += c.iterations;
+        closed_form += c.closed_form;
     }
     // One rank, a pool of 10 blocks, requests of 16 prompt tokens and 30 to 110 output
     // tokens: the long ones may not be paused (their recompute exceeds T = 64), so the
@@ -181,30 +189,44 @@ output_len = [30, 110]
     for seed in 0..12 {
         let text = tight.replace("SEED", &seed.to_string());
         let s = Scenario::parse(&text, "coast").expect("the scenario parses");
-        coasted += same_both_ways(&format!("reserved blocks, seed {seed}"), &s).iterations;
+        let c = same_both_ways(&format!("reserved blocks, seed {seed}"), &s);
+        coasted += c.iterations;
+        closed_form += c.closed_form;
     }
+    println!("MAX_UTILIZATION: {coasted} iterations coasted, {closed_form} in closed form");
     assert!(coasted > 100, "only {coasted} iterations coasted");
+    assert!(
+        closed_form > 50,
+        "only {closed_form} of {coasted} coasted iterations in closed form"
+    );
 }
 
 /// Swarm scenarios `first..first + runs`, each compared both ways; the iterations
-/// coasted in all.
-fn swarm_sample(first: u64, runs: u64) -> u64 {
-    let mut coasted = 0;
+/// coasted in all, and of them in closed form.
+fn swarm_sample(first: u64, runs: u64) -> (u64, u64) {
+    let (mut coasted, mut closed_form) = (0, 0);
     for seed in first..first + runs {
         let text = lockstep_swarm::generate(seed);
         let s = Scenario::parse(&text, "swarm")
             .unwrap_or_else(|e| panic!("swarm seed {seed}: {e}\n{text}"));
-        coasted += same_both_ways(&format!("swarm seed {seed}:\n{text}\n"), &s).iterations;
+        let c = same_both_ways(&format!("swarm seed {seed}:\n{text}\n"), &s);
+        coasted += c.iterations;
+        closed_form += c.closed_form;
     }
-    coasted
+    (coasted, closed_form)
 }
 
 #[test]
 fn swarm_scenarios_report_the_same_with_and_without_coasting() {
-    let coasted = swarm_sample(7_000, 40);
+    let (coasted, closed_form) = swarm_sample(7_000, 40);
+    println!("swarm: {coasted} iterations coasted, {closed_form} in closed form");
     assert!(
         coasted > 1_000,
         "the sample coasted only {coasted} iterations"
+    );
+    assert!(
+        closed_form > coasted / 4,
+        "only {closed_form} of {coasted} coasted iterations in closed form"
     );
 }
 
@@ -215,6 +237,8 @@ fn many_swarm_scenarios_report_the_same_with_and_without_coasting() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000);
-    let coasted = swarm_sample(100_000, runs);
-    println!("{runs} swarm scenarios the same both ways; {coasted} iterations coasted");
+    let (coasted, closed_form) = swarm_sample(100_000, runs);
+    println!(
+        "{runs} swarm scenarios the same both ways; {coasted} iterations coasted, {closed_form} in closed form"
+    );
 }

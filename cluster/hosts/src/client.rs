@@ -6,10 +6,10 @@
 
 use lockstep_actors::ids::ReqId;
 use lockstep_actors::request::RequestSpec;
-use lockstep_actors::vocab::{FailureKind, Response};
+use lockstep_actors::vocab::{FailureKind, Response, TokenRun};
 
 use crate::by_id::ById;
-use crate::frontend::Frontend;
+use crate::frontend::{Frontend, Passed};
 use lockstep_plan::report::{Itl, RequestDetail};
 use lockstep_plan::workload::Workload;
 
@@ -142,15 +142,44 @@ impl Client {
             finished,
             ..
         } = self;
-        frontend.release(
-            now,
-            |spec| out.push(ClientItem::Request(spec)),
-            |rs| {
+        frontend.release(now, |passed| match passed {
+            Passed::Request(spec) => out.push(ClientItem::Request(spec)),
+            Passed::Responses(rs) => {
                 for r in rs {
                     *finished += receive(records, itl, workload, now, r);
                 }
-            },
-        );
+            }
+            Passed::Tokens { run, steps, dues } => {
+                for (i, id) in run.ids.iter().enumerate() {
+                    if let Some(rec) = records.get_mut(id) {
+                        rec.on_token_steps(*id, &run.tokens_of(i)[steps.clone()], dues, itl);
+                    }
+                }
+            }
+        });
+    }
+
+    /// A coasting server's iteration that ended at `now` gave `shares[p]` plain
+    /// tokens to the requests of front-door process `p`
+    /// ([`Frontend::serve_tokens`]; when each job is done goes to `dues[p]`).
+    pub fn serve_tokens(&mut self, now: u64, shares: &[u64], dues: &mut [Vec<u64>]) {
+        self.frontend.serve_tokens(now, shares, dues);
+    }
+
+    /// The tokens of the iterations [`Client::serve_tokens`] served, to pass the
+    /// front door when their jobs are done ([`Frontend::hold_tokens`]).
+    pub fn hold_tokens(&mut self, run: TokenRun, dues: Vec<Vec<u64>>) {
+        self.frontend.hold_tokens(run, dues);
+    }
+
+    /// How many processes the front door has.
+    pub fn door_processes(&self) -> usize {
+        self.frontend.processes()
+    }
+
+    /// The front door process that serves request `id`.
+    pub fn door_process_of(&self, id: u64) -> usize {
+        self.frontend.process_of(id)
     }
 
     /// The front passed on `responses` at `now`: they pass the front door on their way

@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 
 use lockstep_actors::request::RequestSpec;
-use lockstep_actors::vocab::Response;
+use lockstep_actors::vocab::{Response, TokenRun};
 use lockstep_plan::frontend::FrontendCosts;
 use lockstep_plan::report::FrontendSummary;
 
@@ -28,6 +28,43 @@ enum Job {
     Request(RequestSpec),
     /// One iteration's responses on one process, for the client.
     Responses(Vec<Response>),
+    /// A stretch's plain tokens on one process ([`Frontend::hold_tokens`]): one job
+    /// per iteration, each done at its own time, handed on in order.
+    Tokens(TokenJob),
+}
+
+/// A stretch's tokens on one process: its iterations' jobs, done at `dues` (in order),
+/// the first `released` handed on.
+#[derive(Debug)]
+struct TokenJob {
+    run: TokenRun,
+    dues: Vec<u64>,
+    released: usize,
+}
+
+impl Job {
+    /// When the job (its last part) is done, given when its next part is.
+    fn done_at(&self, next_due: u64) -> u64 {
+        match self {
+            Job::Tokens(t) => t.dues.last().copied().unwrap_or(next_due),
+            _ => next_due,
+        }
+    }
+}
+
+/// A job the front door is done with, handed on ([`Frontend::release`]).
+#[derive(Debug)]
+pub enum Passed<'a> {
+    /// A request, for the front.
+    Request(RequestSpec),
+    /// One iteration's responses on one process (lent: the vector is reused).
+    Responses(&'a [Response]),
+    /// A stretch's iterations `steps` on one process, each done at its `dues`.
+    Tokens {
+        run: &'a TokenRun,
+        steps: std::ops::Range<usize>,
+        dues: &'a [u64],
+    },
 }
 
 /// A request as it entered the front door.
@@ -86,7 +123,13 @@ impl Frontend {
         Frontend::new(FrontendCosts::NONE, 0.0)
     }
 
-    fn process_of(&self, id: u64) -> usize {
+    /// How many processes serve.
+    pub fn processes(&self) -> usize {
+        self.processes.len()
+    }
+
+    /// The process that serves request `id` and its responses.
+    pub fn process_of(&self, id: u64) -> usize {
         (id.saturating_sub(1) % self.processes.len() as u64) as usize
     }
 
@@ -164,6 +207,69 @@ impl Frontend {
         false
     }
 
+    /// A stretch of iterations whose responses are all plain tokens (a coasting
+    /// server's), served before their tokens are known: the iteration that ended at
+    /// `now` gave `shares[p]` tokens to process `p`'s requests, each a job there as in
+    /// [`Frontend::emit`] (nothing else reached the door meanwhile, and nothing held is
+    /// released until [`Frontend::hold_tokens`]). When each job is done goes to
+    /// `dues[p]`.
+    pub fn serve_tokens(&mut self, now: u64, shares: &[u64], dues: &mut [Vec<u64>]) {
+        // What `emit` sees: the door holds nothing once every job done by now is out.
+        let passes = self.scaled(self.costs.output_ns(1)) == 0
+            && self.processes.iter().zip(dues.iter()).all(|(p, d)| {
+                p.held
+                    .back()
+                    .is_none_or(|(due, job)| job.done_at(*due) <= now)
+                    && d.last().is_none_or(|&due| due <= now)
+            });
+        for (process, &tokens) in shares.iter().enumerate() {
+            if tokens == 0 {
+                continue;
+            }
+            let due = if passes {
+                now
+            } else {
+                let cost = self.scaled(self.costs.output_ns(tokens));
+                self.serve(process, now, cost).1
+            };
+            dues[process].push(due);
+        }
+    }
+
+    /// The tokens of the stretch [`Frontend::serve_tokens`] served: `run`'s requests,
+    /// each process's share held until its iterations' jobs are done (`dues`, per
+    /// process), in order with that process's other jobs.
+    pub fn hold_tokens(&mut self, run: TokenRun, dues: Vec<Vec<u64>>) {
+        let n = self.processes.len();
+        let mut shares: Vec<TokenRun> = if n == 1 {
+            vec![run]
+        } else {
+            let mut shares = vec![TokenRun::default(); n];
+            for (i, id) in run.ids.iter().enumerate() {
+                let share = &mut shares[self.process_of(id.0)];
+                share.ids.push(*id);
+                share.tokens.extend_from_slice(run.tokens_of(i));
+            }
+            shares
+        };
+        for ((process, dues), share) in dues.into_iter().enumerate().zip(&mut shares) {
+            if dues.is_empty() {
+                continue;
+            }
+            let mut share = std::mem::take(share);
+            share.steps = dues.len() as u32;
+            debug_assert_eq!(share.tokens.len(), share.ids.len() * dues.len());
+            self.processes[process].held.push_back((
+                dues[0],
+                Job::Tokens(TokenJob {
+                    run: share,
+                    dues,
+                    released: 0,
+                }),
+            ));
+        }
+    }
+
     /// When the first held job that is not one iteration's plain tokens (a request, or
     /// responses with an ending among them) is done: before then, what the door hands
     /// on only adds tokens to open requests' records (the simulator's horizon).
@@ -173,6 +279,7 @@ impl Frontend {
             .filter_map(|p| {
                 p.held.iter().find_map(|(due, job)| match job {
                     Job::Responses(rs) if rs.iter().all(|r| r.finish.is_none()) => None,
+                    Job::Tokens(_) => None,
                     _ => Some(*due),
                 })
             })
@@ -187,24 +294,33 @@ impl Frontend {
             .min()
     }
 
-    /// Hands every job done by `now` on, each process's in order: a request to
-    /// `on_request`, one iteration's responses to `on_responses` (lent: the vector is
-    /// reused for a later job).
-    pub fn release(
-        &mut self,
-        now: u64,
-        mut on_request: impl FnMut(RequestSpec),
-        mut on_responses: impl FnMut(&[Response]),
-    ) {
+    /// Hands every job done by `now` on to `on`, each process's in order.
+    pub fn release(&mut self, now: u64, mut on: impl FnMut(Passed<'_>)) {
         for p in &mut self.processes {
             while p.held.front().is_some_and(|&(due, _)| due <= now) {
+                if let Some((due, Job::Tokens(job))) = p.held.front_mut() {
+                    let from = job.released;
+                    let to = from + job.dues[from..].partition_point(|&d| d <= now);
+                    on(Passed::Tokens {
+                        run: &job.run,
+                        steps: from..to,
+                        dues: &job.dues[from..to],
+                    });
+                    job.released = to;
+                    if to < job.dues.len() {
+                        // The rest waits, and so does what comes after it.
+                        *due = job.dues[to];
+                        break;
+                    }
+                }
                 match p.held.pop_front().expect("just seen").1 {
+                    Job::Tokens(_) => {}
                     Job::Request(spec) => {
                         self.in_door -= 1;
-                        on_request(spec);
+                        on(Passed::Request(spec));
                     }
                     Job::Responses(mut share) => {
-                        on_responses(&share);
+                        on(Passed::Responses(&share));
                         if self.spare.len() < SPARE_SHARES {
                             share.clear();
                             self.spare.push(share);
@@ -278,7 +394,10 @@ mod tests {
         let mut out = Vec::new();
         let mut at = Vec::new();
         while let Some(t) = door.poll_timeout() {
-            door.release(t, |spec| out.push(spec), |_| panic!("no responses"));
+            door.release(t, |passed| match passed {
+                Passed::Request(spec) => out.push(spec),
+                other => panic!("only requests, got {other:?}"),
+            });
             at.push(t);
         }
         assert_eq!(at, [2_000, 4_000, 6_000]);
@@ -294,7 +413,7 @@ mod tests {
         // Request 1 on process 0, request 2 on process 1.
         door.admit(0, spec(1, 0));
         door.admit(0, spec(2, 0));
-        door.release(1_000, |_| {}, |_| {});
+        door.release(1_000, |_| {});
         // A token of request 1 delays request 3 (process 0), not request 4 (process 1).
         assert!(!door.emit(1_000, &token(1)));
         assert_eq!(door.admit(1_000, spec(3, 0)).queue_ns, 500);

@@ -15,6 +15,8 @@
 //! responses leave at its process point, as an event ([`Event::Coasted`]), so they meet
 //! the front and the client in the order of every other event.
 
+use lockstep_actors::vocab::TokenRun;
+
 use super::{Event, Sim, SimError};
 
 impl Sim<'_, '_> {
@@ -36,6 +38,9 @@ impl Sim<'_, '_> {
         };
         self.servers[s].group.coast_begin();
         self.coasted.0 += 1;
+        if self.net.control_ns() == 0 && self.servers[s].stretch_begin() {
+            return self.coast_stretch(s, limit, shutdown);
+        }
         let mut coasted = 0;
         loop {
             let fetch_at = self.now;
@@ -67,6 +72,89 @@ impl Sim<'_, '_> {
                 None => return self.step_on(s).map(|()| true),
             }
         }
+    }
+
+    /// Coasts server `s` in closed form (`executor::stretch`), from now, at most
+    /// `limit` iterations, the first read bringing `shutdown`: each iteration is timed
+    /// and recorded from the plan and its tokens served by the front door, under the
+    /// same conditions as the loop above; the iterations are applied to the ranks and
+    /// their tokens handed to the client once the stretch ends. Its last iteration,
+    /// when the server goes on from [`Event::Coasted`], runs as a coasted one.
+    fn coast_stretch(
+        &mut self,
+        s: usize,
+        limit: u64,
+        mut shutdown: bool,
+    ) -> Result<bool, SimError> {
+        // Nothing in the stretch moves the horizon: its responses are plain tokens.
+        let horizon = self.horizon();
+        let processes = self.client.door_processes();
+        let mut shares = vec![0u64; processes];
+        for rank in self.servers[s].group.ranks() {
+            for r in rank.active() {
+                shares[self.client.door_process_of(r.id().0)] += 1;
+            }
+        }
+        let mut dues = vec![Vec::new(); processes];
+        let mut step: u32 = 0;
+        let mut last_fetch = self.now;
+        loop {
+            let fetch_at = self.now;
+            step += 1;
+            let ended = self.servers[s].stretch_time(fetch_at, step, &self.backend);
+            self.coasted.1 += 1;
+            let more = u64::from(step) < limit
+                && horizon.is_none_or(|h| ended < h)
+                && self.servers[s].group.stretch_fits(step + 1);
+            if !more {
+                self.stretch_apply(s, step - 1, last_fetch, shutdown, dues)?;
+                self.servers[s]
+                    .stretch_last(step, fetch_at, ended, shutdown)
+                    .map_err(|e| self.protocol(s, e))?;
+                self.push(ended, Event::Coasted(s));
+                return Ok(true);
+            }
+            self.servers[s].stretch_record(step, fetch_at, ended);
+            self.client.serve_tokens(ended, &shares, &mut dues);
+            self.now = ended;
+            last_fetch = fetch_at;
+            match self.servers[s].coast_read(self.now) {
+                Some(more_shutdown) => shutdown |= more_shutdown,
+                None => {
+                    self.stretch_apply(s, step, last_fetch, shutdown, dues)?;
+                    return self.step_on(s).map(|()| true);
+                }
+            }
+        }
+    }
+
+    /// The first `steps` iterations of server `s`'s stretch applied (the last fetched
+    /// at `last_fetch`), their tokens held by the front door (served at `dues`) and
+    /// those it is done with by now handed to the client.
+    fn stretch_apply(
+        &mut self,
+        s: usize,
+        steps: u32,
+        last_fetch: u64,
+        shutdown: bool,
+        dues: Vec<Vec<u64>>,
+    ) -> Result<(), SimError> {
+        if steps == 0 {
+            return Ok(());
+        }
+        let mut run = TokenRun::default();
+        self.servers[s]
+            .stretch_apply(steps, last_fetch, shutdown, &mut run)
+            .map_err(|e| self.protocol(s, e))?;
+        self.iterations_without_response = 0;
+        self.closed_form += u64::from(steps);
+        self.client.hold_tokens(run, dues);
+        self.release_tokens_until(self.now);
+        if let Some(p) = self.opts.progress.as_mut() {
+            let (finished, total) = self.client.progress();
+            p(finished, total);
+        }
+        Ok(())
     }
 
     /// Server `s` goes on after a coasted iteration: coasting again if it can, else

@@ -168,6 +168,8 @@ struct Sim<'s, 'o> {
     iterations_without_response: u64,
     /// Coasting (`coast.rs`): windows, and the iterations coasted in them.
     coasted: (u64, u64),
+    /// Coasted iterations applied in closed form.
+    closed_form: u64,
     opts: SimOptions<'o>,
 }
 
@@ -178,6 +180,8 @@ pub struct Coasting {
     pub windows: u64,
     /// Server iterations coasted in them (of every server's).
     pub iterations: u64,
+    /// Of those, the ones applied in closed form (`executor::stretch`), not one by one.
+    pub closed_form: u64,
 }
 
 /// Runs a scenario to the end and reports.
@@ -267,6 +271,7 @@ pub fn run_counting(
         outcome: None,
         iterations_without_response: 0,
         coasted: (0, 0),
+        closed_form: 0,
         opts,
     };
     if sim.opts.preload {
@@ -280,6 +285,7 @@ pub fn run_counting(
     let coasting = Coasting {
         windows: sim.coasted.0,
         iterations: sim.coasted.1,
+        closed_form: sim.closed_form,
     };
     tracing::debug!(?coasting, "coasted through steady decode");
     Ok((sim.report(started.elapsed().as_secs_f64()), coasting))

@@ -188,6 +188,17 @@ impl SimServer {
 
     /// The forward step's times: returns the process point.
     fn time_forward(&mut self, forward_ran: bool, backend: &AnalyticBackend) -> u64 {
+        let awaited = self.group.awaited()[0];
+        self.time_forward_awaiting(forward_ran, awaited, backend)
+    }
+
+    /// [`SimServer::time_forward`] for an iteration that awaits `awaited`.
+    fn time_forward_awaiting(
+        &mut self,
+        forward_ran: bool,
+        awaited: Option<BatchNumber>,
+        backend: &AnalyticBackend,
+    ) -> u64 {
         // Every rank's shape came with its vote: the time every driver computes.
         let time = self
             .host
@@ -198,8 +209,7 @@ impl SimServer {
         });
         self.current = (time.host_ns, time.forward_ns);
         // Every rank awaits the same batch (they launch in lockstep).
-        self.host
-            .process_point(&time, launched, self.group.awaited()[0])
+        self.host.process_point(&time, launched, awaited)
     }
 
     /// The process point: hand the outputs back and finish the iteration.
@@ -273,6 +283,68 @@ impl SimServer {
         self.group.coast_land(fetch_at);
         self.record_iteration(at);
         Ok(at)
+    }
+
+    /// Plans a stretch of coasted iterations in closed form, after the group's
+    /// `coast_begin` (the sim's `coast.rs`): whether the token source and every rank
+    /// allow it.
+    pub fn stretch_begin(&mut self) -> bool {
+        self.tokens.pure_token().is_some() && self.group.stretch_begin()
+    }
+
+    /// The stretch's `step`-th iteration, fetched at `fetch_at`, timed as every
+    /// iteration is (from the plan's shapes): when it ends.
+    pub fn stretch_time(&mut self, fetch_at: u64, step: u32, backend: &AnalyticBackend) -> u64 {
+        self.state = ServerState::Busy;
+        self.host.fetched(fetch_at);
+        self.group.stretch_shapes(step);
+        let awaited = self.group.stretch_awaited(step);
+        self.time_forward_awaiting(true, awaited, backend)
+    }
+
+    /// The accounting of the stretch's `step`-th iteration, fetched at `fetch_at` and
+    /// ended at `at`, as [`SimServer::record_iteration`] does it for the others.
+    pub fn stretch_record(&mut self, step: u32, fetch_at: u64, at: u64) {
+        self.iterations += 1;
+        self.busy_ns += at.saturating_sub(fetch_at);
+        for (i, sampler) in self.samplers.iter_mut().enumerate() {
+            let (stats, rank) = self.group.stretch_stats(i, step, fetch_at);
+            sampler.record(stats, at, rank.totals().preemptions);
+        }
+    }
+
+    /// Applies the stretch's first `steps` iterations (the last fetched at
+    /// `last_fetch`), their tokens into `run`.
+    pub fn stretch_apply(
+        &mut self,
+        steps: u32,
+        last_fetch: u64,
+        shutdown: bool,
+        run: &mut lockstep_actors::vocab::TokenRun,
+    ) -> Result<(), GroupError> {
+        self.group
+            .stretch_apply(steps, last_fetch, shutdown, self.tokens.as_mut(), run)
+    }
+
+    /// The stretch's last iteration, timed already ([`SimServer::stretch_time`]:
+    /// fetched at `fetch_at`, ended at `at`), run as a coasted iteration is.
+    pub fn stretch_last(
+        &mut self,
+        step: u32,
+        fetch_at: u64,
+        at: u64,
+        shutdown: bool,
+    ) -> Result<(), GroupError> {
+        self.group.coast_launch(fetch_at, shutdown);
+        debug_assert!(
+            self.group.stretch_planned_shapes(step),
+            "server `{}`: the plan's shapes differ from the launched batches'",
+            self.name
+        );
+        self.group.sample_launched(self.tokens.as_mut())?;
+        self.group.coast_land(fetch_at);
+        self.record_iteration(at);
+        Ok(())
     }
 
     /// The iteration log's lines for the iteration that ended.

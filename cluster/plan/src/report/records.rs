@@ -15,17 +15,44 @@ impl RequestDetail {
     /// Records the tokens of one response received at `now_ns`; the gap since the
     /// previous delivery goes to `itl`.
     pub fn on_tokens(&mut self, r: &lockstep_actors::vocab::Response, now_ns: u64, itl: &mut Itl) {
-        if r.new_tokens > 0 {
+        self.on_delivery(r.id, r.new_tokens, r.last_token, now_ns, itl);
+    }
+
+    /// Records a run of deliveries of one token each (`tokens`, received at `dues`):
+    /// what as many responses would record ([`RequestDetail::on_tokens`]).
+    pub fn on_token_steps(
+        &mut self,
+        id: lockstep_actors::ids::ReqId,
+        tokens: &[u32],
+        dues: &[u64],
+        itl: &mut Itl,
+    ) {
+        debug_assert_eq!(tokens.len(), dues.len());
+        for (&token, &now_ns) in tokens.iter().zip(dues) {
+            self.on_delivery(id, 1, token, now_ns, itl);
+        }
+    }
+
+    /// One delivery of `new_tokens` tokens, the last `last_token`, at `now_ns`.
+    fn on_delivery(
+        &mut self,
+        id: lockstep_actors::ids::ReqId,
+        new_tokens: u32,
+        last_token: u32,
+        now_ns: u64,
+        itl: &mut Itl,
+    ) {
+        if new_tokens > 0 {
             if self.first_token_ns().is_some() {
-                itl.record(r.id, now_ns.saturating_sub(self.last_token_ns));
+                itl.record(id, now_ns.saturating_sub(self.last_token_ns));
             } else {
                 self.set_first_token_ns(Some(now_ns));
             }
             self.last_token_ns = now_ns;
-            self.output_tokens += r.new_tokens;
+            self.output_tokens += new_tokens;
             // The stream's identity, so drivers can be compared token for token.
             self.token_digest = lockstep_actors::kv::mix(
-                self.token_digest ^ (u64::from(r.last_token) << 32 | u64::from(r.new_tokens)),
+                self.token_digest ^ (u64::from(last_token) << 32 | u64::from(new_tokens)),
             );
         }
     }
