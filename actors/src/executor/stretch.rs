@@ -251,6 +251,9 @@ impl RankExecutor {
         // The first token received: under overlap, the in-flight entry's (launched one
         // batch and one position earlier).
         let back = u32::from(overlap);
+        run.ids.reserve(self.resident.active.len());
+        run.tokens
+            .reserve(self.resident.active.len() * steps as usize);
         for (i, r) in self.resident.active.iter_mut().enumerate() {
             let id = r.id();
             run.ids.push(id);

@@ -10,7 +10,7 @@ use lockstep_actors::vocab::{FailureKind, Response, TokenRun};
 
 use crate::by_id::ById;
 use crate::frontend::{Frontend, Passed};
-use lockstep_plan::report::{Itl, RequestDetail};
+use lockstep_plan::report::{Itl, RequestDetail, digest_token};
 use lockstep_plan::workload::Workload;
 
 /// What the client tells the front.
@@ -107,6 +107,7 @@ impl Client {
     /// front door, recorded as sent then; those it passes at once go into `out`, for
     /// the front.
     pub fn send_due(&mut self, due_ns: u64, now: u64, out: &mut Vec<ClientItem>) {
+        self.settle_tokens(now);
         while let Some(a) = self.workload.pop_due(due_ns) {
             let mut rec = RequestDetail::arrived(&a.spec, now);
             let admitted = self.frontend.admit(now, a.spec);
@@ -120,9 +121,17 @@ impl Client {
         }
     }
 
-    /// When the front door is next done with something (driver time).
+    /// When the front door is next done with something that cannot wait (driver
+    /// time; [`Frontend::poll_timeout`]: plain tokens wait until then, or until the
+    /// client takes anything in).
     pub fn poll_timeout(&self) -> Option<u64> {
         self.frontend.poll_timeout()
+    }
+
+    /// When the front door is next done with anything, plain tokens too: for a driver
+    /// with nothing else to wait for.
+    pub fn next_due(&self) -> Option<u64> {
+        self.frontend.next_due()
     }
 
     /// When the front door is next done with something other than plain tokens
@@ -142,20 +151,28 @@ impl Client {
             finished,
             ..
         } = self;
-        frontend.release(now, |passed| match passed {
-            Passed::Request(spec) => out.push(ClientItem::Request(spec)),
-            Passed::Responses(rs) => {
-                for r in rs {
-                    *finished += receive(records, itl, workload, now, r);
-                }
+        frontend.release(now, |passed| {
+            if let Passed::Request(spec) = passed {
+                out.push(ClientItem::Request(spec));
+            } else {
+                *finished += pass_on(records, itl, workload, passed);
             }
-            Passed::Tokens { run, steps, dues } => {
-                for (i, id) in run.ids.iter().enumerate() {
-                    if let Some(rec) = records.get_mut(id) {
-                        rec.on_token_steps(*id, &run.tokens_of(i)[steps.clone()], dues, itl);
-                    }
-                }
-            }
+        });
+    }
+
+    /// The plain tokens the front door is done with by `now` reach their records
+    /// ([`Frontend::release_tokens`]): before the door takes anything new, or anyone
+    /// reads the records.
+    fn settle_tokens(&mut self, now: u64) {
+        let Client {
+            frontend,
+            records,
+            itl,
+            workload,
+            ..
+        } = self;
+        frontend.release_tokens(now, |passed| {
+            pass_on(records, itl, workload, passed);
         });
     }
 
@@ -185,6 +202,7 @@ impl Client {
     /// The front passed on `responses` at `now`: they pass the front door on their way
     /// (at once, or at [`Client::poll_timeout`]).
     pub fn on_responses(&mut self, now: u64, responses: &[Response]) {
+        self.settle_tokens(now);
         if self.frontend.emit(now, responses) {
             for r in responses {
                 self.finished +=
@@ -211,6 +229,7 @@ impl Client {
     /// server) before the workload was played out: `refused`, if the front refused it,
     /// and every request still to come fail, as requests sent to a stopped fleet do.
     pub fn front_stopped(&mut self, now: u64, refused: Option<ReqId>) {
+        self.settle_tokens(now);
         let fail = |rec: &mut RequestDetail, workload: &mut Workload| {
             rec.fail(now, FailureKind::Unavailable, FRONT_STOPPED);
             workload.on_finished(ReqId(rec.id), now, false);
@@ -238,12 +257,58 @@ impl Client {
     }
 
     /// What the client saw, ending at `end_ns`.
-    pub fn into_result(self, end_ns: u64) -> ClientResult {
+    pub fn into_result(mut self, end_ns: u64) -> ClientResult {
+        self.settle_tokens(end_ns);
         ClientResult {
             frontend: self.has_frontend.then(|| self.frontend.summary(end_ns)),
             records: self.records.into_values(),
             itl: self.itl,
             end_ns,
+        }
+    }
+}
+
+/// A job the front door handed on (not a request) reaches the records, at the times
+/// the door was done with it: 1 if it ended a request.
+fn pass_on(
+    records: &mut ById<RequestDetail>,
+    itl: &mut Itl,
+    workload: &mut Workload,
+    passed: Passed<'_>,
+) -> u64 {
+    match passed {
+        Passed::Request(_) => unreachable!("requests go to the front"),
+        // At the time the door was done with them: plain tokens may come out later.
+        Passed::Responses { responses, due } => responses
+            .iter()
+            .map(|r| receive(records, itl, workload, due, r))
+            .sum(),
+        Passed::Tokens { run, steps, dues } => {
+            let mut measured = 0;
+            let mut digests = Vec::with_capacity(run.ids.len());
+            for (i, id) in run.ids.iter().enumerate() {
+                if let Some(rec) = records.get_mut(id) {
+                    let first = run.tokens_of(i)[steps.start];
+                    measured += u64::from(rec.on_token_steps(*id, first, dues, itl));
+                    digests.push((i, rec.token_digest));
+                }
+            }
+            // The gaps after each request's first delivery are every request's.
+            itl.record_gaps(dues, measured);
+            // Each stream's digest is a chain; the requests' chains are independent, so
+            // they advance together, step by step (one chain at a time would wait on
+            // each multiplication).
+            for j in steps.start + 1..steps.end {
+                for (i, digest) in &mut digests {
+                    *digest = digest_token(*digest, run.tokens_of(*i)[j], 1);
+                }
+            }
+            for (i, digest) in digests {
+                if let Some(rec) = records.get_mut(&run.ids[i]) {
+                    rec.token_digest = digest;
+                }
+            }
+            0
         }
     }
 }

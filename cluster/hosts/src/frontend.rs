@@ -43,6 +43,16 @@ struct TokenJob {
 }
 
 impl Job {
+    /// Whether handing the job on does more than add tokens to open requests' records:
+    /// a request, or responses with an ending among them.
+    fn beyond_tokens(&self) -> bool {
+        match self {
+            Job::Request(_) => true,
+            Job::Responses(rs) => rs.iter().any(|r| r.finish.is_some()),
+            Job::Tokens(_) => false,
+        }
+    }
+
     /// When the job (its last part) is done, given when its next part is.
     fn done_at(&self, next_due: u64) -> u64 {
         match self {
@@ -57,8 +67,9 @@ impl Job {
 pub enum Passed<'a> {
     /// A request, for the front.
     Request(RequestSpec),
-    /// One iteration's responses on one process (lent: the vector is reused).
-    Responses(&'a [Response]),
+    /// One iteration's responses on one process (lent: the vector is reused), and
+    /// when the door was done with them (plain tokens may be handed on later).
+    Responses { responses: &'a [Response], due: u64 },
     /// A stretch's iterations `steps` on one process, each done at its `dues`.
     Tokens {
         run: &'a TokenRun,
@@ -83,6 +94,18 @@ struct Process {
     free_at: u64,
     busy_ns: u64,
     held: VecDeque<(u64, Job)>,
+    /// When each held job that is more than plain tokens is done, in order.
+    beyond: VecDeque<u64>,
+}
+
+impl Process {
+    /// Holds `job` until `due`, after the others.
+    fn hold(&mut self, due: u64, job: Job) {
+        if job.beyond_tokens() {
+            self.beyond.push_back(due);
+        }
+        self.held.push_back((due, job));
+    }
 }
 
 /// Response vectors of jobs already handed on, reused for the next (a run emits one job
@@ -153,11 +176,10 @@ impl Frontend {
         let process = self.process_of(spec.id.0);
         let cost = self.scaled(self.costs.request_ns(spec.prompt_len));
         let (start, done) = self.serve(process, now, cost);
-        let held = &mut self.processes[process].held;
-        let passed = if done <= now && held.is_empty() {
+        let passed = if done <= now && self.processes[process].held.is_empty() {
             Some(spec)
         } else {
-            held.push_back((done, Job::Request(spec)));
+            self.processes[process].hold(done, Job::Request(spec));
             self.in_door += 1;
             self.peak_in_door = self.peak_in_door.max(self.in_door);
             None
@@ -200,9 +222,7 @@ impl Frontend {
             let tokens = share.iter().map(|r| u64::from(r.new_tokens)).sum();
             let cost = self.scaled(self.costs.output_ns(tokens));
             let (_, done) = self.serve(process, now, cost);
-            self.processes[process]
-                .held
-                .push_back((done, Job::Responses(share)));
+            self.processes[process].hold(done, Job::Responses(share));
         }
         false
     }
@@ -259,14 +279,13 @@ impl Frontend {
             let mut share = std::mem::take(share);
             share.steps = dues.len() as u32;
             debug_assert_eq!(share.tokens.len(), share.ids.len() * dues.len());
-            self.processes[process].held.push_back((
-                dues[0],
-                Job::Tokens(TokenJob {
-                    run: share,
-                    dues,
-                    released: 0,
-                }),
-            ));
+            let first = dues[0];
+            let job = Job::Tokens(TokenJob {
+                run: share,
+                dues,
+                released: 0,
+            });
+            self.processes[process].hold(first, job);
         }
     }
 
@@ -276,18 +295,23 @@ impl Frontend {
     pub fn next_due_beyond_tokens(&self) -> Option<u64> {
         self.processes
             .iter()
-            .filter_map(|p| {
-                p.held.iter().find_map(|(due, job)| match job {
-                    Job::Responses(rs) if rs.iter().all(|r| r.finish.is_none()) => None,
-                    Job::Tokens(_) => None,
-                    _ => Some(*due),
-                })
-            })
+            .filter_map(|p| p.beyond.front().copied())
             .min()
     }
 
-    /// When the next held job is done.
+    /// When the door next has something to hand on that cannot wait: a job that is
+    /// more than plain tokens ([`Frontend::next_due_beyond_tokens`]). Plain tokens
+    /// wait for that, for [`Frontend::release_tokens`], or for a driver with nothing
+    /// else to do ([`Frontend::next_due`]): they only add to open requests' records,
+    /// each at the time it was done, and each process hands its jobs on in order, so a
+    /// request's tokens still reach its record before its ending, and every record is
+    /// whole when anything reads it.
     pub fn poll_timeout(&self) -> Option<u64> {
+        self.next_due_beyond_tokens()
+    }
+
+    /// When the next held job, of any kind, is done.
+    pub fn next_due(&self) -> Option<u64> {
         self.processes
             .iter()
             .filter_map(|p| p.held.front().map(|&(due, _)| due))
@@ -295,10 +319,24 @@ impl Frontend {
     }
 
     /// Hands every job done by `now` on to `on`, each process's in order.
-    pub fn release(&mut self, now: u64, mut on: impl FnMut(Passed<'_>)) {
+    pub fn release(&mut self, now: u64, on: impl FnMut(Passed<'_>)) {
+        self.release_while(now, false, on);
+    }
+
+    /// Hands the plain tokens done by `now` on to `on`, each process's in order up to
+    /// its first job that is more (which [`Frontend::release`] hands on when due): what
+    /// must be out before the door takes anything new, or anyone reads the records.
+    pub fn release_tokens(&mut self, now: u64, on: impl FnMut(Passed<'_>)) {
+        self.release_while(now, true, on);
+    }
+
+    fn release_while(&mut self, now: u64, tokens_only: bool, mut on: impl FnMut(Passed<'_>)) {
         for p in &mut self.processes {
-            while p.held.front().is_some_and(|&(due, _)| due <= now) {
-                if let Some((due, Job::Tokens(job))) = p.held.front_mut() {
+            while let Some((due, job)) = p.held.front_mut() {
+                if *due > now || (tokens_only && job.beyond_tokens()) {
+                    break;
+                }
+                if let Job::Tokens(job) = job {
                     let from = job.released;
                     let to = from + job.dues[from..].partition_point(|&d| d <= now);
                     on(Passed::Tokens {
@@ -313,14 +351,21 @@ impl Frontend {
                         break;
                     }
                 }
-                match p.held.pop_front().expect("just seen").1 {
+                let (due, job) = p.held.pop_front().expect("just seen");
+                if job.beyond_tokens() {
+                    p.beyond.pop_front();
+                }
+                match job {
                     Job::Tokens(_) => {}
                     Job::Request(spec) => {
                         self.in_door -= 1;
                         on(Passed::Request(spec));
                     }
                     Job::Responses(mut share) => {
-                        on(Passed::Responses(&share));
+                        on(Passed::Responses {
+                            responses: &share,
+                            due,
+                        });
                         if self.spare.len() < SPARE_SHARES {
                             share.clear();
                             self.spare.push(share);
@@ -430,5 +475,60 @@ mod tests {
         // The scale multiplies every cost: at scale 0 a costly door is free too.
         let mut scaled = Frontend::new(costs(1), 0.0);
         assert!(scaled.admit(0, spec(1, 8192)).passed.is_some());
+    }
+
+    /// Two requests on two processes, three iterations of one token each: the door
+    /// serves them as one job per iteration and process whether it gets the responses
+    /// one iteration at a time or as a stretch's token run; the run comes out at the
+    /// same times, in order, and only once nothing else is due first.
+    #[test]
+    fn a_token_run_passes_as_its_iterations_would() {
+        let ends = [10_000, 20_000, 30_000];
+        // One iteration at a time: when each job of each process is done.
+        let mut each = Frontend::new(costs(2), 1.0);
+        let mut times = vec![Vec::new(); 2];
+        for &t in &ends {
+            let responses = [token(1)[0].clone(), token(2)[0].clone()];
+            assert!(!each.emit(t, &responses));
+            while let Some(due) = each.next_due().filter(|&d| d <= t + 5_000) {
+                each.release(due, |passed| match passed {
+                    Passed::Responses { responses, due } => {
+                        for r in responses {
+                            times[(r.id.0 - 1) as usize].push(due);
+                        }
+                    }
+                    other => panic!("only responses, got {other:?}"),
+                });
+            }
+        }
+        // As a run: served per iteration, held once, handed on at the end.
+        let mut run_door = Frontend::new(costs(2), 1.0);
+        let mut dues = vec![Vec::new(); 2];
+        for &t in &ends {
+            run_door.serve_tokens(t, &[1, 1], &mut dues);
+        }
+        run_door.hold_tokens(
+            TokenRun {
+                ids: vec![ReqId(1), ReqId(2)],
+                steps: 3,
+                tokens: vec![7, 7, 7, 7, 7, 7],
+            },
+            dues,
+        );
+        // Plain tokens never make the door due; they wait for what else comes.
+        assert_eq!(run_door.poll_timeout(), None);
+        let mut run_times = vec![Vec::new(); 2];
+        run_door.release_tokens(u64::MAX, |passed| match passed {
+            Passed::Tokens { run, steps, dues } => {
+                assert_eq!(steps, 0..3);
+                for id in &run.ids {
+                    run_times[(id.0 - 1) as usize].extend_from_slice(dues);
+                }
+            }
+            other => panic!("only tokens, got {other:?}"),
+        });
+        assert_eq!(run_times, times);
+        assert_eq!(run_door.next_due(), None);
+        assert_eq!(run_door.summary(40_000), each.summary(40_000));
     }
 }

@@ -57,10 +57,10 @@ impl Sim<'_, '_> {
                 return Ok(true);
             }
             // Nothing else happens before the next fetch but the front door handing the
-            // client tokens: the clock moves there, the responses leave, and the next
-            // fetch reads what is there (nothing: any input would have been an event
-            // before the horizon).
-            self.release_tokens_until(ended);
+            // client tokens (which reach the records when the door next takes anything:
+            // `Client::on_responses`): the clock moves there, the responses leave, and
+            // the next fetch reads what is there (nothing: any input would have been an
+            // event before the horizon).
             self.now = ended;
             self.emit_responses(s);
             if self.horizon().is_some_and(|h| h <= self.now) {
@@ -129,8 +129,8 @@ impl Sim<'_, '_> {
     }
 
     /// The first `steps` iterations of server `s`'s stretch applied (the last fetched
-    /// at `last_fetch`), their tokens held by the front door (served at `dues`) and
-    /// those it is done with by now handed to the client.
+    /// at `last_fetch`), their tokens held by the front door (served at `dues`) for the
+    /// client.
     fn stretch_apply(
         &mut self,
         s: usize,
@@ -149,7 +149,6 @@ impl Sim<'_, '_> {
         self.iterations_without_response = 0;
         self.closed_form += u64::from(steps);
         self.client.hold_tokens(run, dues);
-        self.release_tokens_until(self.now);
         if let Some(p) = self.opts.progress.as_mut() {
             let (finished, total) = self.client.progress();
             p(finished, total);
@@ -184,19 +183,5 @@ impl Sim<'_, '_> {
         .into_iter()
         .flatten()
         .min()
-    }
-
-    /// The front door hands the client what it is done with by `until`, each at its
-    /// time, as the event loop would (only plain tokens: anything else is past the
-    /// horizon).
-    fn release_tokens_until(&mut self, until: u64) {
-        let mut items = Vec::new();
-        while let Some(due) = self.client.poll_timeout().filter(|&d| d <= until) {
-            self.client.handle_timeout(due, &mut items);
-        }
-        debug_assert!(
-            items.is_empty(),
-            "a request passed the door inside the horizon"
-        );
     }
 }

@@ -371,7 +371,14 @@ impl Sim<'_, '_> {
             } else {
                 self.client.next_arrival_ns()
             };
-            let next_release = self.client.poll_timeout();
+            // Plain tokens wait for anything else the client does (they only reach
+            // open requests' records, at the times the front door was done with them),
+            // or for nothing else being left.
+            let next_release = self.client.poll_timeout().or_else(|| {
+                (next_event.is_none() && next_arrival.is_none())
+                    .then(|| self.client.next_due())
+                    .flatten()
+            });
             let next_client = match (next_arrival, next_release) {
                 (Some(a), Some(r)) => Some(a.min(r)),
                 (a, r) => a.or(r),

@@ -16,7 +16,7 @@ pub mod stats;
 pub mod table;
 
 pub use goodput::SloError;
-pub use records::{ClientLog, Itl};
+pub use records::{ClientLog, Itl, digest_token};
 pub use saturation::saturation_note;
 pub use schema::*;
 pub use stats::{RankEnding, RankSummary, assemble_report, run_outcome, server_report};

@@ -18,19 +18,26 @@ impl RequestDetail {
         self.on_delivery(r.id, r.new_tokens, r.last_token, now_ns, itl);
     }
 
-    /// Records a run of deliveries of one token each (`tokens`, received at `dues`):
-    /// what as many responses would record ([`RequestDetail::on_tokens`]).
+    /// Records a run of deliveries of one token each, received at `dues`, as as many
+    /// responses would ([`RequestDetail::on_tokens`]), but for two parts the caller
+    /// takes over: the digest of every token after `first` ([`digest_token`], which
+    /// the caller runs across requests), and the gaps after the first delivery, which
+    /// are every request's of the run alike ([`Itl::record_gaps`]). Whether the
+    /// request's gaps are measured.
     pub fn on_token_steps(
         &mut self,
         id: lockstep_actors::ids::ReqId,
-        tokens: &[u32],
+        first: u32,
         dues: &[u64],
         itl: &mut Itl,
-    ) {
-        debug_assert_eq!(tokens.len(), dues.len());
-        for (&token, &now_ns) in tokens.iter().zip(dues) {
-            self.on_delivery(id, 1, token, now_ns, itl);
-        }
+    ) -> bool {
+        let (Some(&first_ns), Some(&last_ns)) = (dues.first(), dues.last()) else {
+            return false;
+        };
+        self.on_delivery(id, 1, first, first_ns, itl);
+        self.last_token_ns = last_ns;
+        self.output_tokens += dues.len() as u32 - 1;
+        itl.measures(id)
     }
 
     /// One delivery of `new_tokens` tokens, the last `last_token`, at `now_ns`.
@@ -50,10 +57,7 @@ impl RequestDetail {
             }
             self.last_token_ns = now_ns;
             self.output_tokens += new_tokens;
-            // The stream's identity, so drivers can be compared token for token.
-            self.token_digest = lockstep_actors::kv::mix(
-                self.token_digest ^ (u64::from(last_token) << 32 | u64::from(new_tokens)),
-            );
+            self.token_digest = digest_token(self.token_digest, last_token, new_tokens);
         }
     }
 
@@ -89,6 +93,12 @@ impl RequestDetail {
     pub fn fail(&mut self, now_ns: u64, kind: FailureKind, why: impl Into<String>) {
         self.end(now_ns, Some((kind, why.into())));
     }
+}
+
+/// A token stream's digest after a delivery of `new_tokens` tokens, the last
+/// `last_token`: the stream's identity, so drivers can be compared token for token.
+pub fn digest_token(digest: u64, last_token: u32, new_tokens: u32) -> u64 {
+    lockstep_actors::kv::mix(digest ^ (u64::from(last_token) << 32 | u64::from(new_tokens)))
 }
 
 /// Inter-token latency (ITL): every gap between two successive deliveries of output
@@ -135,6 +145,31 @@ impl Itl {
                 _ => {
                     Self::add(&mut self.hist, &mut self.sum_ns, self.run);
                     self.run = (gap_ns, 1);
+                }
+            }
+        }
+    }
+
+    /// Whether the gaps of `id`'s stream count (it is not a warm-up request).
+    pub fn measures(&self, id: lockstep_actors::ids::ReqId) -> bool {
+        id.0 > self.warmup
+    }
+
+    /// `requests` gaps of each of `dues`' successive differences: the gaps after the
+    /// first delivery of a run of deliveries that many measured requests received
+    /// alike ([`RequestDetail::on_token_steps`]); what [`Itl::record`] would record
+    /// one by one.
+    pub fn record_gaps(&mut self, dues: &[u64], requests: u64) {
+        if requests == 0 {
+            return;
+        }
+        for pair in dues.windows(2) {
+            let gap_ns = pair[1].saturating_sub(pair[0]);
+            match &mut self.run {
+                (gap, n) if *n > 0 && *gap == gap_ns => *n += requests,
+                _ => {
+                    Self::add(&mut self.hist, &mut self.sum_ns, self.run);
+                    self.run = (gap_ns, requests);
                 }
             }
         }
