@@ -254,6 +254,15 @@ impl RankExecutor {
         run.ids.reserve(self.resident.active.len());
         run.tokens
             .reserve(self.resident.active.len() * steps as usize);
+        // No step applied here ends a request or makes it retiring (`coast_limit`): the
+        // stretch's last iteration, which may, runs as a coasted one.
+        debug_assert!(
+            self.resident
+                .active
+                .iter()
+                .all(|r| r.generated + steps + back < self.effective_max_new(r)),
+            "a stretch of {steps} steps ends a request or makes it retiring"
+        );
         for (i, r) in self.resident.active.iter_mut().enumerate() {
             let id = r.id();
             run.ids.push(id);

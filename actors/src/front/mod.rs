@@ -626,14 +626,20 @@ impl Front {
             self.requests.remove(&id);
             return Some(Finish::Completed);
         }
-        let mut spec = r.spec.clone();
-        spec.generated_before = 1;
+        let gen_peer = r.gen_peer;
         // The gen server receives the KV; it never prefills, so the prompt's block
-        // hashes (prefix reuse) mean nothing there.
-        spec.block_hashes = Vec::new();
+        // hashes (prefix reuse) mean nothing there: the spec is copied without them
+        // (a long prompt has thousands).
+        let mut spec = {
+            let r = self.requests.get_mut(&id).expect("looked up above");
+            let hashes = std::mem::take(&mut r.spec.block_hashes);
+            let spec = r.spec.clone();
+            r.spec.block_hashes = hashes;
+            spec
+        };
+        spec.generated_before = 1;
         // Whichever gen rank the server's router picks pulls from here.
         spec.kv_source = Some(here);
-        let gen_peer = r.gen_peer;
         let target = match gen_peer {
             Some(peer) => Some(peer),
             None => self.pick(Role::Gen, &spec),
