@@ -90,10 +90,13 @@ impl RankExecutor {
         steady && in_flight
     }
 
-    /// Iterations this rank can coast before one of its requests ends or turns
-    /// retiring: without overlap a request's last token ends it; with overlap the
-    /// in-flight token comes first and the launch before the last token makes it
-    /// retiring.
+    /// Iterations this rank can coast, the last one the first in which one of its
+    /// requests ends or turns retiring: without overlap a request's last token ends it;
+    /// with overlap the in-flight token comes first and the launch of the last token
+    /// makes it retiring. That iteration is still steady when it starts (its first
+    /// half is every coasted iteration's), and its second half is the protocol's own
+    /// `process_output`, which ends the request or makes it retiring; after it the
+    /// server is no longer steady.
     pub fn coast_limit(&self) -> u64 {
         let ahead = if self.setup.sizes.overlap { 2 } else { 1 };
         self.resident
@@ -101,7 +104,7 @@ impl RankExecutor {
             .iter()
             .map(|q| {
                 let left = self.effective_max_new(q).saturating_sub(q.generated);
-                u64::from(left.saturating_sub(ahead))
+                u64::from((left + 1).saturating_sub(ahead))
             })
             .min()
             .unwrap_or(0)
