@@ -43,14 +43,17 @@ impl RankExecutor {
     /// seat and KV, nothing else is resident, pending or carried, and the last
     /// iteration left no violation or transfer behind (what waits in the queue is the
     /// group's to judge: [`RankExecutor::coast_expected`]). Under overlap the batch in
-    /// flight is one step of every request, in order.
+    /// flight is one step of every request, in order, and a request may be retiring:
+    /// its last token is in that batch, so this iteration schedules the others and ends
+    /// it ([`RankExecutor::coast_limit`] makes that iteration the stretch's last).
     pub fn coast_ready(&self) -> bool {
         let r = &self.resident;
         let s = &self.setup.sizes;
         let n = r.active.len();
-        let fits = n > 0
-            && n <= s.max_batch_size as usize
-            && n <= s.max_num_tokens as usize
+        let scheduled = self.coast_scheduled();
+        let fits = scheduled > 0
+            && scheduled <= s.max_batch_size as usize
+            && scheduled <= s.max_num_tokens as usize
             && n <= s.max_admitted_per_rank as usize;
         let quiet = matches!(self.stage, Stage::Open)
             && self.setup.role != Role::Ctx
@@ -68,7 +71,8 @@ impl RankExecutor {
             return false;
         }
         let steady = r.active.iter().all(|q| {
-            q.state == RequestState::GenerationInProgress
+            (q.state == RequestState::GenerationInProgress
+                || (s.overlap && q.state == RequestState::GenerationToComplete))
                 && q.seat.is_some()
                 && q.holds_kv
                 && !q.awaiting_encoder_output
@@ -90,6 +94,24 @@ impl RankExecutor {
         steady && in_flight
     }
 
+    /// The requests a coasted iteration schedules: those in progress (not a retiring
+    /// one, whose last token is in flight).
+    pub fn coast_scheduled(&self) -> usize {
+        self.resident
+            .active
+            .iter()
+            .filter(|q| q.state == RequestState::GenerationInProgress)
+            .count()
+    }
+
+    /// Whether a request here is retiring (its last token in flight, under overlap).
+    fn coast_retiring(&self) -> bool {
+        self.resident
+            .active
+            .iter()
+            .any(|q| q.state == RequestState::GenerationToComplete)
+    }
+
     /// Iterations this rank can coast, the last one the first in which one of its
     /// requests ends or turns retiring: without overlap a request's last token ends it;
     /// with overlap the in-flight token comes first and the launch of the last token
@@ -97,17 +119,27 @@ impl RankExecutor {
     /// half is every coasted iteration's), and its second half is the protocol's own
     /// `process_output`, which ends the request or makes it retiring; after it the
     /// server is no longer steady.
+    ///
+    /// A retiring request ends in the first coasted iteration, which changes what the
+    /// next one would gather: that iteration is the stretch's only one.
     pub fn coast_limit(&self) -> u64 {
         let ahead = if self.setup.sizes.overlap { 2 } else { 1 };
-        self.resident
+        let limit = self
+            .resident
             .active
             .iter()
+            .filter(|q| q.state == RequestState::GenerationInProgress)
             .map(|q| {
                 let left = self.effective_max_new(q).saturating_sub(q.generated);
                 u64::from((left + 1).saturating_sub(ahead))
             })
             .min()
-            .unwrap_or(0)
+            .unwrap_or(0);
+        if self.coast_retiring() {
+            limit.min(1)
+        } else {
+            limit
+        }
     }
 
     /// The iteration's replicated decisions as the first half would take them from the
@@ -171,7 +203,7 @@ impl RankExecutor {
     /// start set per iteration), from this rank's `counts`, the `expected` of
     /// [`RankExecutor::coast_expected`], and every rank's tokens per forward.
     pub fn coast_begin(&mut self, counts: RankCounts, expected: u32, rank_tokens: &[u32]) {
-        let n = self.resident.active.len() as u32;
+        let n = self.coast_scheduled() as u32;
         self.report.stats = IterationStats {
             iteration: self.iteration,
             rank: self.rank,
@@ -208,22 +240,25 @@ impl RankExecutor {
             .resident
             .active
             .iter()
+            .filter(|q| q.state == RequestState::GenerationInProgress)
             .filter(|q| q.kv_tokens + 1 > q.kv_room)
             .count();
         if crossing as u64 > u64::from(self.kv.free_blocks()) {
             return false;
         }
-        if self.capacity.policy() != CapacitySchedulerPolicy::MaxUtilization {
+        let retiring = self.coast_retiring();
+        if self.capacity.policy() != CapacitySchedulerPolicy::MaxUtilization && !retiring {
             // GUARANTEED_NO_EVICT and STATIC_BATCH take every request in progress up to
-            // the cap (`coast_ready`), whatever the pool holds.
+            // the cap (`coast_ready`), whatever the pool holds; a retiring request may
+            // take a slot off the cap (legacy `admission.charge_retiring`), so then the
+            // scheduler itself is asked.
             return true;
         }
+        let scheduled = self.coast_scheduled();
         let (classes, out) = (&mut self.bufs.classes, &mut self.bufs.capacity);
         self.capacity
             .schedule_with(&self.resident.active, &self.kv, classes, out);
-        out.paused.is_empty()
-            && out.disagg_gen_init.is_empty()
-            && out.fitting.len() == self.resident.active.len()
+        out.paused.is_empty() && out.disagg_gen_init.is_empty() && out.fitting.len() == scheduled
     }
 
     /// A coasted iteration's first half at `now_ns`, whose fetch read nothing but maybe
@@ -241,6 +276,10 @@ impl RankExecutor {
         let mut batch = self.bufs.batch();
         batch.entries.reserve(self.resident.active.len());
         for i in 0..self.resident.active.len() {
+            if self.resident.active[i].state != RequestState::GenerationInProgress {
+                // Retiring: its last token is in flight.
+                continue;
+            }
             let entry = self.prepare_entry(i, STEP);
             debug_assert!(entry.is_some(), "a coasted step was deferred");
             if let Some(e) = entry {

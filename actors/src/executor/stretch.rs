@@ -168,7 +168,13 @@ impl RankExecutor {
         plan.phase_start.resize(tpb as usize + 1, 0);
         for r in active {
             let whole_blocks = self.kv.blocks_of(r.id()) * tpb;
-            if !r.holds_kv || r.kv_room != whole_blocks || r.kv_room < r.kv_tokens {
+            // A retiring request ends in the first iteration: that one runs as a
+            // coasted one (`coast_limit` makes it the stretch's only one).
+            if r.state != crate::request::RequestState::GenerationInProgress
+                || !r.holds_kv
+                || r.kv_room != whole_blocks
+                || r.kv_room < r.kv_tokens
+            {
                 return false;
             }
             let first = r.kv_room - r.kv_tokens + 1;

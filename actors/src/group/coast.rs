@@ -44,7 +44,11 @@ impl ServerGroup {
 
     /// Starts coasting with the decisions [`ServerGroup::coast_limit`] took.
     pub fn coast_begin(&mut self) {
-        let tokens: Vec<u32> = self.ranks.iter().map(|r| r.active().len() as u32).collect();
+        let tokens: Vec<u32> = self
+            .ranks
+            .iter()
+            .map(|r| r.coast_scheduled() as u32)
+            .collect();
         for (r, &(counts, expected)) in self.ranks.iter_mut().zip(&self.coast) {
             r.coast_begin(counts, expected, &tokens);
         }
