@@ -14,6 +14,11 @@
 //! but a coasting rank has no transfer in flight. The last coasted iteration's
 //! responses leave at its process point, as an event ([`Event::Coasted`]), so they meet
 //! the front and the client in the order of every other event.
+//!
+//! Where it can, a stretch is coasted in closed form ([`Sim::coast_stretch`]): each
+//! iteration timed and recorded from the ranks' plans (`executor::stretch`), the
+//! iterations applied to the ranks at once when the stretch ends, their tokens handed
+//! to the front door as one run; the last iteration runs as a coasted one.
 
 use lockstep_actors::vocab::TokenRun;
 
@@ -168,7 +173,8 @@ impl Sim<'_, '_> {
 
     /// The earliest time anything but a server's own coasting can happen: the next
     /// event, the next arrival, the front door's next job done that is more than plain
-    /// tokens (those only reach their requests' records: [`Sim::release_tokens_until`]).
+    /// tokens (those only reach their requests' records, and wait for what comes next:
+    /// `Frontend::poll_timeout`).
     fn horizon(&mut self) -> Option<u64> {
         let arrival = if self.opts.preload {
             None
