@@ -1413,7 +1413,8 @@ fn close(got: &Value, want: f64, what: &str) {
 /// are the k most likely in order, on completions (whole and streamed, `top_logprobs`
 /// dicts with `text_offset`) and chat (`logprobs.content`, streamed and whole); with a
 /// `logit_bias` the sampled token changes but its logprob stays the raw model's (vLLM's
-/// default); `echo` puts the prompt first; k above 20 and echo with logprobs are a 400
+/// default); `echo` puts the prompt first, and with `logprobs` the prompt's tokens'
+/// log-probabilities (the first token none) before the answer's; k above 20 is a 400
 /// naming the field; without a model logprobs are a 400 saying no forward runs.
 #[test]
 fn a_models_logprobs_are_the_dense_forwards_log_softmax() {
@@ -1643,6 +1644,85 @@ fn a_models_logprobs_are_the_dense_forwards_log_softmax() {
             .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
             .collect();
         assert_eq!(text, format!("echo this{plain}"));
+        // echo with logprobs: the prompt's tokens first, the first with none, each other
+        // with its log-probability given those before it (the dense forward fed one
+        // token at a time, the server's one forward over the whole prompt), then the
+        // answer's; streamed the same.
+        let prompt = "echo these prompt tokens with their logprobs";
+        let ids = tokenizer.encode_prompt(prompt).expect("encode");
+        assert!(ids.len() > 4, "{ids:?}");
+        let mut sequence = [DenseSequence::new(&model)];
+        let mut prompt_steps = Vec::new();
+        for pair in ids.windows(2) {
+            let logits = forward_dense(&model, &mut sequence, &[&pair[..1]]).expect("forward");
+            prompt_steps.push(RefStep {
+                token: pair[1],
+                logprobs: log_softmax(&logits[0]),
+            });
+        }
+        let steps = reference(&ids, None);
+        let body = json!({"prompt": prompt, "max_tokens": MAX_TOKENS, "logprobs": 2, "echo": true});
+        let (code, answer) = post(&s.url("/v1/completions"), &body.to_string(), None);
+        assert_eq!(code, 200, "{answer}");
+        let whole = json_of(&answer)["choices"][0]["logprobs"].clone();
+        let check_echo = |lp: &Value, what: &str| {
+            let tokens = lp["tokens"].as_array().expect("tokens");
+            assert_eq!(tokens.len(), ids.len() + steps.len(), "{what}: {lp}");
+            assert_eq!(tokens[0], text_of(ids[0]).as_str(), "{what}");
+            assert!(lp["token_logprobs"][0].is_null(), "{what}: {lp}");
+            assert!(lp["top_logprobs"][0].is_null(), "{what}: {lp}");
+            let mut offset = text_of(ids[0]).chars().count();
+            for (i, step) in prompt_steps.iter().enumerate() {
+                let at = i + 1;
+                assert_eq!(tokens[at], text_of(step.token).as_str(), "{what}");
+                close(
+                    &lp["token_logprobs"][at],
+                    step.logprobs[step.token as usize],
+                    what,
+                );
+                assert_eq!(lp["text_offset"][at], offset, "{what}");
+                offset += text_of(step.token).chars().count();
+                let top = lp["top_logprobs"][at].as_object().expect("a dict");
+                for id in top_ids(&step.logprobs, 2) {
+                    let t = text_of(id);
+                    if top_ids(&step.logprobs, 2)
+                        .iter()
+                        .filter(|&&w| text_of(w) == t)
+                        .count()
+                        == 1
+                    {
+                        close(&top[&t], step.logprobs[id as usize], what);
+                    }
+                }
+            }
+            for (i, step) in steps.iter().enumerate() {
+                let at = ids.len() + i;
+                assert_eq!(tokens[at], text_of(step.token).as_str(), "{what}");
+                close(
+                    &lp["token_logprobs"][at],
+                    step.logprobs[step.token as usize],
+                    what,
+                );
+            }
+        };
+        check_echo(&whole, "echo with logprobs");
+        let mut body = body;
+        body["stream"] = json!(true);
+        let (code, events) = post(&s.url("/v1/completions"), &body.to_string(), None);
+        assert_eq!(code, 200, "{events}");
+        let mut merged =
+            json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+        for c in streamed(&events) {
+            let lp = &c["choices"][0]["logprobs"];
+            if lp.is_null() {
+                continue;
+            }
+            for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+                let items = lp[key].as_array().expect("a list").clone();
+                merged[key].as_array_mut().expect("a list").extend(items);
+            }
+        }
+        assert_eq!(merged, whole, "streamed echo with logprobs");
         // Refusals name the field (and the value past 20).
         for (path, body, field, named) in [
             (
@@ -1656,12 +1736,6 @@ fn a_models_logprobs_are_the_dense_forwards_log_softmax() {
                 json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}),
                 "top_logprobs",
                 "21",
-            ),
-            (
-                "/v1/completions",
-                json!({"prompt": "x", "logprobs": 1, "echo": true}),
-                "echo",
-                "logprobs",
             ),
         ] {
             let (code, err) = post(&s.url(path), &body.to_string(), None);

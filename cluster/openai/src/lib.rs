@@ -22,8 +22,8 @@
 //!   `min_tokens` only keeps stop strings from ending an answer before it). `user` is
 //!   type-checked and otherwise ignored;
 //! - `logprobs` (completions: 0 to 20 top tokens; chat: `true`, with `top_logprobs`
-//!   0 to 20) and completions' `echo` are checked; `echo` with `logprobs` is refused
-//!   (prompt log-probabilities are not computed), as is chat's `echo`;
+//!   0 to 20) and completions' `echo` are checked (`echo` with `logprobs` gives the
+//!   prompt's log-probabilities too); chat's `echo` is refused;
 //! - a field lockstep does not implement is refused (400 naming it) rather than
 //!   answered as if it were not there: `response_format` other than text, `tools`/`functions`, `tool_choice` that asks
 //!   for a tool, `suffix`, `best_of` other than `n`; `ignore_eos` is implemented
@@ -585,9 +585,8 @@ pub fn parse(
 pub const MAX_LOGPROBS: u32 = 20;
 
 /// `logprobs` / `top_logprobs` and `echo`, each checked: completions take `logprobs: k`
-/// and `echo`; chat takes `logprobs: true` with `top_logprobs: k` (k at most
-/// [`MAX_LOGPROBS`]). Prompt log-probabilities are not computed, so `echo` with
-/// `logprobs` is refused naming both.
+/// and `echo` (both: the prompt's log-probabilities too); chat takes `logprobs: true`
+/// with `top_logprobs: k` (k at most [`MAX_LOGPROBS`]).
 fn logprobs_and_echo(
     obj: &serde_json::Map<String, Value>,
     endpoint: Endpoint,
@@ -628,14 +627,7 @@ fn logprobs_and_echo(
                 None | Some(Value::Bool(false)) => None,
                 Some(v) => Some(count("logprobs", v)?),
             };
-            let echo = flag("echo")?;
-            if echo && logprobs.is_some() {
-                return Err(ApiError::field(
-                    "echo",
-                    "echo with logprobs is not supported by lockstep: the prompt's log-probabilities are not computed (echo alone, or logprobs alone, is)",
-                ));
-            }
-            Ok((logprobs, echo))
+            Ok((logprobs, flag("echo")?))
         }
         Endpoint::Chat => {
             if let Some(v) = given("echo")
@@ -1022,7 +1014,6 @@ mod tests {
             (r#""logprobs": 21"#, "logprobs"),
             (r#""logprobs": true"#, "logprobs"),
             (r#""top_logprobs": 3"#, "top_logprobs"),
-            (r#""echo": true, "logprobs": 0"#, "echo"),
             (r#""echo": 1"#, "echo"),
             (
                 r#""response_format": {"type": "json_object"}"#,
@@ -1100,16 +1091,18 @@ mod tests {
             assert_eq!((e.status, e.param.as_deref()), (400, Some(field)));
             assert!(e.message.contains(value), "{}", e.message);
         }
-        // Top tokens without logprobs, echo on chat, echo with logprobs: refused.
+        // Top tokens without logprobs, echo on chat: refused; echo with logprobs on
+        // completions: both read (the prompt's log-probabilities too).
         let e = chat(r#", "top_logprobs": 2"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("top_logprobs"));
         assert_eq!(
             chat(r#", "echo": true"#).unwrap_err().param.as_deref(),
             Some("echo")
         );
-        let e = c(r#"{"prompt": "a", "echo": true, "logprobs": 1}"#).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("echo"));
-        assert!(e.message.contains("logprobs"), "{}", e.message);
+        let both =
+            c(r#"{"prompt": "a", "echo": true, "logprobs": 1}"#).expect("echo with logprobs");
+        assert!(both.echo);
+        assert_eq!(both.logprobs, Some(1));
     }
 
     #[test]

@@ -584,6 +584,7 @@ async fn generate(
     };
     let mut prompt_ids = Vec::new();
     let mut echo = None;
+    let mut echo_logprobs = None;
     if let Some(text) = &state.text {
         match model_prompt(text, &body, endpoint, &mut parsed, &state) {
             Ok(ids) => prompt_ids = ids,
@@ -591,6 +592,14 @@ async fn generate(
         }
         if parsed.echo {
             echo = Some(text.prompt_text(&body, &prompt_ids));
+        }
+        if parsed.echo
+            && let Some(top) = parsed.logprobs
+        {
+            match prompt_logprob_items(text, &prompt_ids, top).await {
+                Ok(items) => echo_logprobs = Some(items),
+                Err(e) => return error(&e),
+            }
         }
     } else if let Err(e) = no_forward(&parsed) {
         return error(&e);
@@ -675,6 +684,7 @@ async fn generate(
             model: state.model.clone(),
             text_offset: echo.as_deref().map_or(0, |e: &str| e.chars().count()),
             echo: echo.clone(),
+            echo_logprobs: echo_logprobs.clone(),
             parsed: parsed.clone(),
             decoder: state.text.as_ref().map(|t| t.decoder()),
         };
@@ -785,11 +795,61 @@ fn no_forward(parsed: &Parsed) -> Result<(), ApiError> {
     ))
 }
 
+/// The prompt's tokens as `echo` with `logprobs` shows them (vLLM's `prompt_logprobs`):
+/// the first with none, each other with its log-probability given those before it and
+/// the `top` most likely there; offsets count the tokens' texts from the answer's start.
+/// One forward over the prompt, off the async threads.
+async fn prompt_logprob_items(
+    text: &Arc<super::model_text::ModelText>,
+    ids: &[u32],
+    top: u32,
+) -> Result<Vec<TokenLogprob>, ApiError> {
+    let (model, owned) = (text.clone(), ids.to_vec());
+    let computed = web::block(move || model.prompt_logprobs(&owned, top))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+    let logprobs = computed.map_err(|why| {
+        ApiError::status(
+            500,
+            "internal_error",
+            format!("the prompt's log-probabilities: {why}"),
+        )
+    })?;
+    let decoder = text.decoder();
+    let mut offset = 0;
+    let mut items = Vec::with_capacity(ids.len());
+    for (i, &id) in ids.iter().enumerate() {
+        let (logprob, top) = match i.checked_sub(1).and_then(|j| logprobs.get(j)) {
+            Some(l) => (
+                Some(l.logprob),
+                l.top
+                    .iter()
+                    .map(|&(t, lp)| (decoder.token_text(t), lp))
+                    .collect(),
+            ),
+            None => (None, Vec::new()),
+        };
+        let token = decoder.token_text(id);
+        let chars = token.chars().count();
+        items.push(TokenLogprob {
+            token,
+            logprob,
+            top,
+            offset,
+        });
+        offset += chars;
+    }
+    Ok(items)
+}
+
 /// One output token's log-probabilities as an answer shows them.
+#[derive(Clone)]
 struct TokenLogprob {
     /// Its text.
     token: String,
-    logprob: f32,
+    /// `None` for the prompt's first token (`echo`), which nothing precedes.
+    logprob: Option<f32>,
     /// The most likely tokens' texts and log-probabilities, most likely first.
     top: Vec<(String, f32)>,
     /// Where its text begins in the answer's text (completions' `text_offset`).
@@ -810,14 +870,17 @@ fn logprobs_json(endpoint: Endpoint, asked: bool, items: &[TokenLogprob]) -> Val
         // The sampled token is always among the top ones (OpenAI's rule: up to k + 1).
         Endpoint::Completions => json!({
             "tokens": items.iter().map(|i| i.token.as_str()).collect::<Vec<_>>(),
-            "token_logprobs": items.iter().map(|i| logprob_value(i.logprob)).collect::<Vec<_>>(),
+            "token_logprobs": items.iter().map(|i| i.logprob.map_or(Value::Null, logprob_value)).collect::<Vec<_>>(),
             "top_logprobs": items.iter().map(|i| {
+                let Some(own) = i.logprob else {
+                    return Value::Null;
+                };
                 let mut top: serde_json::Map<String, Value> = i
                     .top
                     .iter()
                     .map(|(t, l)| (t.clone(), logprob_value(*l)))
                     .collect();
-                top.entry(i.token.clone()).or_insert_with(|| logprob_value(i.logprob));
+                top.entry(i.token.clone()).or_insert_with(|| logprob_value(own));
                 Value::Object(top)
             }).collect::<Vec<_>>(),
             "text_offset": items.iter().map(|i| i.offset).collect::<Vec<_>>(),
@@ -826,7 +889,7 @@ fn logprobs_json(endpoint: Endpoint, asked: bool, items: &[TokenLogprob]) -> Val
             let entry = |token: &str, l: f32| json!({"token": token, "logprob": logprob_value(l), "bytes": token.as_bytes()});
             json!({
                 "content": items.iter().map(|i| {
-                    let mut e = entry(&i.token, i.logprob);
+                    let mut e = entry(&i.token, i.logprob.unwrap_or(f32::NEG_INFINITY));
                     e["top_logprobs"] = i.top.iter().map(|(t, l)| entry(t, *l)).collect();
                     e
                 }).collect::<Vec<_>>(),
@@ -920,6 +983,9 @@ struct Shape {
     decoder: Option<super::model_text::Decoder>,
     /// `echo`: the prompt's text, until the first piece of the answer carries it.
     echo: Option<String>,
+    /// `echo` with `logprobs`: the prompt's tokens' log-probabilities, until the first
+    /// piece of the answer carries them.
+    echo_logprobs: Option<Vec<TokenLogprob>>,
     /// Where the next token's text begins in the answer (in characters, as vLLM
     /// counts: its `text_offset`).
     text_offset: usize,
@@ -950,6 +1016,18 @@ impl Shape {
         }
     }
 
+    /// `items` with the echoed prompt's log-probabilities before them, the first time
+    /// only.
+    fn with_echo_logprobs(&mut self, items: Vec<TokenLogprob>) -> Vec<TokenLogprob> {
+        match self.echo_logprobs.take() {
+            Some(mut prompt) => {
+                prompt.extend(items);
+                prompt
+            }
+            None => items,
+        }
+    }
+
     /// `text` with the echoed prompt before it, the first time only.
     fn with_echo(&mut self, text: String) -> String {
         match self.echo.take() {
@@ -970,7 +1048,7 @@ impl Shape {
         };
         let item = TokenLogprob {
             token: text(l.token),
-            logprob: l.logprob,
+            logprob: Some(l.logprob),
             top: l.top.iter().map(|&(id, lp)| (text(id), lp)).collect(),
             offset: self.text_offset,
         };
@@ -1116,10 +1194,13 @@ impl Answer {
     fn choice_json(&mut self, text: String, watch: &StopWatch) -> Value {
         let finish = if watch.stopped() { "stop" } else { "length" };
         let text = self.shape.with_echo(text);
+        let items = self
+            .shape
+            .with_echo_logprobs(std::mem::take(&mut self.logprobs));
         let logprobs = logprobs_json(
             self.shape.endpoint,
             self.shape.parsed.logprobs.is_some(),
-            &self.logprobs,
+            &items,
         );
         match self.shape.endpoint {
             Endpoint::Completions => json!({
@@ -1356,6 +1437,7 @@ fn stream(
                             .iter()
                             .map(|l| st.answer.shape.logprob_of(l))
                             .collect();
+                        let items = st.answer.shape.with_echo_logprobs(items);
                         let released = st.answer.shape.release(&mut st.watch, last, count, before);
                         let text = st.answer.shape.with_echo(released.text);
                         st.answer.generated += count;
@@ -1383,6 +1465,7 @@ fn stream(
                         st.done = true;
                         st.answer.guard.disarm();
                         let rest = st.answer.shape.with_echo(st.watch.finish());
+                        let items = st.answer.shape.with_echo_logprobs(Vec::new());
                         let shape = &st.answer.shape;
                         let chunk = shape.wrap(
                             true,
@@ -1390,7 +1473,7 @@ fn stream(
                                 (!rest.is_empty()).then_some(rest.as_str()),
                                 Some("length"),
                                 st.first,
-                                &[],
+                                &items,
                             ),
                             Value::Null,
                         );

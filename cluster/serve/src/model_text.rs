@@ -22,6 +22,9 @@ pub struct ModelText {
     eos: Arc<Vec<u32>>,
     /// The server's sampling (`--temperature`, `--top-p`, `--top-k`, `--seed`).
     defaults: lockstep_gpu::model_tokens::ModelSampling,
+    /// The weights (shared with the ranks of this process): a prompt's
+    /// log-probabilities ([`ModelText::prompt_logprobs`]).
+    model: Arc<lockstep_gpu::model::Model>,
 }
 
 impl ModelText {
@@ -41,6 +44,7 @@ impl ModelText {
         let config = &backend.model.config;
         let eos = tokenizer.end_of_answer_ids(&config.eos_token_ids);
         Ok(ModelText {
+            model: backend.model.clone(),
             dir: backend.dir.clone(),
             defaults: backend.sampling,
             eos: Arc::new(eos),
@@ -261,6 +265,20 @@ impl ModelText {
             }
             _ => self.tokenizer.decode(ids).unwrap_or_default(),
         }
+    }
+
+    /// The prompt's log-probabilities for completions' `echo` with `logprobs` (vLLM's
+    /// `prompt_logprobs`): each token after the first given those before it, with the
+    /// `top` most likely there. The ranks' forward produces logits at each entry's last
+    /// position only, so this runs one forward of the same weights over the whole
+    /// prompt here, beside serving (the caller runs it off the async threads).
+    pub fn prompt_logprobs(
+        &self,
+        ids: &[u32],
+        top: u32,
+    ) -> Result<Vec<lockstep_actors::vocab::TokenLogprobs>, String> {
+        lockstep_gpu::model::prompt_logprobs(&self.model, ids, top as usize)
+            .map_err(|e| e.to_string())
     }
 
     /// A decoder for one answer.

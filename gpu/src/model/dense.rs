@@ -4,10 +4,13 @@
 
 use candle_core::{Device, Tensor};
 
+use lockstep_actors::vocab::TokenLogprobs;
+
 use super::Model;
 use super::error::{ModelError, Result};
-use super::forward::{KvStore, forward_with};
+use super::forward::{KvStore, Rows, forward_with};
 use super::ops::attention;
+use super::sampling::token_logprobs;
 
 /// One sequence's contiguous K/V, per layer, `[len, kv_heads * head_dim]` row-major.
 #[derive(Debug, Clone)]
@@ -135,11 +138,43 @@ pub fn forward_dense(
         &mut DenseStore {
             sequences: sequences.iter_mut().collect(),
         },
+        Rows::Last,
     )?;
     for (sequence, tokens) in sequences.iter_mut().zip(new_tokens) {
         sequence.len += tokens.len();
     }
     Ok(logits)
+}
+
+/// The prompt's log-probabilities (what completions' `echo` with `logprobs` shows, as
+/// vLLM's `prompt_logprobs`): for each token after the first, its log-probability given
+/// the tokens before it and the `top` most likely tokens' there, from one forward over
+/// the whole prompt (the LM head on every position). The first token has none.
+pub fn prompt_logprobs(model: &Model, prompt: &[u32], top: usize) -> Result<Vec<TokenLogprobs>> {
+    if prompt.len() < 2 {
+        return Ok(Vec::new());
+    }
+    let mut sequence = DenseSequence::new(model);
+    let logits = forward_with(
+        model,
+        &[(0, prompt)],
+        &mut DenseStore {
+            sequences: vec![&mut sequence],
+        },
+        Rows::All,
+    )?;
+    Ok(logits
+        .iter()
+        .zip(&prompt[1..])
+        .map(|(row, &token)| {
+            let (logprob, top) = token_logprobs(row, token, top);
+            TokenLogprobs {
+                token,
+                logprob,
+                top,
+            }
+        })
+        .collect())
 }
 
 /// The reference generation: `count` greedy tokens after `prompt`, one sequence, no

@@ -46,12 +46,23 @@ pub(crate) trait KvStore {
     ) -> Result<Tensor>;
 }
 
-/// Runs every layer over the batch's new tokens; returns each entry's last-position
-/// logits. `entries` gives each entry's start position and new tokens.
+/// Which rows of the batch's new tokens the LM head runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rows {
+    /// Each entry's last position: what sampling reads.
+    Last,
+    /// Every new position (a prompt's log-probabilities).
+    All,
+}
+
+/// Runs every layer over the batch's new tokens; returns the logits of the `rows`
+/// asked (each entry's last position, or every new position in batch order).
+/// `entries` gives each entry's start position and new tokens.
 pub(crate) fn forward_with(
     model: &Model,
     entries: &[(usize, &[u32])],
     store: &mut impl KvStore,
+    rows: Rows,
 ) -> Result<Vec<Vec<f32>>> {
     let config = &model.config;
     let mut tokens = Vec::new();
@@ -110,6 +121,10 @@ pub(crate) fn forward_with(
         x = (x + layer.o_proj.forward(&attended)?)?;
         let h = rms_norm(&x, &layer.post_attention_layernorm, config.rms_norm_eps)?;
         x = (x + gated_mlp(&h, layer, config.hidden_act)?)?;
+    }
+    if rows == Rows::All {
+        let normed = rms_norm(&x, &model.weights.norm, config.rms_norm_eps)?;
+        return model.weights.lm_head.logits(&normed);
     }
     // Only each entry's last position is sampled from: the LM head (the widest matmul)
     // runs on those rows alone.
@@ -220,5 +235,10 @@ pub fn forward_paged(
         .iter()
         .map(|e| (e.start_position, e.token_ids))
         .collect();
-    forward_with(model, &entries, &mut PagedStore { cache, batch })
+    forward_with(
+        model,
+        &entries,
+        &mut PagedStore { cache, batch },
+        Rows::Last,
+    )
 }

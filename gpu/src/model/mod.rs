@@ -24,7 +24,7 @@ use std::path::Path;
 
 pub use chat_template::ChatTemplate;
 pub use config::{Activation, Architecture, GenerationDefaults, ModelConfig};
-pub use dense::{DenseSequence, forward_dense, greedy_reference};
+pub use dense::{DenseSequence, forward_dense, greedy_reference, prompt_logprobs};
 pub use error::{ModelError, Result};
 pub use forward::{BatchEntry, forward_paged};
 pub use init::{InitOptions, write_random_model, write_random_weights};
