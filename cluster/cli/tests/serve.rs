@@ -441,6 +441,12 @@ assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4, lp
 assert all(x <= 0 for x in lp.token_logprobs), lp
 assert all(2 <= len(d) <= 3 for d in lp.top_logprobs), lp
 assert lp.text_offset[0] == 0, lp
+r = c.completions.create(model=m, prompt="one two", max_tokens=2, logprobs=1, echo=True, extra_body={"ignore_eos": True})
+lp = r.choices[0].logprobs
+assert len(lp.tokens) == len(lp.token_logprobs) >= 4, lp
+assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, lp
+assert all(x <= 0 for x in lp.token_logprobs[1:]), lp
+assert r.choices[0].text.startswith("one two"), r.choices[0].text
 r = c.chat.completions.create(model=m, messages=[{"role": "user", "content": "hi"}], max_tokens=3, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
 content = r.choices[0].logprobs.content
 assert len(content) == 3 and all(len(t.top_logprobs) == 2 for t in content), content
