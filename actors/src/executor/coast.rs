@@ -37,6 +37,12 @@ use crate::vocab::*;
 /// One generation step: the only entry a coasted iteration schedules.
 const STEP: EntryKind = EntryKind::Generation { tokens: 1 };
 
+/// Whether a coasted iteration steps `q`: a request in progress. The other request a
+/// coasting rank may hold, a retiring one (its last token in flight), is not scheduled.
+pub(super) fn coast_steps(q: &crate::request::Request) -> bool {
+    q.state == RequestState::GenerationInProgress
+}
+
 impl RankExecutor {
     /// Whether this rank, between iterations, is in steady decode as far as its own
     /// state goes: every request it holds generates one token per iteration with its
@@ -71,8 +77,7 @@ impl RankExecutor {
             return false;
         }
         let steady = r.active.iter().all(|q| {
-            (q.state == RequestState::GenerationInProgress
-                || (s.overlap && q.state == RequestState::GenerationToComplete))
+            (coast_steps(q) || (s.overlap && q.state == RequestState::GenerationToComplete))
                 && q.seat.is_some()
                 && q.holds_kv
                 && !q.awaiting_encoder_output
@@ -100,7 +105,7 @@ impl RankExecutor {
         self.resident
             .active
             .iter()
-            .filter(|q| q.state == RequestState::GenerationInProgress)
+            .filter(|q| coast_steps(q))
             .count()
     }
 
@@ -128,7 +133,7 @@ impl RankExecutor {
             .resident
             .active
             .iter()
-            .filter(|q| q.state == RequestState::GenerationInProgress)
+            .filter(|q| coast_steps(q))
             .map(|q| {
                 let left = self.effective_max_new(q).saturating_sub(q.generated);
                 u64::from((left + 1).saturating_sub(ahead))
@@ -240,8 +245,7 @@ impl RankExecutor {
             .resident
             .active
             .iter()
-            .filter(|q| q.state == RequestState::GenerationInProgress)
-            .filter(|q| q.kv_tokens + 1 > q.kv_room)
+            .filter(|q| coast_steps(q) && q.kv_tokens + 1 > q.kv_room)
             .count();
         if crossing as u64 > u64::from(self.kv.free_blocks()) {
             return false;
@@ -276,7 +280,7 @@ impl RankExecutor {
         let mut batch = self.bufs.batch();
         batch.entries.reserve(self.resident.active.len());
         for i in 0..self.resident.active.len() {
-            if self.resident.active[i].state != RequestState::GenerationInProgress {
+            if !coast_steps(&self.resident.active[i]) {
                 // Retiring: its last token is in flight.
                 continue;
             }

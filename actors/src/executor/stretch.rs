@@ -96,18 +96,23 @@ impl RankStretch {
         self.taken <= self.free && u64::from(self.taken_limited) <= self.limited_room
     }
 
-    /// Blocks the `step`-th iteration takes: all, and by limited requests.
-    fn takes(&self, step: u32) -> (u32, u32) {
+    /// The requests whose `step`-th step (1-based) takes a block, in active order:
+    /// those whose first crossing is at or before it, in its phase. The one rule both
+    /// the count ([`RankStretch::fits`]) and the taking ([`RankExecutor::stretch_apply`])
+    /// read.
+    fn crossing_at(&self, step: u32) -> impl Iterator<Item = &Crossing> {
         let phase = ((step - 1) % self.tokens_per_block) as usize;
         let range = self.phase_start[phase] as usize..self.phase_start[phase + 1] as usize;
-        let mut taken = (0, 0);
-        for c in &self.crossings[range] {
-            if c.first <= step {
-                taken.0 += 1;
-                taken.1 += u32::from(c.limited);
-            }
-        }
-        taken
+        self.crossings[range]
+            .iter()
+            .filter(move |c| c.first <= step)
+    }
+
+    /// Blocks the `step`-th iteration takes: all, and by limited requests.
+    fn takes(&self, step: u32) -> (u32, u32) {
+        self.crossing_at(step).fold((0, 0), |(all, limited), c| {
+            (all + 1, limited + u32::from(c.limited))
+        })
     }
 
     /// The record of the `step`-th iteration (counted by [`RankStretch::fits`], the
@@ -170,7 +175,7 @@ impl RankExecutor {
             let whole_blocks = self.kv.blocks_of(r.id()) * tpb;
             // A retiring request ends in the first iteration: that one runs as a
             // coasted one (`coast_limit` makes it the stretch's only one).
-            if r.state != crate::request::RequestState::GenerationInProgress
+            if !super::coast::coast_steps(r)
                 || !r.holds_kv
                 || r.kv_room != whole_blocks
                 || r.kv_room < r.kv_tokens
@@ -234,12 +239,7 @@ impl RankExecutor {
         // `prepare_entry` takes them); the KV tokens before a step are those at the
         // start plus the steps before it.
         for step in 1..=steps {
-            let phase = ((step - 1) % tpb) as usize;
-            let range = plan.phase_start[phase] as usize..plan.phase_start[phase + 1] as usize;
-            for c in &plan.crossings[range] {
-                if c.first > step {
-                    continue;
-                }
+            for c in plan.crossing_at(step) {
                 let i = c.index as usize;
                 let id = self.resident.active[i].id();
                 let need = self.resident.active[i].kv_tokens + step;

@@ -195,9 +195,7 @@ impl Frontend {
     /// at once (else the door holds a copy of each process's share until
     /// [`Frontend::release`] hands it on, in order with that process's other jobs).
     pub fn emit(&mut self, now: u64, responses: &[Response]) -> bool {
-        if self.scaled(self.costs.output_ns(1)) == 0
-            && self.processes.iter().all(|p| p.held.is_empty())
-        {
+        if self.passes_at_once(now, &[]) {
             return true;
         }
         let n = self.processes.len();
@@ -227,6 +225,25 @@ impl Frontend {
         false
     }
 
+    /// Whether output reaching the door at `now` passes at once: it costs nothing, and
+    /// no job held on any process is still being worked on at `now` — neither one the
+    /// door holds nor one of `pending` (per process, when the jobs
+    /// [`Frontend::serve_tokens`] served and has not handed to the door yet are done).
+    /// A held job done by `now` is as good as handed on (plain tokens wait for the
+    /// client to take anything in: [`Frontend::poll_timeout`]).
+    fn passes_at_once(&self, now: u64, pending: &[Vec<u64>]) -> bool {
+        self.scaled(self.costs.output_ns(1)) == 0
+            && self.processes.iter().enumerate().all(|(i, p)| {
+                p.held
+                    .back()
+                    .is_none_or(|(due, job)| job.done_at(*due) <= now)
+                    && pending
+                        .get(i)
+                        .and_then(|d| d.last())
+                        .is_none_or(|&due| due <= now)
+            })
+    }
+
     /// A stretch of iterations whose responses are all plain tokens (a coasting
     /// server's), served before their tokens are known: the iteration that ended at
     /// `now` gave `shares[p]` tokens to process `p`'s requests, each a job there as in
@@ -234,14 +251,7 @@ impl Frontend {
     /// released until [`Frontend::hold_tokens`]). When each job is done goes to
     /// `dues[p]`.
     pub fn serve_tokens(&mut self, now: u64, shares: &[u64], dues: &mut [Vec<u64>]) {
-        // What `emit` sees: the door holds nothing once every job done by now is out.
-        let passes = self.scaled(self.costs.output_ns(1)) == 0
-            && self.processes.iter().zip(dues.iter()).all(|(p, d)| {
-                p.held
-                    .back()
-                    .is_none_or(|(due, job)| job.done_at(*due) <= now)
-                    && d.last().is_none_or(|&due| due <= now)
-            });
+        let passes = self.passes_at_once(now, dues);
         for (process, &tokens) in shares.iter().enumerate() {
             if tokens == 0 {
                 continue;
