@@ -962,7 +962,12 @@ fn a_model_answers_chat_completions_with_its_greedy_text() {
     let (code, err) = post(&s.url("/v1/chat/completions"), &too_long, None);
     assert_eq!(code, 400, "{err}");
     assert_eq!(json_of(&err)["error"]["param"], "max_completion_tokens");
-    assert!(err.contains("max_position_embeddings"), "{err}");
+    assert_eq!(json_of(&err)["error"]["code"], "context_length_exceeded");
+    // The model's 4,096 positions, named, and the request's max_tokens.
+    assert!(
+        err.contains("max_position_embeddings") && err.contains("4096") && err.contains("100000"),
+        "{err}"
+    );
     drop(s);
     // Disaggregated: a ctx rank prefills and samples the first token, a gen rank decodes
     // from the K/V that moved between them; the text is the same.
@@ -2534,4 +2539,61 @@ fn a_client_that_disconnects_cancels_every_one_of_its_n_sequences() {
         assert_eq!(over_ranks(&after, "lockstep_kv_cache_used_blocks"), 0.0);
         assert_eq!(sample(&after, "lockstep_num_requests_running"), 0.0);
     }
+}
+
+/// With `--model` and `--max-model-len` both, the smaller bounds a request (prompt plus
+/// `max_tokens`) and is what `/v1/models` shows; the refusal names whichever binds:
+/// `--max-model-len` below the model's 4,096 positions, `max_position_embeddings` above.
+#[test]
+fn the_smaller_of_the_models_positions_and_max_model_len_bounds_a_request() {
+    use lockstep_gpu::model::InitOptions;
+    let dir = std::env::temp_dir().join(format!("lockstep-serve-context-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    // (flag, the context, what sets it, whether to run a request exactly at it: only
+    // the short one, as the other would generate thousands of tokens)
+    for (flag, limit, named, run_at_limit) in [
+        ("100", 100, "--max-model-len", true),
+        ("10000", 4096, "max_position_embeddings", false),
+    ] {
+        let s = Server::start(
+            "model/agg-tiny.toml",
+            &["--model", &dir_arg, "--max-model-len", flag],
+        );
+        let (code, body) = get(&s.url("/v1/models"));
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(json_of(&body)["data"][0]["max_model_len"], limit, "{body}");
+        let (code, body) = post(
+            &s.url("/v1/completions"),
+            &json!({"prompt": [1, 2, 3], "max_tokens": limit}).to_string(),
+            None,
+        );
+        assert_eq!(code, 400, "--max-model-len {flag}: {body}");
+        let e = &json_of(&body)["error"];
+        assert_eq!(e["param"], "max_tokens", "{body}");
+        assert_eq!(e["code"], "context_length_exceeded", "{body}");
+        let message = e["message"].as_str().expect("a message");
+        assert!(
+            message.contains(named) && message.contains(&limit.to_string()),
+            "--max-model-len {flag}: {message}"
+        );
+        if run_at_limit {
+            // Exactly at the limit: answered, to the last token.
+            let (code, body) = post(
+                &s.url("/v1/completions"),
+                &json!({"prompt": [1, 2, 3], "max_tokens": limit - 3, "ignore_eos": true})
+                    .to_string(),
+                None,
+            );
+            assert_eq!(code, 200, "--max-model-len {flag}: {body}");
+            assert_eq!(
+                json_of(&body)["usage"]["completion_tokens"],
+                limit - 3,
+                "{body}"
+            );
+        }
+        drop(s);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

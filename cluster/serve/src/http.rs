@@ -378,12 +378,29 @@ async fn watchdog(
 /// How often a handler waiting for a whole answer checks its client is still there.
 const PEER_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// The context a request must fit, its prompt and `max_tokens` together, and what sets
+/// it: the smaller of the model's positions (`max_position_embeddings`, with `--model`)
+/// and `--max-model-len` (the model's on a tie). `None` when neither is given. What
+/// `/v1/models` shows, a chat's default `max_tokens` fills, and [`check_size`] holds.
+fn context_limit(state: &AppState) -> Option<(u32, &'static str)> {
+    let model = state
+        .text
+        .as_ref()
+        .map(|t| (t.max_positions(), "max_position_embeddings"));
+    let flag = state.max_model_len.map(|l| (l, "--max-model-len"));
+    match (model, flag) {
+        (Some(m), Some(f)) => Some(if f.0 < m.0 { f } else { m }),
+        (m, f) => m.or(f),
+    }
+}
+
 /// Refuses a request no server could ever run (400, as vLLM refuses a prompt past
-/// `max_model_len`): the prompt alone, or with its `max_tokens`.
+/// `max_model_len`): past the context ([`context_limit`], the prompt alone or with its
+/// `max_tokens`), or past what the fleet's servers can hold.
 fn check_size(state: &AppState, parsed: &Parsed, endpoint: Endpoint) -> Result<(), ApiError> {
-    if let Some(limit) = state.max_model_len {
+    if let Some((limit, named)) = context_limit(state) {
         let want = u64::from(parsed.prompt_tokens) + u64::from(parsed.max_tokens);
-        if want > u64::from(limit) {
+        if !lockstep_gpu::model::ModelConfig::holds_positions(limit as usize, want) {
             let param = if parsed.prompt_tokens >= limit {
                 api::prompt_param(endpoint)
             } else {
@@ -392,7 +409,7 @@ fn check_size(state: &AppState, parsed: &Parsed, endpoint: Endpoint) -> Result<(
             let mut e = ApiError::field(
                 param,
                 format!(
-                    "{param}: this model's maximum context length is {limit} tokens (--max-model-len); the request asks for {want} ({} prompt tokens + max_tokens {})",
+                    "{param}: this model's maximum context length is {limit} tokens ({named}); the request asks for {want} ({} prompt tokens + max_tokens {})",
                     parsed.prompt_tokens, parsed.max_tokens
                 ),
             );
@@ -480,17 +497,11 @@ async fn models(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     }
     // As vLLM: `root` is what is served (the model directory), `max_model_len` its
     // context (null without a model: the fleet's limits are per server, not one number).
-    let (root, max_model_len) = match &state.text {
-        Some(text) => (
-            text.root().display().to_string(),
-            Some(text.max_positions()),
-        ),
-        None => (state.model.clone(), None),
+    let root = match &state.text {
+        Some(text) => text.root().display().to_string(),
+        None => state.model.clone(),
     };
-    let max_model_len = match (max_model_len, state.max_model_len) {
-        (Some(m), Some(l)) => Some(m.min(l)),
-        (m, l) => m.or(l),
-    };
+    let max_model_len = context_limit(&state).map(|(l, _)| l);
     HttpResponse::Ok().json(json!({
         "object": "list",
         "data": [{
@@ -923,12 +934,9 @@ fn model_prompt(
     if endpoint == Endpoint::Chat && !parsed.max_tokens_given {
         // vLLM's default: what the context leaves after the prompt (here also what the
         // fleet's KV can hold), rather than OpenAI's 16 for completions.
-        let positions = state
-            .max_model_len
-            .map_or(text.max_positions(), |l| l.min(text.max_positions()));
+        let positions = context_limit(state).map_or(text.max_positions(), |(l, _)| l);
         parsed.max_tokens = context_left(state, parsed, positions);
     }
-    text.check_length(ids.len() as u32, parsed.max_tokens, parsed.max_tokens_param)?;
     text.check_logit_bias(&parsed.logit_bias)?;
     text.check_stop_token_ids(&parsed.stop_token_ids)?;
     let keys: Vec<u64> = ids.iter().map(|&t| u64::from(t)).collect();

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use lockstep_gpu::model::{ModelConfig, TextTokenizer};
+use lockstep_gpu::model::TextTokenizer;
 use serde_json::Value;
 
 use super::api::{ApiError, Endpoint};
@@ -155,21 +155,6 @@ impl ModelText {
     /// The model's positions (`max_position_embeddings`).
     pub fn max_positions(&self) -> u32 {
         self.max_positions
-    }
-
-    /// A request the model's positions cannot hold is refused, naming both numbers.
-    pub fn check_length(&self, prompt: u32, max_tokens: u32, param: &str) -> Result<(), ApiError> {
-        let tokens = u64::from(prompt) + u64::from(max_tokens);
-        if !ModelConfig::holds_positions(self.max_positions as usize, tokens) {
-            return Err(ApiError::field(
-                param,
-                format!(
-                    "{prompt} prompt tokens + {param} {max_tokens} exceed the model's {} positions (max_position_embeddings)",
-                    self.max_positions
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// Request `id`'s own sampling, when its body gave any of the fields (or a
@@ -491,13 +476,6 @@ mod tests {
             .expect_err("outside the vocabulary");
         assert_eq!(err.param.as_deref(), Some("prompt"));
         assert!(err.message.contains("99999"), "{err}");
-        let err = text
-            .check_length(4000, 100, "max_tokens")
-            .expect_err("too long");
-        assert!(
-            err.message.contains("4000") && err.message.contains("4096"),
-            "{err}"
-        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
