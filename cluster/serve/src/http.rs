@@ -417,15 +417,9 @@ fn check_size(state: &AppState, parsed: &Parsed, endpoint: Endpoint) -> Result<(
             return Err(e);
         }
     }
-    let shape = |max_new_tokens| RequestShape {
-        prompt_len: parsed.prompt_tokens,
-        max_new_tokens,
-        draft_len: 0,
-        pinned_rank: None,
-    };
-    let (param, why) = if let Some(why) = state.shapes.refusal(shape(1)) {
+    let (param, why) = if let Some(why) = fleet_refusal(state, parsed.prompt_tokens, 1) {
         (api::prompt_param(endpoint), why)
-    } else if let Some(why) = state.shapes.refusal(shape(parsed.max_tokens)) {
+    } else if let Some(why) = fleet_refusal(state, parsed.prompt_tokens, parsed.max_tokens) {
         (parsed.max_tokens_param, why)
     } else {
         return Ok(());
@@ -439,6 +433,21 @@ fn check_size(state: &AppState, parsed: &Parsed, endpoint: Endpoint) -> Result<(
     );
     e.code = Some("context_length_exceeded");
     Err(e)
+}
+
+/// Why no server of the fleet could run a request of `prompt` tokens and
+/// `max_new_tokens` (`None`: some can): the fleet's own check (`ShapeCheck`).
+fn fleet_refusal(
+    state: &AppState,
+    prompt: u32,
+    max_new_tokens: u32,
+) -> Option<lockstep_actors::config::Unservable> {
+    state.shapes.refusal(RequestShape {
+        prompt_len: prompt,
+        max_new_tokens,
+        draft_len: 0,
+        pinned_rank: None,
+    })
 }
 
 fn now_s() -> u64 {
@@ -952,17 +961,8 @@ fn context_left(state: &AppState, parsed: &Parsed, max_positions: u32) -> u32 {
     let positions_left = max_positions
         .saturating_sub(parsed.prompt_tokens)
         .clamp(1, api::MAX_TOKENS_LIMIT);
-    let fits = |max_new_tokens| {
-        state
-            .shapes
-            .refusal(RequestShape {
-                prompt_len: parsed.prompt_tokens,
-                max_new_tokens,
-                draft_len: 0,
-                pinned_rank: None,
-            })
-            .is_none()
-    };
+    let fits =
+        |max_new_tokens| fleet_refusal(state, parsed.prompt_tokens, max_new_tokens).is_none();
     if fits(positions_left) || !fits(1) {
         return positions_left;
     }
