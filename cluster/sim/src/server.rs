@@ -226,9 +226,7 @@ impl SimServer {
     /// The accounting of an iteration that ended at `now`: its time, every rank's
     /// samples and violations.
     fn record_iteration(&mut self, now: u64) {
-        let t0 = self.host.fetched_at();
-        self.iterations += 1;
-        self.busy_ns += now.saturating_sub(t0);
+        self.count_iteration(self.host.fetched_at(), now);
         for ((report, rank), sampler) in self
             .group
             .reports()
@@ -236,6 +234,14 @@ impl SimServer {
             .zip(&mut self.samplers)
         {
             sampler.record(&report.stats, now, rank.totals().preemptions);
+        }
+        self.note_violations();
+    }
+
+    /// Every rank's violations of the iteration (or stretch) that ended, kept for the
+    /// report (the first 100, and how many).
+    fn note_violations(&mut self) {
+        for report in self.group.reports() {
             for v in &report.violations {
                 self.violation_count += 1;
                 if self.violations.len() < 100 {
@@ -243,6 +249,13 @@ impl SimServer {
                 }
             }
         }
+    }
+
+    /// An iteration fetched at `fetch_at` ended at `at`: counted, and its time busy (the
+    /// server's busy time is every iteration's, fetch to end).
+    fn count_iteration(&mut self, fetch_at: u64, at: u64) {
+        self.iterations += 1;
+        self.busy_ns += at.saturating_sub(fetch_at);
     }
 
     /// Reads rank 0's ingress as a coasting server's fetch at `now` (it polls): whether
@@ -305,8 +318,7 @@ impl SimServer {
     /// The accounting of the stretch's `step`-th iteration, fetched at `fetch_at` and
     /// ended at `at`, as [`SimServer::record_iteration`] does it for the others.
     pub fn stretch_record(&mut self, step: u32, fetch_at: u64, at: u64) {
-        self.iterations += 1;
-        self.busy_ns += at.saturating_sub(fetch_at);
+        self.count_iteration(fetch_at, at);
         for (i, sampler) in self.samplers.iter_mut().enumerate() {
             let (stats, rank) = self.group.stretch_stats(i, step, fetch_at);
             sampler.record(stats, at, rank.totals().preemptions);
@@ -323,7 +335,11 @@ impl SimServer {
         run: &mut lockstep_actors::vocab::TokenRun,
     ) -> Result<(), GroupError> {
         self.group
-            .stretch_apply(steps, last_fetch, shutdown, self.tokens.as_mut(), run)
+            .stretch_apply(steps, last_fetch, shutdown, self.tokens.as_mut(), run)?;
+        // The pool's check ran once, at the end: what it found is reported as any
+        // iteration's (the next iteration's record replaces it).
+        self.note_violations();
+        Ok(())
     }
 
     /// The stretch's last iteration, timed already ([`SimServer::stretch_time`]:
