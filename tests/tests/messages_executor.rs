@@ -1214,7 +1214,7 @@ fn a_launched_batch_carries_each_entrys_block_table_prompt_and_sampling() {
             .map(|id| {
                 let mut s = RequestSpec::new(id, 40, 5);
                 // Two full blocks of 16 tokens: two hashes.
-                s.block_hashes = vec![id * 10, id * 10 + 1];
+                s.block_hashes = vec![id * 10, id * 10 + 1].into();
                 if id % 2 == 0 {
                     s.prompt_tokens = carried_prompt(id, 40);
                     s.sampling = Some(lockstep_actors::request::RequestSampling {

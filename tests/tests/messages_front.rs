@@ -245,7 +245,7 @@ fn load_balancing_selection_follows_the_outstanding_requests_as_they_complete() 
 fn a_ctx_first_token_is_handed_to_a_gen_server_carrying_its_kv_source() {
     let mut w = World::new(FrontPolicy::RoundRobin, &[Role::Ctx, Role::Gen, Role::Gen]);
     let spec = RequestSpec {
-        block_hashes: vec![7, 8, 9],
+        block_hashes: vec![7, 8, 9].into(),
         draft_len: 1,
         ..RequestSpec::new(1, 48, 4)
     };
@@ -270,7 +270,7 @@ fn a_ctx_first_token_is_handed_to_a_gen_server_carrying_its_kv_source() {
         handed,
         RequestSpec {
             generated_before: 1,
-            block_hashes: vec![],
+            block_hashes: Default::default(),
             kv_source: Some(at(0, 1)),
             ..spec
         }
@@ -565,7 +565,7 @@ fn requests_the_front_cannot_place_fail_back_to_the_client() {
 fn kv_aware_selection_follows_the_prefixes_it_routed() {
     let mut w = World::new(FrontPolicy::KvAware, &[Role::Agg, Role::Agg]);
     let hashed = |id, hashes: &[u64]| RequestSpec {
-        block_hashes: hashes.to_vec(),
+        block_hashes: hashes.into(),
         ..RequestSpec::new(id, 16 * hashes.len() as u32, 4)
     };
     w.send(FrontIn::Request(hashed(1, &[1, 2, 3])));

@@ -373,7 +373,7 @@ const TPB: u32 = 4;
 /// A request whose prompt is whole blocks with the given content hashes.
 fn hashed(id: u64, hashes: &[u64]) -> RequestSpec {
     RequestSpec {
-        block_hashes: hashes.to_vec(),
+        block_hashes: hashes.into(),
         ..RequestSpec::new(id, TPB * hashes.len() as u32, 4)
     }
 }

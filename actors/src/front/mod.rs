@@ -628,15 +628,10 @@ impl Front {
         }
         let gen_peer = r.gen_peer;
         // The gen server receives the KV; it never prefills, so the prompt's block
-        // hashes (prefix reuse) mean nothing there: the spec is copied without them
-        // (a long prompt has thousands).
-        let mut spec = {
-            let r = self.requests.get_mut(&id).expect("looked up above");
-            let hashes = std::mem::take(&mut r.spec.block_hashes);
-            let spec = r.spec.clone();
-            r.spec.block_hashes = hashes;
-            spec
-        };
+        // hashes (prefix reuse) mean nothing there: they are not sent (a long prompt
+        // has thousands).
+        let mut spec = self.requests[&id].spec.clone();
+        spec.block_hashes = Default::default();
         spec.generated_before = 1;
         // Whichever gen rank the server's router picks pulls from here.
         spec.kv_source = Some(here);

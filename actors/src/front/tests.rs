@@ -87,7 +87,7 @@ fn kv_aware_follows_the_prefix_it_routed_and_never_reads_server_kv() {
     let mut f = front(FrontPolicy::KvAware, &[Role::Agg, Role::Agg]);
     let with_prefix = |id, hashes: &[u64]| {
         let mut s = RequestSpec::new(id, 64, 4);
-        s.block_hashes = hashes.to_vec();
+        s.block_hashes = hashes.into();
         s
     };
     f.handle(0, FrontIn::Request(with_prefix(1, &[10, 11, 12])));
@@ -108,7 +108,7 @@ fn kv_aware_follows_the_prefix_it_routed_and_never_reads_server_kv() {
 fn a_first_token_hands_the_request_to_a_gen_server_with_its_kv_location() {
     let mut f = front(FrontPolicy::RoundRobin, &[Role::Ctx, Role::Gen, Role::Gen]);
     let mut spec = RequestSpec::new(1, 100, 8);
-    spec.block_hashes = vec![1, 2, 3];
+    spec.block_hashes = vec![1, 2, 3].into();
     f.handle(0, FrontIn::Request(spec));
     assert_eq!(submitted_to(&drain(&mut f)), vec![(0, 1)]);
     let mut first = [response(1, Some(Finish::ContextDone))];

@@ -315,7 +315,7 @@ mod tests {
 
     fn spec(id: u64, prompt_len: u32, hashes: &[u64]) -> RequestSpec {
         let mut s = RequestSpec::new(id, prompt_len, 7);
-        s.block_hashes = hashes.to_vec();
+        s.block_hashes = hashes.into();
         s
     }
 

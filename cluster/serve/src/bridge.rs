@@ -262,7 +262,7 @@ pub fn run(
                     }
                     metrics.prompt_tokens.inc_by(u64::from(prompt_tokens));
                     let mut spec = RequestSpec::new(id.0, prompt_tokens, max_tokens);
-                    spec.block_hashes = block_hashes;
+                    spec.block_hashes = block_hashes.into();
                     spec.prompt_tokens = prompt_ids;
                     spec.sampling = sampling;
                     spec.logit_bias = logit_bias;

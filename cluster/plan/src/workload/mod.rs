@@ -337,7 +337,7 @@ impl Workload {
                         rounds_left: rounds - 1,
                         prompt_len: spec.prompt_len,
                         output_len: spec.max_new_tokens,
-                        block_hashes: spec.block_hashes.clone(),
+                        block_hashes: spec.block_hashes.to_vec(),
                         completed: true,
                     },
                 );
@@ -378,7 +378,7 @@ impl Workload {
             .as_ref()
             .map_or(DEFAULT_TRACE_BLOCK_TOKENS, TraceConfig::block_tokens);
         spec.block_hashes =
-            trace::expand_hashes(&rec.hash_ids, rec.prompt_len, bt, self.tokens_per_block);
+            trace::expand_hashes(&rec.hash_ids, rec.prompt_len, bt, self.tokens_per_block).into();
         spec
     }
 
@@ -534,10 +534,10 @@ impl Workload {
         st.rounds_left -= 1;
         st.prompt_len = prompt_len;
         st.output_len = output_len;
-        st.block_hashes = hashes.clone();
         let mut spec = RequestSpec::new(id, prompt_len, output_len);
         spec.conversation = Some(conv);
-        spec.block_hashes = hashes;
+        spec.block_hashes = hashes.as_slice().into();
+        st.block_hashes = hashes;
         self.in_flight.insert(ReqId(id), Some(conv));
         spec
     }
