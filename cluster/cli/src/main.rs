@@ -20,6 +20,7 @@ mod overhead_cmd;
 mod rank_cmd;
 mod report_cmd;
 mod run_cmd;
+mod search_cmd;
 mod serve_cmd;
 mod sim_cmd;
 mod simbench_cmd;
@@ -106,6 +107,11 @@ enum Command {
     /// child process; `--baseline PATH` runs a previous binary in turn with this one and
     /// prints the ratios.
     Simbench(simbench_cmd::SimbenchArgs),
+    /// Which configuration to run: searches a space of parallelism, instance counts,
+    /// batch sizes and scheduler settings for the most output tokens per second per GPU
+    /// (or the fewest GPUs) under latency objectives at percentiles, simulating each
+    /// candidate in full and bisecting for the highest load it serves.
+    Search(search_cmd::SearchArgs),
 }
 
 /// `sysexits.h`'s EX_USAGE: the command line was wrong.
@@ -171,6 +177,10 @@ fn error_exit_code(e: &anyhow::Error) -> ExitCode {
             || cause.is::<ModelBackendError>()
             || cause.is::<lockstep_actors::config::ConfigError>()
             || cause.is::<lockstep_plan::report::SloError>()
+            || matches!(
+                cause.downcast_ref::<lockstep_search::SearchError>(),
+                Some(e) if !matches!(e, lockstep_search::SearchError::Output { .. })
+            )
             || matches!(
                 cause.downcast_ref::<SimError>(),
                 Some(
@@ -239,5 +249,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .map_err(Into::into),
         Command::Swarm(args) => swarm_cmd::run(args),
         Command::Simbench(args) => simbench_cmd::run(args),
+        Command::Search(args) => search_cmd::run(args),
     }
 }

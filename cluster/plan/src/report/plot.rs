@@ -180,9 +180,22 @@ fn no_samples(o: &mut String) {
 /// A line plot; `y_range` fixes the y axis (e.g. 0..1 for a CDF), otherwise it spans
 /// 0 to the data's maximum.
 pub fn line_plot(axes: &Axes, series: &[Series], y_range: Option<(f64, f64)>) -> String {
+    lines_and_dots(axes, series, &[], y_range)
+}
+
+/// Lines (`lines`, each a `<polyline class="series">`) over dots (`dots`, each a `<g
+/// class="dots">` of circles): a scatter with, say, its front drawn through it. The
+/// axes span 0 to the data's maximum unless `y_range` fixes y.
+pub fn lines_and_dots(
+    axes: &Axes,
+    lines: &[Series],
+    dots: &[Series],
+    y_range: Option<(f64, f64)>,
+) -> String {
+    let series = lines;
     let mut o = String::new();
     frame(&mut o, axes, "line");
-    let all = || series.iter().flat_map(|s| s.points.iter());
+    let all = || lines.iter().chain(dots).flat_map(|s| s.points.iter());
     let (mut x_lo, mut x_hi) = (f64::INFINITY, f64::NEG_INFINITY);
     let mut y_hi = f64::NEG_INFINITY;
     for &(x, y) in all() {
@@ -223,7 +236,26 @@ pub fn line_plot(axes: &Axes, series: &[Series], y_range: Option<(f64, f64)>) ->
         }
         o.push_str("\"/>");
     }
-    legend(&mut o, series);
+    for s in dots {
+        let _ = write!(
+            o,
+            r#"<g class="dots" data-series="{n}" data-points="{k}" fill="{c}" fill-opacity="0.55">"#,
+            n = escape(&s.name),
+            k = s.points.len(),
+            c = s.color,
+        );
+        for &(x, y) in &s.points {
+            let _ = write!(
+                o,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3.5"/>"#,
+                sx(x),
+                sy(y)
+            );
+        }
+        o.push_str("</g>");
+    }
+    let named: Vec<Series> = lines.iter().chain(dots).cloned().collect();
+    legend(&mut o, &named);
     o.push_str("</svg>");
     o
 }

@@ -1,0 +1,140 @@
+//! `lockstep search` end to end through the binary: a small roofline search writes its
+//! table, CSV, page and winners, and a winner's scenario, run by `lockstep sim`,
+//! reproduces what the search measured; a bad spec is refused naming the key.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_lockstep");
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("lockstep-search-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn lockstep(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+/// Llama-3-8B on up to 4 H100s, TP 1 or 2, aggregated or disaggregated.
+fn spec(dir: &Path) -> PathBuf {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../data/models/llama-3-8b/config.json")
+        .canonicalize()
+        .unwrap();
+    let text = format!(
+        r#"name = "small"
+[model]
+hf_config = "{}"
+gpu = "H100-SXM"
+[gpus]
+total = 4
+[workload]
+input_len = 1024
+output_len = 128
+max_concurrency = 64
+[slo.p90]
+ttft_ms = 500
+tpot_ms = 30
+[space]
+modes = ["agg", "disagg"]
+tp = [1, 2]
+max_batch_size = [32]
+ctx_instances = [1]
+gen_instances = [1]
+[method]
+finalists = 1
+seeds = 1
+"#,
+        config.display()
+    );
+    let path = dir.join("small.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn a_search_writes_its_answer_and_a_winner_reproduces_it() {
+    let dir = TempDir::new("small");
+    let spec = spec(&dir.0);
+    let out = dir.0.join("out");
+    let o = lockstep(&[
+        "search",
+        spec.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--winners",
+        "2",
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("tok/s/GPU"), "{stdout}");
+    assert!(stdout.contains("Pareto front"), "{stdout}");
+
+    let csv = std::fs::read_to_string(out.join("ranked.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let first: Vec<&str> = lines.next().expect("a ranked row").split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    assert_eq!(first[col("rank")], "1");
+    let measured: f64 = first[col("output_tokens_per_s")].parse().unwrap();
+    assert!(measured > 0.0);
+    let ttft: f64 = first[col("slo.p90.ttft_ms")].parse().unwrap();
+    assert!(ttft <= 500.0, "the winner meets the objective: {ttft}");
+
+    let page = std::fs::read_to_string(out.join("search.html")).unwrap();
+    assert!(page.contains("<svg"), "an inline plot");
+    assert!(page.contains(r#"class="dots""#));
+
+    // The winner's scenario, run as any scenario is, gives what the search measured.
+    let json = dir.0.join("winner.json");
+    let w = out.join("winner-1.toml");
+    let r = lockstep(&["sim", w.to_str().unwrap(), "--json", json.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let again = report["throughput"]["output_tokens_per_s"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (again - measured).abs() < 1e-3,
+        "the search measured {measured}, the winner's scenario gives {again}"
+    );
+    let yaml = std::fs::read_to_string(out.join("winner-1.yml")).unwrap();
+    assert!(yaml.contains("tensor_parallel_size"), "{yaml}");
+    assert!(out.join("winner-2.toml").exists());
+}
+
+#[test]
+fn a_bad_spec_is_refused_naming_the_key() {
+    let dir = TempDir::new("bad");
+    let spec = spec(&dir.0);
+    let text = std::fs::read_to_string(&spec)
+        .unwrap()
+        .replace("tpot_ms = 30", "tpot_ms = 30\nitl_p99 = 5");
+    std::fs::write(&spec, text).unwrap();
+    let o = lockstep(&["search", spec.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(78), "a refused configuration");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("itl_p99"), "{stderr}");
+}

@@ -1,0 +1,614 @@
+//! `lockstep search`: which configuration to run, under latency objectives at
+//! percentiles, with every candidate simulated in full — admission, routing, padding,
+//! KV transfers, the serving front door — rather than reduced to a throughput formula.
+//!
+//! The method (ARCHITECTURE.md, "Configuration search"):
+//! 1. the space's axes multiplied out, invalid combinations pruned with the reason
+//!    counted (`space.rs`);
+//! 2. each rank shape's cost model derived once (the roofline of `[model]`), and a bound
+//!    from it alone: the most output tokens per second per GPU the candidate could
+//!    reach, and the objectives it cannot meet at any load (`bound.rs`);
+//! 3. candidates simulated best bound first, in fixed-size rounds on every core; after
+//!    each round, those whose bound is below the best result cannot win and are
+//!    dropped; each simulated candidate's highest load meeting every objective is found
+//!    by bisection (`evaluate.rs`);
+//! 4. the finalists re-simulated with further seeds, so each objective comes with a
+//!    spread.
+//!
+//! The answer depends only on the spec and its seed: rounds are fixed in size and
+//! results are gathered in candidate order, whatever the number of threads.
+
+#![forbid(unsafe_code)]
+
+pub mod bound;
+pub mod evaluate;
+pub mod output;
+pub mod space;
+pub mod spec;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+
+use lockstep_gpu::Coefficients;
+use lockstep_plan::model::{CoefficientOverrides, ModelConfig};
+
+use crate::bound::Cheap;
+use crate::evaluate::{Evaluation, Measured};
+use crate::space::{Candidate, OVER_BUDGET};
+use crate::spec::{Mode, Objective, SearchSpec};
+
+/// A search that cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    /// The spec file cannot be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The spec is not valid TOML or has an unknown or mistyped key.
+    #[error("search spec: {0}")]
+    Parse(String),
+    /// A key with a value it cannot take.
+    #[error("search spec: {key} = {value}: must be {want}")]
+    Field {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+        /// What it must be.
+        want: String,
+    },
+    /// An axis of the space with no value.
+    #[error("search spec: `{0}` is empty: nothing to search")]
+    EmptyAxis(String),
+    /// The model cannot be read.
+    #[error("search spec: [model]: {0}")]
+    Model(String),
+    /// Every configuration of the space needs more GPUs than the budget.
+    #[error(
+        "search spec: gpus.total = {total}: no configuration of the space fits; the smallest needs {smallest} GPUs"
+    )]
+    NothingFits {
+        /// The budget.
+        total: u32,
+        /// GPUs of the smallest configuration.
+        smallest: u32,
+    },
+    /// Every candidate was pruned.
+    #[error("every candidate was pruned: {}", .0.iter().map(|(r, n)| format!("{n} × {r}")).collect::<Vec<_>>().join("; "))]
+    AllPruned(BTreeMap<String, u64>),
+    /// An output could not be written.
+    #[error("{path}: {message}")]
+    Output {
+        /// The file.
+        path: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// How far the search is, for a progress bar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Candidates settled (simulated or dropped by the bound).
+    pub done: u64,
+    /// Candidates to settle.
+    pub total: u64,
+}
+
+/// A finalist's objectives over further seeds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeedSpread {
+    /// Seeds run (the search's own included).
+    pub runs: u32,
+    /// Of those, the runs that met every objective.
+    pub met: u32,
+    /// Output tokens per second per GPU: least and most.
+    pub tokens_per_gpu: (f64, f64),
+    /// Per objective (its key): least and most value, ms.
+    pub objectives: Vec<(String, f64, f64)>,
+}
+
+/// A simulated candidate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ranked {
+    /// The configuration.
+    pub candidate: Candidate,
+    /// Its bound.
+    pub cheap: Cheap,
+    /// Its search over load.
+    pub evaluation: Evaluation,
+    /// GPUs the objective counts: the candidate's, or with `fewest_gpus` the replicas
+    /// the target rate needs.
+    pub gpus_needed: Option<u32>,
+    /// Further seeds, for finalists.
+    pub seeds: Option<SeedSpread>,
+    /// KV tokens one rank holds.
+    pub kv_tokens_per_rank: u64,
+}
+
+impl Ranked {
+    /// Output tokens per second per GPU at the best load (0 when no load meets the
+    /// objectives).
+    pub fn tokens_per_gpu(&self) -> f64 {
+        self.evaluation.best.as_ref().map_or(0.0, |m| {
+            m.output_tokens_per_s / f64::from(self.candidate.gpus())
+        })
+    }
+}
+
+/// A point of the Pareto front: a candidate at one load that met every objective.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParetoPoint {
+    /// The candidate's label.
+    pub label: String,
+    /// Clients.
+    pub concurrency: u32,
+    /// Output tokens per second per GPU.
+    pub tokens_per_gpu: f64,
+    /// Output tokens per second per user (1 / mean TPOT).
+    pub tokens_per_user: f64,
+}
+
+/// What a search found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchOutcome {
+    /// The spec's name.
+    pub name: String,
+    /// Simulated candidates, best first; those meeting no load at the end.
+    pub ranked: Vec<Ranked>,
+    /// Candidates of the space, before pruning.
+    pub candidates: u64,
+    /// Pruned, by reason.
+    pub pruned: BTreeMap<String, u64>,
+    /// Simulations run.
+    pub simulations: u64,
+    /// Every simulated point meeting every objective that no other beats on both
+    /// tokens per GPU and tokens per user, by tokens per user.
+    pub pareto: Vec<ParetoPoint>,
+}
+
+/// Candidates simulated per round before the bound prunes again (fixed, so the answer
+/// does not depend on the number of threads).
+const ROUND: usize = 16;
+
+/// Why the bound drops a candidate.
+pub const BELOW_BEST: &str = "bound below the best result";
+
+/// One rank shape's model as simulated (the derived coefficients, so the roofline is
+/// fitted once), and what the bound needs.
+#[derive(Debug, Clone)]
+struct RankModel {
+    simulated: ModelConfig,
+    coefficients: Coefficients,
+    kv_tokens: u64,
+}
+
+/// Runs the search.
+pub fn search(
+    spec: &SearchSpec,
+    progress: &(dyn Fn(Progress) + Sync),
+) -> Result<SearchOutcome, SearchError> {
+    let moe = model_has_experts(spec)?;
+    let enumerated = space::enumerate(spec, moe);
+    let candidates = enumerated.kept.len() as u64 + enumerated.pruned.values().sum::<u64>();
+    let mut pruned = enumerated.pruned;
+    if enumerated.kept.is_empty() {
+        if pruned.keys().all(|r| r == OVER_BUDGET) {
+            return Err(SearchError::NothingFits {
+                total: spec.gpus.total,
+                smallest: smallest_gpus(spec),
+            });
+        }
+        return Err(SearchError::AllPruned(pruned));
+    }
+
+    // Each rank shape's model, once.
+    let mut models: BTreeMap<(u32, u32), Result<RankModel, String>> = BTreeMap::new();
+    for c in &enumerated.kept {
+        models
+            .entry((c.rank_gpus(), c.ep))
+            .or_insert_with(|| rank_model(spec, c.rank_gpus(), c.ep));
+    }
+    let mut open: Vec<(Candidate, Cheap)> = Vec::new();
+    for c in enumerated.kept {
+        match &models[&(c.rank_gpus(), c.ep)] {
+            Err(why) => *pruned.entry(why.clone()).or_default() += 1,
+            Ok(m) => {
+                let cheap = bound::cheap(spec, &c, m.coefficients, m.kv_tokens);
+                match &cheap.infeasible {
+                    Some(why) => *pruned.entry(reason_kind(why)).or_default() += 1,
+                    None => open.push((c, cheap)),
+                }
+            }
+        }
+    }
+    if open.is_empty() {
+        return Err(SearchError::AllPruned(pruned));
+    }
+    // Best bound first; ties in enumeration order (the sort is stable).
+    open.sort_by(|a, b| b.1.tokens_per_gpu.total_cmp(&a.1.tokens_per_gpu));
+
+    let pool = thread_pool(spec.method.jobs);
+    let simulations = AtomicU64::new(0);
+    let mut total = open.len() as u64;
+    let mut done = 0;
+    progress(Progress { done, total });
+    let mut ranked: Vec<Ranked> = Vec::new();
+    let mut rest = open.into_iter().peekable();
+    while rest.peek().is_some() {
+        let round: Vec<(Candidate, Cheap)> = rest.by_ref().take(ROUND).collect();
+        let evaluated: Vec<Ranked> = pool.install(|| {
+            round
+                .into_par_iter()
+                .map(|(candidate, cheap)| {
+                    let m = models[&(candidate.rank_gpus(), candidate.ep)]
+                        .as_ref()
+                        .expect("pruned above");
+                    let evaluation = evaluate_candidate(spec, &candidate, &cheap, m, &simulations);
+                    Ranked {
+                        gpus_needed: gpus_needed(spec, &candidate, &evaluation),
+                        candidate,
+                        cheap,
+                        evaluation,
+                        seeds: None,
+                        kv_tokens_per_rank: m.kv_tokens,
+                    }
+                })
+                .collect()
+        });
+        done += evaluated.len() as u64;
+        ranked.extend(evaluated);
+        if spec.objective == Objective::ThroughputPerGpu {
+            let best = ranked
+                .iter()
+                .map(Ranked::tokens_per_gpu)
+                .fold(0.0, f64::max);
+            let before = total;
+            let mut kept = Vec::new();
+            for (c, cheap) in rest.by_ref() {
+                if cheap.tokens_per_gpu < best {
+                    *pruned.entry(BELOW_BEST.into()).or_default() += 1;
+                    total -= 1;
+                } else {
+                    kept.push((c, cheap));
+                }
+            }
+            if total != before {
+                tracing::debug!(dropped = before - total, best, "bound pruned");
+            }
+            rest = kept.into_iter().peekable();
+        }
+        progress(Progress { done, total });
+    }
+    rank(spec, &mut ranked);
+
+    // Finalists: further seeds at their best load.
+    let finalists = ranked
+        .iter()
+        .take_while(|r| r.evaluation.best.is_some())
+        .take(spec.method.finalists as usize)
+        .count();
+    let spreads: Vec<SeedSpread> = pool.install(|| {
+        ranked[..finalists]
+            .par_iter()
+            .map(|r| {
+                let m = models[&(r.candidate.rank_gpus(), r.candidate.ep)]
+                    .as_ref()
+                    .expect("simulated");
+                seed_spread(spec, r, m, &simulations)
+            })
+            .collect()
+    });
+    for (r, s) in ranked.iter_mut().zip(spreads) {
+        r.seeds = Some(s);
+    }
+    let pareto = pareto(spec, &ranked);
+    Ok(SearchOutcome {
+        name: spec.name().to_string(),
+        ranked,
+        candidates,
+        pruned,
+        simulations: simulations.into_inner(),
+        pareto,
+    })
+}
+
+fn thread_pool(jobs: u32) -> rayon::ThreadPool {
+    let mut b = rayon::ThreadPoolBuilder::new();
+    if jobs > 0 {
+        b = b.num_threads(jobs as usize);
+    }
+    b.build().expect("a thread pool")
+}
+
+/// Whether `[model]` has routed experts (a profile: none).
+fn model_has_experts(spec: &SearchSpec) -> Result<bool, SearchError> {
+    let Some(path) = &spec.model.hf_config else {
+        return Ok(false);
+    };
+    let arch = lockstep_gpu::roofline::Architecture::from_file(&spec.base_dir.join(path))
+        .map_err(|e| SearchError::Model(format!("hf_config = {path}: {e}")))?;
+    Ok(arch.experts.is_some())
+}
+
+/// GPUs of the smallest configuration the space holds.
+fn smallest_gpus(spec: &SearchSpec) -> u32 {
+    let s = &spec.space;
+    let shape =
+        s.tp.iter()
+            .chain(&s.attention_dp)
+            .copied()
+            .min()
+            .unwrap_or(1);
+    let min = |v: &[u32]| v.iter().copied().min().unwrap_or(1);
+    s.modes
+        .iter()
+        .map(|m| match m {
+            Mode::Agg => min(&s.agg_instances) * shape,
+            Mode::Disagg => (min(&s.ctx_instances) + min(&s.gen_instances)) * shape,
+        })
+        .min()
+        .unwrap_or(shape)
+}
+
+/// A reason with its numbers taken out, so that reasons of one kind count together.
+fn reason_kind(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut in_number = false;
+    for ch in message.chars() {
+        if ch.is_ascii_digit() || (in_number && ch == '.') {
+            if !in_number {
+                out.push('N');
+            }
+            in_number = true;
+        } else {
+            in_number = false;
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// The `[model]` a candidate with ranks of `rank_gpus` GPUs and experts over `ep` is
+/// written out with: the spec's, with `hf_config` by its full path (the scenario lands
+/// elsewhere) and the rank shape.
+pub fn written_model(spec: &SearchSpec, rank_gpus: u32, ep: u32) -> ModelConfig {
+    let mut written = spec.model.clone();
+    if let Some(path) = &written.hf_config {
+        let full = spec.base_dir.join(path);
+        written.hf_config = Some(
+            std::fs::canonicalize(&full)
+                .unwrap_or(full)
+                .display()
+                .to_string(),
+        );
+        written.tp = Some(rank_gpus);
+        written.ep = Some(ep);
+    }
+    written
+}
+
+fn rank_model(spec: &SearchSpec, rank_gpus: u32, ep: u32) -> Result<RankModel, String> {
+    let written = written_model(spec, rank_gpus, ep);
+    let kv_tokens = if written.hf_config.is_some() {
+        written
+            .kv_capacity_tokens(&spec.base_dir)
+            .map_err(|e| reason_kind(&e.to_string()))?
+            .expect("hf_config given")
+    } else {
+        spec.gpus
+            .kv_tokens_per_rank
+            .expect("checked: a profile comes with gpus.kv_tokens_per_rank")
+    };
+    let profile = written
+        .resolve(&spec.base_dir)
+        .map_err(|e| reason_kind(&e.to_string()))?;
+    let c = profile.coefficients;
+    let simulated = ModelConfig {
+        hf_config: None,
+        gpu: None,
+        hardware: None,
+        tp: None,
+        ep: None,
+        weight_precision: None,
+        kv_precision: None,
+        free_gpu_memory_fraction: None,
+        reserved_memory_gib: None,
+        efficiency: None,
+        coefficients: CoefficientOverrides {
+            forward_base_ns: Some(c.forward_base_ns),
+            ctx_token_ns: Some(c.ctx_token_ns),
+            ctx_attention_ns: Some(c.ctx_attention_ns),
+            gen_request_ns: Some(c.gen_request_ns),
+            gen_token_ns: Some(c.gen_token_ns),
+            kv_read_ns: Some(c.kv_read_ns),
+            collective_ns: Some(c.collective_ns),
+            host_base_ns: Some(c.host_base_ns),
+            host_per_request_ns: Some(c.host_per_request_ns),
+        },
+        kv: Some(profile.kv),
+        ..ModelConfig::default()
+    };
+    let simulated = ModelConfig {
+        link: written.link,
+        ..simulated
+    };
+    Ok(RankModel {
+        simulated,
+        coefficients: c,
+        kv_tokens,
+    })
+}
+
+/// The most clients tried on `c`.
+fn max_load(spec: &SearchSpec, c: &Candidate) -> u32 {
+    spec.workload
+        .max_concurrency
+        .unwrap_or_else(|| c.slots().saturating_mul(2))
+        .max(1)
+}
+
+fn evaluate_candidate(
+    spec: &SearchSpec,
+    c: &Candidate,
+    cheap: &Cheap,
+    m: &RankModel,
+    simulations: &AtomicU64,
+) -> Evaluation {
+    evaluate::search_load(spec, max_load(spec, c), |n| {
+        simulations.fetch_add(1, Ordering::Relaxed);
+        let scenario = c.scenario(
+            spec.name(),
+            m.simulated.clone(),
+            m.kv_tokens,
+            space::space_workload(spec, n, spec.seed, cheap.unloaded_request_s),
+            spec,
+        );
+        evaluate::simulate(&scenario, n, spec.seed)
+    })
+}
+
+fn gpus_needed(spec: &SearchSpec, c: &Candidate, e: &Evaluation) -> Option<u32> {
+    let best = e.best.as_ref()?;
+    match spec.objective {
+        Objective::ThroughputPerGpu => Some(c.gpus()),
+        Objective::FewestGpus {
+            target_requests_per_s,
+        } => {
+            if best.requests_per_s <= 0.0 {
+                return None;
+            }
+            let replicas = (target_requests_per_s / best.requests_per_s).ceil();
+            Some((replicas as u32).max(1).saturating_mul(c.gpus()))
+        }
+    }
+}
+
+/// Best first: meeting some load before none; then by the objective; then by tokens
+/// per GPU; then by label, so equal results keep one order.
+fn rank(spec: &SearchSpec, ranked: &mut [Ranked]) {
+    ranked.sort_by(|a, b| {
+        let feasible = b
+            .evaluation
+            .best
+            .is_some()
+            .cmp(&a.evaluation.best.is_some());
+        let objective = match spec.objective {
+            Objective::ThroughputPerGpu => std::cmp::Ordering::Equal,
+            Objective::FewestGpus { .. } => a
+                .gpus_needed
+                .unwrap_or(u32::MAX)
+                .cmp(&b.gpus_needed.unwrap_or(u32::MAX)),
+        };
+        feasible
+            .then(objective)
+            .then(b.tokens_per_gpu().total_cmp(&a.tokens_per_gpu()))
+            .then_with(|| a.candidate.label().cmp(&b.candidate.label()))
+    });
+}
+
+fn seed_spread(
+    spec: &SearchSpec,
+    r: &Ranked,
+    m: &RankModel,
+    simulations: &AtomicU64,
+) -> SeedSpread {
+    let best = r.evaluation.best.as_ref().expect("a finalist met a load");
+    let n = best.concurrency;
+    let bounds = spec.slo.bounds();
+    let mut runs = vec![best.clone()];
+    for k in 1..=u64::from(spec.method.seeds) {
+        simulations.fetch_add(1, Ordering::Relaxed);
+        let seed = spec.seed.wrapping_add(k);
+        let scenario = r.candidate.scenario(
+            spec.name(),
+            m.simulated.clone(),
+            m.kv_tokens,
+            space::space_workload(spec, n, seed, r.cheap.unloaded_request_s),
+            spec,
+        );
+        runs.push(evaluate::simulate(&scenario, n, seed));
+    }
+    let gpus = f64::from(r.candidate.gpus());
+    let tps: Vec<f64> = runs.iter().map(|m| m.output_tokens_per_s / gpus).collect();
+    let spread = |v: &[f64]| {
+        (
+            v.iter().copied().fold(f64::INFINITY, f64::min),
+            v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        )
+    };
+    SeedSpread {
+        runs: runs.len() as u32,
+        met: runs.iter().filter(|m| m.misses(&bounds).is_empty()).count() as u32,
+        tokens_per_gpu: spread(&tps),
+        objectives: bounds
+            .iter()
+            .map(|b| {
+                let v: Vec<f64> = runs.iter().map(|m| m.value(b)).collect();
+                let (lo, hi) = spread(&v);
+                (b.key(), lo, hi)
+            })
+            .collect(),
+    }
+}
+
+/// Every point that met every objective and that no other point beats on both axes.
+fn pareto(spec: &SearchSpec, ranked: &[Ranked]) -> Vec<ParetoPoint> {
+    let bounds = spec.slo.bounds();
+    let mut points: Vec<ParetoPoint> = ranked
+        .iter()
+        .flat_map(|r| {
+            let gpus = f64::from(r.candidate.gpus());
+            let bounds = &bounds;
+            r.evaluation
+                .points
+                .iter()
+                .filter(move |m| m.misses(bounds).is_empty())
+                .map(move |m: &Measured| ParetoPoint {
+                    label: r.candidate.label(),
+                    concurrency: m.concurrency,
+                    tokens_per_gpu: m.output_tokens_per_s / gpus,
+                    tokens_per_user: m.tokens_per_user(),
+                })
+        })
+        .collect();
+    // By tokens per user, best first; keep a point only if it beats every point before
+    // it on tokens per GPU.
+    points.sort_by(|a, b| {
+        b.tokens_per_user
+            .total_cmp(&a.tokens_per_user)
+            .then(b.tokens_per_gpu.total_cmp(&a.tokens_per_gpu))
+            .then_with(|| a.label.cmp(&b.label))
+    });
+    let mut front: Vec<ParetoPoint> = Vec::new();
+    for p in points {
+        if front
+            .last()
+            .is_none_or(|last| p.tokens_per_gpu > last.tokens_per_gpu)
+        {
+            front.push(p);
+        }
+    }
+    front.reverse();
+    front
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_of_one_kind_count_together() {
+        assert_eq!(
+            reason_kind("[model] tp = 8: must divide the 28 attention heads"),
+            "[model] tp = N: must divide the N attention heads"
+        );
+        assert_eq!(reason_kind("needs 170.5 GiB"), "needs N GiB");
+    }
+}

@@ -1,0 +1,511 @@
+//! The search spec (`lockstep search SPEC.toml`): the model and its GPUs, the workload,
+//! the latency objectives, what to optimise, and the space of configurations.
+//!
+//! Every check names the key and the value; a spec that passes them is searched.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use lockstep_actors::config::{CapacitySchedulerPolicy, RouterKind};
+use lockstep_plan::model::ModelConfig;
+use lockstep_plan::workload::LenSpec;
+
+use crate::SearchError;
+
+/// A whole spec.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchSpec {
+    /// Names the search in its outputs (default: the file's stem).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// A scenario's `[model]`: `hf_config` and `gpu` (and precisions), whose roofline
+    /// times each candidate's rank shape, or a `profile` (one rank, whatever its GPUs).
+    /// `tp` and `ep` are the search's to choose.
+    pub model: ModelConfig,
+    /// The GPUs a configuration may use.
+    pub gpus: Gpus,
+    /// The requests.
+    pub workload: SearchWorkload,
+    /// Latency objectives at percentiles.
+    #[serde(default)]
+    pub slo: SloSpec,
+    /// What makes one configuration better than another.
+    #[serde(default)]
+    pub objective: Objective,
+    /// The configurations searched.
+    #[serde(default)]
+    pub space: Space,
+    /// How hard to look.
+    #[serde(default)]
+    pub method: Method,
+    /// The serving front door, as a scenario's `[frontend]` (default: the `python`
+    /// preset, TensorRT-LLM's own).
+    #[serde(default)]
+    pub frontend: lockstep_plan::frontend::FrontendConfig,
+    /// Seeds every simulation (finalists also run `method.seeds` further seeds).
+    #[serde(default)]
+    pub seed: u64,
+    /// The folder `model.hf_config` is relative to.
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+/// `[gpus]`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpus {
+    /// The budget: a configuration uses at most this many GPUs.
+    pub total: u32,
+    /// GPUs per node: a rank's tensor-parallel GPUs stay in one node.
+    #[serde(default = "default_per_node")]
+    pub per_node: u32,
+    /// KV tokens one rank holds; required with a `profile` (the roofline sizes it from
+    /// `hf_config` otherwise).
+    #[serde(default)]
+    pub kv_tokens_per_rank: Option<u64>,
+}
+
+fn default_per_node() -> u32 {
+    8
+}
+
+/// `[workload]`: closed-loop clients; the search finds the most of them each
+/// configuration serves within the objectives.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchWorkload {
+    /// Prompt tokens (`4096` or `[1024, 8192]`, uniform).
+    pub input_len: LenSpec,
+    /// Output tokens.
+    pub output_len: LenSpec,
+    /// The most clients tried (default: twice the configuration's batch slots).
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+    /// Requests per client in one simulation (at least `min_requests` in all).
+    #[serde(default = "default_requests_per_client")]
+    pub requests_per_client: u32,
+    /// Requests in one simulation at least.
+    #[serde(default = "default_min_requests")]
+    pub min_requests: u32,
+}
+
+fn default_requests_per_client() -> u32 {
+    4
+}
+
+fn default_min_requests() -> u32 {
+    64
+}
+
+/// One percentile's objectives, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Objectives {
+    /// Time to first token.
+    pub ttft_ms: Option<f64>,
+    /// Time per output token.
+    pub tpot_ms: Option<f64>,
+    /// Inter-token latency (every gap between deliveries).
+    pub itl_ms: Option<f64>,
+    /// End to end.
+    pub e2e_ms: Option<f64>,
+}
+
+/// `[slo.p50]`, `[slo.p90]`, `[slo.p99]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloSpec {
+    /// At the median.
+    #[serde(default)]
+    pub p50: Objectives,
+    /// At the 90th percentile.
+    #[serde(default)]
+    pub p90: Objectives,
+    /// At the 99th percentile.
+    #[serde(default)]
+    pub p99: Objectives,
+}
+
+/// A latency metric of the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Metric {
+    /// Time to first token.
+    Ttft,
+    /// Time per output token.
+    Tpot,
+    /// Inter-token latency.
+    Itl,
+    /// End to end.
+    E2e,
+}
+
+/// A percentile the report gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Percentile {
+    /// Median.
+    P50,
+    /// 90th.
+    P90,
+    /// 99th.
+    P99,
+}
+
+/// One objective: `metric` at `percentile` at most `limit_ms`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bound {
+    /// Which latency.
+    pub metric: Metric,
+    /// At which percentile.
+    pub percentile: Percentile,
+    /// The most it may be, ms.
+    pub limit_ms: f64,
+}
+
+impl Bound {
+    /// `ttft_ms.p90`: the spec's key.
+    pub fn key(&self) -> String {
+        let m = match self.metric {
+            Metric::Ttft => "ttft_ms",
+            Metric::Tpot => "tpot_ms",
+            Metric::Itl => "itl_ms",
+            Metric::E2e => "e2e_ms",
+        };
+        let p = match self.percentile {
+            Percentile::P50 => "p50",
+            Percentile::P90 => "p90",
+            Percentile::P99 => "p99",
+        };
+        format!("slo.{p}.{m}")
+    }
+}
+
+impl SloSpec {
+    /// Every objective given, in a fixed order.
+    pub fn bounds(&self) -> Vec<Bound> {
+        let mut out = Vec::new();
+        for (percentile, o) in [
+            (Percentile::P50, &self.p50),
+            (Percentile::P90, &self.p90),
+            (Percentile::P99, &self.p99),
+        ] {
+            for (metric, v) in [
+                (Metric::Ttft, o.ttft_ms),
+                (Metric::Tpot, o.tpot_ms),
+                (Metric::Itl, o.itl_ms),
+                (Metric::E2e, o.e2e_ms),
+            ] {
+                if let Some(limit_ms) = v {
+                    out.push(Bound {
+                        metric,
+                        percentile,
+                        limit_ms,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// `[objective]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
+pub enum Objective {
+    /// The most output tokens per second per GPU within the objectives.
+    #[default]
+    ThroughputPerGpu,
+    /// The fewest GPUs that serve `target_requests_per_s` within the objectives
+    /// (configurations replicated behind a round-robin front, each at the load it
+    /// serves).
+    FewestGpus {
+        /// Completed requests per second the deployment must serve.
+        target_requests_per_s: f64,
+    },
+}
+
+/// Aggregated or disaggregated serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Servers that prefill and decode.
+    Agg,
+    /// Context servers handing KV to generation servers.
+    Disagg,
+}
+
+/// `[space]`: every list is one axis; candidates are their product, pruned.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Space {
+    /// Aggregated, disaggregated or both.
+    pub modes: Vec<Mode>,
+    /// Tensor-parallel instances: one rank of this many GPUs.
+    pub tp: Vec<u32>,
+    /// Attention-DP instances: this many ranks of one GPU each (TensorRT-LLM's
+    /// `tensor_parallel_size` with `enable_attention_dp`).
+    pub attention_dp: Vec<u32>,
+    /// GPUs the routed experts spread over (MoE models; empty: as TensorRT-LLM
+    /// defaults, the instance's GPUs with attention DP, else 1).
+    pub ep: Vec<u32>,
+    /// `max_batch_size` of an aggregated or generation server.
+    pub max_batch_size: Vec<u32>,
+    /// `max_num_tokens`.
+    pub max_num_tokens: Vec<u32>,
+    /// `enable_chunked_prefill`.
+    pub chunked_prefill: Vec<bool>,
+    /// `scheduler_config.capacity_scheduler_policy`.
+    pub capacity_scheduler_policy: Vec<CapacitySchedulerPolicy>,
+    /// The overlap scheduler (TensorRT-LLM's `disable_overlap_scheduler = false`) on an
+    /// aggregated or generation server.
+    pub overlap: Vec<bool>,
+    /// `attention_dp_config.router` (attention-DP instances only).
+    pub router: Vec<RouterKind>,
+    /// Aggregated instances behind the front.
+    pub agg_instances: Vec<u32>,
+    /// Context instances.
+    pub ctx_instances: Vec<u32>,
+    /// Generation instances.
+    pub gen_instances: Vec<u32>,
+    /// `max_batch_size` of a context server.
+    pub ctx_max_batch_size: Vec<u32>,
+}
+
+impl Default for Space {
+    fn default() -> Self {
+        Space {
+            modes: vec![Mode::Agg, Mode::Disagg],
+            tp: vec![1, 2, 4, 8],
+            attention_dp: vec![],
+            ep: vec![],
+            max_batch_size: vec![64, 128, 256],
+            max_num_tokens: vec![8192],
+            chunked_prefill: vec![false],
+            capacity_scheduler_policy: vec![CapacitySchedulerPolicy::GuaranteedNoEvict],
+            overlap: vec![true],
+            router: vec![RouterKind::Balanced],
+            agg_instances: vec![1],
+            ctx_instances: vec![1, 2],
+            gen_instances: vec![1],
+            ctx_max_batch_size: vec![4],
+        }
+    }
+}
+
+/// `[method]`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Method {
+    /// Stop bisecting a candidate's load when the next step would be within this share.
+    pub load_tolerance: f64,
+    /// Finalists re-simulated with further seeds.
+    pub finalists: u32,
+    /// Further seeds per finalist.
+    pub seeds: u32,
+    /// Simulations in flight at once (0: every core).
+    pub jobs: u32,
+}
+
+impl Default for Method {
+    fn default() -> Self {
+        Method {
+            load_tolerance: 0.05,
+            finalists: 5,
+            seeds: 3,
+            jobs: 0,
+        }
+    }
+}
+
+impl SearchSpec {
+    /// Reads and checks a spec file.
+    pub fn load(path: &Path) -> Result<SearchSpec, SearchError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SearchError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mut spec = SearchSpec::parse(&text)?;
+        if spec.name.is_none() {
+            spec.name = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+        }
+        spec.base_dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Ok(spec)
+    }
+
+    /// Parses and checks spec text (paths relative to the current folder).
+    pub fn parse(text: &str) -> Result<SearchSpec, SearchError> {
+        let spec: SearchSpec =
+            toml::from_str(text).map_err(|e| SearchError::Parse(e.to_string()))?;
+        spec.check()?;
+        Ok(spec)
+    }
+
+    /// The name outputs carry.
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or("search")
+    }
+
+    fn check(&self) -> Result<(), SearchError> {
+        let bad = |key: &str, value: String, want: &str| SearchError::Field {
+            key: key.to_string(),
+            value,
+            want: want.to_string(),
+        };
+        if self.model.tp.is_some() || self.model.ep.is_some() {
+            let key = if self.model.tp.is_some() {
+                "model.tp"
+            } else {
+                "model.ep"
+            };
+            return Err(bad(
+                key,
+                "given".into(),
+                "absent: the search chooses it (space.tp, space.attention_dp, space.ep)",
+            ));
+        }
+        if self.gpus.total == 0 {
+            return Err(bad("gpus.total", "0".into(), "at least 1"));
+        }
+        if self.gpus.per_node == 0 {
+            return Err(bad("gpus.per_node", "0".into(), "at least 1"));
+        }
+        if self.model.hf_config.is_none() && self.gpus.kv_tokens_per_rank.is_none() {
+            return Err(bad(
+                "gpus.kv_tokens_per_rank",
+                "absent".into(),
+                "given when [model] names a profile rather than an hf_config",
+            ));
+        }
+        let w = &self.workload;
+        for (key, len) in [
+            ("workload.input_len", w.input_len),
+            ("workload.output_len", w.output_len),
+        ] {
+            if len.min() == 0 || len.min() > len.max() {
+                return Err(bad(
+                    key,
+                    format!("{len:?}"),
+                    "at least 1 (a range low to high)",
+                ));
+            }
+        }
+        if w.max_concurrency == Some(0) {
+            return Err(bad("workload.max_concurrency", "0".into(), "at least 1"));
+        }
+        if w.requests_per_client == 0 {
+            return Err(bad(
+                "workload.requests_per_client",
+                "0".into(),
+                "at least 1",
+            ));
+        }
+        for b in self.slo.bounds() {
+            if !(b.limit_ms.is_finite() && b.limit_ms > 0.0) {
+                return Err(bad(
+                    &b.key(),
+                    b.limit_ms.to_string(),
+                    "a positive number of ms",
+                ));
+            }
+        }
+        if let Objective::FewestGpus {
+            target_requests_per_s: t,
+        } = self.objective
+            && !(t.is_finite() && t > 0.0)
+        {
+            return Err(bad(
+                "objective.target_requests_per_s",
+                t.to_string(),
+                "a positive rate",
+            ));
+        }
+        let m = &self.method;
+        if !(m.load_tolerance.is_finite() && m.load_tolerance > 0.0 && m.load_tolerance < 1.0) {
+            return Err(bad(
+                "method.load_tolerance",
+                m.load_tolerance.to_string(),
+                "between 0 and 1",
+            ));
+        }
+        self.check_space()
+    }
+
+    fn check_space(&self) -> Result<(), SearchError> {
+        let s = &self.space;
+        let empty = |key: &str| SearchError::EmptyAxis(format!("space.{key}"));
+        let positive = |key: &str, v: &[u32]| -> Result<(), SearchError> {
+            if let Some(&z) = v.iter().find(|&&x| x == 0) {
+                return Err(SearchError::Field {
+                    key: format!("space.{key}"),
+                    value: z.to_string(),
+                    want: "every value at least 1".into(),
+                });
+            }
+            Ok(())
+        };
+        if s.modes.is_empty() {
+            return Err(empty("modes"));
+        }
+        if s.tp.is_empty() && s.attention_dp.is_empty() {
+            return Err(empty("tp` and `space.attention_dp"));
+        }
+        for (key, v) in [
+            ("tp", &s.tp),
+            ("attention_dp", &s.attention_dp),
+            ("ep", &s.ep),
+        ] {
+            positive(key, v)?;
+        }
+        if let Some(&d) = s.attention_dp.iter().find(|&&d| d < 2) {
+            return Err(SearchError::Field {
+                key: "space.attention_dp".into(),
+                value: d.to_string(),
+                want: "at least 2 ranks (one rank is space.tp = [1])".into(),
+            });
+        }
+        for (key, v) in [
+            ("max_batch_size", &s.max_batch_size),
+            ("max_num_tokens", &s.max_num_tokens),
+        ] {
+            if v.is_empty() {
+                return Err(empty(key));
+            }
+            positive(key, v)?;
+        }
+        if s.chunked_prefill.is_empty() {
+            return Err(empty("chunked_prefill"));
+        }
+        if s.capacity_scheduler_policy.is_empty() {
+            return Err(empty("capacity_scheduler_policy"));
+        }
+        if s.overlap.is_empty() {
+            return Err(empty("overlap"));
+        }
+        if s.router.is_empty() {
+            return Err(empty("router"));
+        }
+        if s.modes.contains(&Mode::Agg) {
+            if s.agg_instances.is_empty() {
+                return Err(empty("agg_instances"));
+            }
+            positive("agg_instances", &s.agg_instances)?;
+        }
+        if s.modes.contains(&Mode::Disagg) {
+            for (key, v) in [
+                ("ctx_instances", &s.ctx_instances),
+                ("gen_instances", &s.gen_instances),
+                ("ctx_max_batch_size", &s.ctx_max_batch_size),
+            ] {
+                if v.is_empty() {
+                    return Err(empty(key));
+                }
+                positive(key, v)?;
+            }
+        }
+        Ok(())
+    }
+}

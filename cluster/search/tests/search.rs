@@ -1,0 +1,176 @@
+//! `lockstep search` on spaces whose answer is known by construction, and on specs it
+//! must refuse.
+
+use lockstep_search::spec::SearchSpec;
+use lockstep_search::{Progress, SearchError, SearchOutcome, search};
+
+/// A cost model in which one configuration dominates: every forward costs a fixed
+/// 20 ms whatever it holds (so a bigger batch is more tokens for the same time) and
+/// the host 20 ms per iteration (so overlapping host and device halves an iteration).
+/// Of `max_batch_size` 8 or 32 with the overlap scheduler on or off, B32 with overlap
+/// serves the most tokens per GPU; B8 without overlap the fewest.
+const DOMINATED: &str = r#"
+name = "dominated"
+[model]
+profile = "llama3-8b-h100-bf16"
+[model.coefficients]
+forward_base_ns = 20000000.0
+ctx_token_ns = 0.0
+ctx_attention_ns = 0.0
+gen_request_ns = 0.0
+gen_token_ns = 0.0
+kv_read_ns = 0.0
+collective_ns = 0.0
+host_base_ns = 20000000.0
+host_per_request_ns = 0.0
+[gpus]
+total = 8
+kv_tokens_per_rank = 1000000
+[frontend]
+preset = "none"
+[workload]
+input_len = 64
+output_len = 32
+max_concurrency = 64
+[slo.p90]
+tpot_ms = 1000
+[space]
+modes = ["agg"]
+tp = [1]
+max_batch_size = [8, 32]
+overlap = [true, false]
+[method]
+finalists = 2
+seeds = 1
+"#;
+
+fn run(text: &str, jobs: u32) -> Result<SearchOutcome, SearchError> {
+    let mut spec = SearchSpec::parse(text)?;
+    spec.method.jobs = jobs;
+    search(&spec, &|_: Progress| {})
+}
+
+#[test]
+fn the_dominating_configuration_wins_and_the_bound_holds() {
+    let o = run(DOMINATED, 2).expect("a valid spec");
+    let labels: Vec<String> = o.ranked.iter().map(|r| r.candidate.label()).collect();
+    assert_eq!(o.ranked.len(), 4, "{labels:?}");
+    assert_eq!(labels[0], "agg 1×TP1 B32 ovl T8192 GNE", "{labels:?}");
+    assert_eq!(labels[3], "agg 1×TP1 B8 T8192 GNE", "{labels:?}");
+    let best = &o.ranked[0];
+    let m = best
+        .evaluation
+        .best
+        .as_ref()
+        .expect("the winner meets a load");
+    // A closed loop at B32 with a 20 ms iteration (host and device overlapped): close to
+    // 32 tokens per 20 ms.
+    assert!(
+        best.tokens_per_gpu() > 1200.0 && best.tokens_per_gpu() <= 1600.0,
+        "{} tok/s/GPU at {} clients",
+        best.tokens_per_gpu(),
+        m.concurrency
+    );
+    for r in &o.ranked {
+        assert!(
+            r.tokens_per_gpu() <= r.cheap.tokens_per_gpu * 1.000_001,
+            "{}: measured {} above its bound {}",
+            r.candidate.label(),
+            r.tokens_per_gpu(),
+            r.cheap.tokens_per_gpu
+        );
+    }
+    // Each objective's value is checked: the winner's TPOT is within its bound.
+    assert!(m.tpot.p90 <= 1000.0);
+    let spread = best.seeds.as_ref().expect("a finalist runs further seeds");
+    assert_eq!(spread.runs, 2);
+    assert!(!o.pareto.is_empty());
+}
+
+#[test]
+fn the_answer_does_not_depend_on_the_threads() {
+    let one = run(DOMINATED, 1).expect("a valid spec");
+    let two = run(DOMINATED, 2).expect("a valid spec");
+    assert_eq!(one, two);
+}
+
+#[test]
+fn a_tight_objective_binds_the_load() {
+    // TPOT p90 at most 45 ms: an iteration is 20 ms with overlap, 40 ms without; a
+    // request decodes once per iteration, so every candidate meets it at low load, and
+    // the binding constraint is named.
+    let text = DOMINATED.replace("tpot_ms = 1000", "tpot_ms = 1000\nttft_ms = 150");
+    let o = run(&text, 2).expect("a valid spec");
+    assert!(o.ranked.iter().all(|r| r.evaluation.best.is_some()));
+    let winner = &o.ranked[0];
+    assert_eq!(winner.candidate.label(), "agg 1×TP1 B32 ovl T8192 GNE");
+    let m = winner.evaluation.best.as_ref().expect("a load meets it");
+    assert!(m.ttft.p90 <= 150.0, "{:?}", m.ttft);
+    assert!(
+        winner.evaluation.binding.contains("slo.p90.ttft_ms"),
+        "{}",
+        winner.evaluation.binding
+    );
+    assert!(
+        m.concurrency < 64,
+        "the load cap was not reached: {}",
+        m.concurrency
+    );
+    // The load found is the bisection's: the least load above it that was simulated
+    // misses the TTFT objective, and is within the tolerance (5 %) or one client.
+    let above = winner
+        .evaluation
+        .points
+        .iter()
+        .filter(|p| p.concurrency > m.concurrency)
+        .min_by_key(|p| p.concurrency)
+        .expect("a higher load was simulated");
+    assert!(above.ttft.p90 > 150.0, "{:?}", above.ttft);
+    assert!(
+        above.concurrency == m.concurrency + 1
+            || f64::from(above.concurrency) <= f64::from(m.concurrency) * 1.05,
+        "found {} below a miss at {}",
+        m.concurrency,
+        above.concurrency
+    );
+}
+
+fn refused(text: &str) -> String {
+    match run(text, 1) {
+        Ok(o) => panic!("searched a bad spec: {} ranked", o.ranked.len()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn an_objective_that_does_not_exist_is_named() {
+    let e = refused(&DOMINATED.replace("tpot_ms = 1000", "tpot = 1000"));
+    assert!(e.contains("unknown field `tpot`"), "{e}");
+    let e = refused(&DOMINATED.replace("[slo.p90]", "[slo.p95]"));
+    assert!(e.contains("p95"), "{e}");
+    let e = refused(&DOMINATED.replace("tpot_ms = 1000", "tpot_ms = -3"));
+    assert!(e.contains("slo.p90.tpot_ms = -3"), "{e}");
+}
+
+#[test]
+fn an_empty_space_is_named() {
+    let e = refused(&DOMINATED.replace("max_batch_size = [8, 32]", "max_batch_size = []"));
+    assert!(e.contains("space.max_batch_size"), "{e}");
+    assert!(e.contains("empty"), "{e}");
+}
+
+#[test]
+fn a_budget_no_configuration_fits_names_both_numbers() {
+    let text = DOMINATED
+        .replace("total = 8", "total = 3")
+        .replace("tp = [1]", "tp = [4, 8]");
+    let e = refused(&text);
+    assert!(e.contains("gpus.total = 3"), "{e}");
+    assert!(e.contains("needs 4 GPUs"), "{e}");
+}
+
+#[test]
+fn the_search_chooses_the_rank_shape() {
+    let e = refused(&DOMINATED.replace("[model]\n", "[model]\ntp = 2\n"));
+    assert!(e.contains("model.tp"), "{e}");
+}
