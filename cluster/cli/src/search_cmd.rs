@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use lockstep_search::{Progress, output, spec::SearchSpec};
+use lockstep_search::{Alone, Progress, Share, output, spec::SearchSpec};
 
 /// `lockstep search`'s options.
 #[derive(Debug, clap::Args)]
@@ -55,14 +55,25 @@ pub(crate) fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
         b
     });
     let started = std::time::Instant::now();
-    let outcome = lockstep_search::search(&spec, &|p: Progress| {
-        if let Some(b) = &bar {
-            b.set_length(p.total);
-            b.set_position(p.done);
-        }
-    })?;
+    let mut share = world()?;
+    let first = share.rank() == 0;
+    let bar = bar.filter(|_| first);
+    let outcome = lockstep_search::search_shared(
+        &spec,
+        &|p: Progress| {
+            if let Some(b) = &bar {
+                b.set_length(p.total);
+                b.set_position(p.done);
+            }
+        },
+        share.as_mut(),
+    )?;
     if let Some(b) = bar {
         b.finish_and_clear();
+    }
+    // Every process has the answer; one says it.
+    if !first {
+        return Ok(ExitCode::SUCCESS);
     }
     print!("{}", output::text(&spec, &outcome, args.top));
     println!("searched in {:.1} s wall", started.elapsed().as_secs_f64());
@@ -80,4 +91,45 @@ pub(crate) fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The processes sharing this search: the MPI world under `mpirun` (the MPI build),
+/// else this process alone.
+#[cfg(not(feature = "mpi"))]
+fn world() -> anyhow::Result<Box<dyn Share>> {
+    Ok(Box::new(Alone))
+}
+
+#[cfg(feature = "mpi")]
+fn world() -> anyhow::Result<Box<dyn Share>> {
+    let member = lockstep_transport::MpiMember::init()?;
+    if member.world_size() <= 1 {
+        return Ok(Box::new(Alone));
+    }
+    Ok(Box::new(MpiShare(member)))
+}
+
+/// The MPI world sharing a search: results are exchanged with one allgather per round.
+#[cfg(feature = "mpi")]
+struct MpiShare(lockstep_transport::MpiMember);
+
+#[cfg(feature = "mpi")]
+impl Share for MpiShare {
+    fn rank(&self) -> usize {
+        self.0.world_rank()
+    }
+
+    fn size(&self) -> usize {
+        self.0.world_size()
+    }
+
+    fn allgather(&mut self, round: u64, mine: Vec<u8>) -> Result<Vec<Vec<u8>>, String> {
+        use lockstep_actors::executor::{CollectiveTag, Phase};
+        use lockstep_transport::Collective;
+        let tag = CollectiveTag {
+            iteration: round,
+            phase: Phase::Gather,
+        };
+        Collective::allgather(&mut self.0, tag, &mine).map_err(|e| e.to_string())
+    }
 }

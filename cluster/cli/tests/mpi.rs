@@ -588,3 +588,85 @@ fn mpi_with_a_real_model_streams_the_simulators_tokens_greedy_and_seeded() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A search spec with more candidates than one round holds, so the processes exchange
+/// results several times and the bound prunes between rounds.
+const SEARCH_SPEC: &str = r#"
+name = "shared"
+[model]
+profile = "llama3-8b-h100-bf16"
+[gpus]
+total = 8
+kv_tokens_per_rank = 200000
+[frontend]
+preset = "none"
+[workload]
+input_len = [256, 1024]
+output_len = [32, 128]
+max_concurrency = 96
+[slo.p90]
+ttft_ms = 400
+tpot_ms = 40
+[space]
+modes = ["agg"]
+tp = [1, 2]
+max_batch_size = [4, 8, 16, 32]
+overlap = [true, false]
+agg_instances = [1, 2]
+[method]
+finalists = 3
+seeds = 2
+"#;
+
+#[test]
+#[ignore = "needs mpirun and the MPI build; scripts/test.sh runs it"]
+fn mpi_search_over_three_processes_ranks_as_one_process_does() {
+    let bin = mpi_bin();
+    let dir = temp("search-shared");
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = dir.join("shared.toml");
+    std::fs::write(&spec, SEARCH_SPEC).unwrap();
+    let (one, three) = (dir.join("one"), dir.join("three"));
+    let mut alone = Command::new(&bin);
+    alone.args([
+        "search",
+        spec.to_str().unwrap(),
+        "--out",
+        one.to_str().unwrap(),
+    ]);
+    let a = output_within(alone, Duration::from_secs(300));
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    let mut shared = Command::new("mpirun");
+    shared
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .args(["--oversubscribe", "-n", "3"])
+        .arg(&bin)
+        .args([
+            "search",
+            spec.to_str().unwrap(),
+            "--out",
+            three.to_str().unwrap(),
+        ]);
+    let b = output_within(shared, Duration::from_secs(300));
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let table = |o: &std::process::Output| -> String {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| !l.starts_with("searched in") && !l.starts_with("wrote "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let (ta, tb) = (table(&a), table(&b));
+    assert!(ta.contains("pruned"), "{ta}");
+    assert!(
+        ta.contains("2 of 3 seeds") || ta.contains("3 of 3 seeds"),
+        "{ta}"
+    );
+    // One process printed the answer, and it is the same answer.
+    assert_eq!(ta, tb);
+    let csv = |d: &PathBuf| std::fs::read_to_string(d.join("ranked.csv")).unwrap();
+    assert_eq!(csv(&one), csv(&three));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,6 +1,8 @@
 //! One candidate in full: the simulator at a load, and the most clients it serves within
 //! every objective, found by bisection.
 
+use serde::{Deserialize, Serialize};
+
 use lockstep_plan::report::{Outcome, Percentiles, Report};
 use lockstep_plan::scenario::Scenario;
 use lockstep_sim::SimOptions;
@@ -8,7 +10,7 @@ use lockstep_sim::SimOptions;
 use crate::spec::{Bound, Metric, Percentile, SearchSpec};
 
 /// What one simulation measured.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Measured {
     /// Closed-loop clients.
     pub concurrency: u32,
@@ -102,7 +104,7 @@ impl Measured {
 }
 
 /// A candidate's search over load.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Evaluation {
     /// The highest load meeting every objective (`None`: not even one client does).
     pub best: Option<Measured>,

@@ -82,6 +82,9 @@ pub enum SearchError {
     /// Every candidate was pruned.
     #[error("every candidate was pruned: {}", .0.iter().map(|(r, n)| format!("{n} × {r}")).collect::<Vec<_>>().join("; "))]
     AllPruned(BTreeMap<String, u64>),
+    /// Processes sharing the search could not exchange results.
+    #[error("sharing the search between processes: {0}")]
+    Share(String),
     /// An output could not be written.
     #[error("{path}: {message}")]
     Output {
@@ -90,6 +93,84 @@ pub enum SearchError {
         /// Why.
         message: String,
     },
+}
+
+/// Processes sharing one search (`mpirun -n N lockstep search`): each simulates its
+/// share of every round, and every process gathers every result, so all of them take
+/// the same decisions and reach the same answer as one process would.
+pub trait Share {
+    /// This process, `0..size()`.
+    fn rank(&self) -> usize;
+    /// Processes sharing the search.
+    fn size(&self) -> usize;
+    /// Every process's `mine` for exchange number `round`, in process order.
+    fn allgather(&mut self, round: u64, mine: Vec<u8>) -> Result<Vec<Vec<u8>>, String>;
+}
+
+/// One process searching alone.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Alone;
+
+impl Share for Alone {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn size(&self) -> usize {
+        1
+    }
+
+    fn allgather(&mut self, _round: u64, mine: Vec<u8>) -> Result<Vec<Vec<u8>>, String> {
+        Ok(vec![mine])
+    }
+}
+
+/// Runs `work` on this process's share of `items` (item `j` is process `j mod size`'s)
+/// on every core, and gathers every process's results: `items.len()` of them, in item
+/// order, with the simulations every process ran.
+fn shared_map<I: Sync, T: serde::Serialize + serde::de::DeserializeOwned + Send>(
+    share: &mut dyn Share,
+    round: u64,
+    pool: &rayon::ThreadPool,
+    items: &[I],
+    work: impl Fn(&I, &AtomicU64) -> T + Sync,
+) -> Result<(Vec<T>, u64), SearchError> {
+    let (rank, size) = (share.rank(), share.size().max(1));
+    let simulations = AtomicU64::new(0);
+    let mine: Vec<(usize, T)> = pool.install(|| {
+        items
+            .par_iter()
+            .enumerate()
+            .filter(|(j, _)| j % size == rank)
+            .map(|(j, item)| (j, work(item, &simulations)))
+            .collect()
+    });
+    let payload = (simulations.into_inner(), mine);
+    let bytes = bincode::serde::encode_to_vec(&payload, bincode::config::standard())
+        .map_err(|e| SearchError::Share(e.to_string()))?;
+    let all = share.allgather(round, bytes).map_err(SearchError::Share)?;
+    let mut slots: Vec<Option<T>> = items.iter().map(|_| None).collect();
+    let mut total = 0;
+    for (from, b) in all.iter().enumerate() {
+        let ((count, results), _): ((u64, Vec<(usize, T)>), usize) =
+            bincode::serde::decode_from_slice(b, bincode::config::standard())
+                .map_err(|e| SearchError::Share(format!("process {from}: {e}")))?;
+        total += count;
+        for (j, t) in results {
+            match slots.get_mut(j) {
+                Some(slot) if slot.is_none() => *slot = Some(t),
+                _ => {
+                    return Err(SearchError::Share(format!(
+                        "process {from} sent a result for item {j} of {}",
+                        items.len()
+                    )));
+                }
+            }
+        }
+    }
+    let out: Option<Vec<T>> = slots.into_iter().collect();
+    let out = out.ok_or_else(|| SearchError::Share("a result is missing".into()))?;
+    Ok((out, total))
 }
 
 /// How far the search is, for a progress bar.
@@ -102,7 +183,7 @@ pub struct Progress {
 }
 
 /// A finalist's objectives over further seeds.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SeedSpread {
     /// Seeds run (the search's own included).
     pub runs: u32,
@@ -189,10 +270,20 @@ struct RankModel {
     kv_tokens: u64,
 }
 
-/// Runs the search.
+/// Runs the search in this process.
 pub fn search(
     spec: &SearchSpec,
     progress: &(dyn Fn(Progress) + Sync),
+) -> Result<SearchOutcome, SearchError> {
+    search_shared(spec, progress, &mut Alone)
+}
+
+/// Runs the search shared between the processes of `share`; every process returns the
+/// same outcome.
+pub fn search_shared(
+    spec: &SearchSpec,
+    progress: &(dyn Fn(Progress) + Sync),
+    share: &mut dyn Share,
 ) -> Result<SearchOutcome, SearchError> {
     let moe = model_has_experts(spec)?;
     let enumerated = space::enumerate(spec, moe);
@@ -235,7 +326,8 @@ pub fn search(
     open.sort_by(|a, b| b.1.tokens_per_gpu.total_cmp(&a.1.tokens_per_gpu));
 
     let pool = thread_pool(spec.method.jobs);
-    let simulations = AtomicU64::new(0);
+    let mut simulations = 0;
+    let mut exchange = 0;
     let mut total = open.len() as u64;
     let mut done = 0;
     progress(Progress { done, total });
@@ -243,33 +335,34 @@ pub fn search(
     let mut rest = open.into_iter().peekable();
     while rest.peek().is_some() {
         let round: Vec<(Candidate, Cheap)> = rest.by_ref().take(ROUND).collect();
-        let evaluated: Vec<Ranked> = pool.install(|| {
-            round
-                .into_par_iter()
-                .map(|(candidate, cheap)| {
-                    let m = models[&(candidate.rank_gpus(), candidate.ep)]
-                        .as_ref()
-                        .expect("pruned above");
-                    let evaluation = evaluate_candidate(spec, &candidate, &cheap, m, &simulations);
-                    Ranked {
-                        gpus_needed: gpus_needed(spec, &candidate, &evaluation),
-                        candidate,
-                        cheap,
-                        evaluation,
-                        seeds: None,
-                        kv_tokens_per_rank: m.kv_tokens,
-                    }
-                })
-                .collect()
-        });
-        done += evaluated.len() as u64;
-        ranked.extend(evaluated);
+        let (evaluations, ran) = shared_map(share, exchange, &pool, &round, |(c, cheap), sims| {
+            let m = models[&(c.rank_gpus(), c.ep)]
+                .as_ref()
+                .expect("pruned above");
+            evaluate_candidate(spec, c, cheap, m, sims)
+        })?;
+        exchange += 1;
+        simulations += ran;
+        done += round.len() as u64;
+        for ((candidate, cheap), evaluation) in round.into_iter().zip(evaluations) {
+            let kv_tokens_per_rank = models[&(candidate.rank_gpus(), candidate.ep)]
+                .as_ref()
+                .expect("pruned above")
+                .kv_tokens;
+            ranked.push(Ranked {
+                gpus_needed: gpus_needed(spec, &candidate, &evaluation),
+                candidate,
+                cheap,
+                evaluation,
+                seeds: None,
+                kv_tokens_per_rank,
+            });
+        }
         if spec.objective == Objective::ThroughputPerGpu {
             let best = ranked
                 .iter()
                 .map(Ranked::tokens_per_gpu)
                 .fold(0.0, f64::max);
-            let before = total;
             let mut kept = Vec::new();
             for (c, cheap) in rest.by_ref() {
                 if cheap.tokens_per_gpu < best {
@@ -278,9 +371,6 @@ pub fn search(
                 } else {
                     kept.push((c, cheap));
                 }
-            }
-            if total != before {
-                tracing::debug!(dropped = before - total, best, "bound pruned");
             }
             rest = kept.into_iter().peekable();
         }
@@ -294,17 +384,13 @@ pub fn search(
         .take_while(|r| r.evaluation.best.is_some())
         .take(spec.method.finalists as usize)
         .count();
-    let spreads: Vec<SeedSpread> = pool.install(|| {
-        ranked[..finalists]
-            .par_iter()
-            .map(|r| {
-                let m = models[&(r.candidate.rank_gpus(), r.candidate.ep)]
-                    .as_ref()
-                    .expect("simulated");
-                seed_spread(spec, r, m, &simulations)
-            })
-            .collect()
-    });
+    let (spreads, ran) = shared_map(share, exchange, &pool, &ranked[..finalists], |r, sims| {
+        let m = models[&(r.candidate.rank_gpus(), r.candidate.ep)]
+            .as_ref()
+            .expect("simulated");
+        seed_spread(spec, r, m, sims)
+    })?;
+    simulations += ran;
     for (r, s) in ranked.iter_mut().zip(spreads) {
         r.seeds = Some(s);
     }
@@ -314,7 +400,7 @@ pub fn search(
         ranked,
         candidates,
         pruned,
-        simulations: simulations.into_inner(),
+        simulations,
         pareto,
     })
 }
