@@ -92,11 +92,11 @@ pub struct SearchWorkload {
 }
 
 fn default_requests_per_client() -> u32 {
-    4
+    3
 }
 
 fn default_min_requests() -> u32 {
-    64
+    32
 }
 
 /// One percentile's objectives, in milliseconds.
