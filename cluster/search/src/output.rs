@@ -228,8 +228,9 @@ pub fn winner_scenario(spec: &SearchSpec, r: &Ranked) -> Option<Scenario> {
     Some(s)
 }
 
-/// A scenario as a file `lockstep sim` reads.
-pub fn scenario_toml(s: &Scenario) -> Result<String, String> {
+/// A scenario as a file `lockstep sim` reads; `policy` is its `[policy]` as written
+/// (none: the fixed policy).
+pub fn scenario_toml(s: &Scenario, policy: Option<&toml::Table>) -> Result<String, String> {
     let mut t = toml::Table::new();
     t.insert("name".into(), s.name.clone().into());
     if let Some(d) = &s.description {
@@ -237,6 +238,9 @@ pub fn scenario_toml(s: &Scenario) -> Result<String, String> {
     }
     if let Some(seed) = s.seed {
         t.insert("seed".into(), toml::Value::Integer(seed as i64));
+    }
+    if let Some(policy) = policy {
+        t.insert("policy".into(), toml::Value::Table(policy.clone()));
     }
     let enc = |e: toml::ser::Error| e.to_string();
     t.insert(
@@ -278,7 +282,7 @@ pub fn write_winners(
             path: path.display().to_string(),
             message,
         };
-        let text = scenario_toml(&s).map_err(|m| out(&toml_path, m))?;
+        let text = scenario_toml(&s, spec.policy_table.as_ref()).map_err(|m| out(&toml_path, m))?;
         let header = format!(
             "# `lockstep search` winner {} of {}: {}\n# {:.1} output tokens/s per GPU at {} clients\n",
             k + 1,

@@ -86,6 +86,8 @@ pub struct Candidate {
     pub policy: CapacitySchedulerPolicy,
     /// The ADP router (attention-DP instances).
     pub router: RouterKind,
+    /// TensorRT-LLM's ADP balance (attention-DP instances).
+    pub adp_balance: bool,
 }
 
 impl Candidate {
@@ -155,6 +157,9 @@ impl Candidate {
         if self.has_adp() && self.router != RouterKind::Balanced {
             s.push_str(&format!(" router={:?}", self.router).to_lowercase());
         }
+        if self.adp_balance {
+            s.push_str(" balance");
+        }
         s
     }
 
@@ -177,7 +182,7 @@ impl Candidate {
         Scenario {
             name: name.to_string(),
             description: Some(self.label()),
-            policy: lockstep_actors::policy::Policy::FIXED,
+            policy: spec.policy,
             servers,
             workload: Some(workload),
             model,
@@ -217,6 +222,7 @@ impl Candidate {
             },
             attention_dp_config: lockstep_actors::config::AttentionDpConfig {
                 router: self.router,
+                enable_balance: self.adp_balance,
                 ..d.attention_dp_config
             },
             ..d
@@ -325,13 +331,18 @@ pub fn enumerate(spec: &SearchSpec, moe: bool) -> Enumerated {
                     for &policy in &s.capacity_scheduler_policy {
                         for &overlap in &s.overlap {
                             let has_adp = pools.iter().any(|p| p.2.ranks() > 1);
-                            // Without attention DP there is one rank: no router to choose.
+                            // Without attention DP there is one rank: no router and no
+                            // balance to choose.
                             let routers = if has_adp {
                                 &s.router[..]
                             } else {
                                 &s.router[..1]
                             };
-                            for &router in routers {
+                            let balances: &[bool] = if has_adp { &s.adp_balance } else { &[false] };
+                            for (&router, &adp_balance) in routers
+                                .iter()
+                                .flat_map(|r| balances.iter().map(move |b| (r, b)))
+                            {
                                 let pools = pools
                                     .iter()
                                     .map(|&(role, instances, shape, b)| Pool {
@@ -352,6 +363,7 @@ pub fn enumerate(spec: &SearchSpec, moe: bool) -> Enumerated {
                                     chunked_prefill: chunked,
                                     policy,
                                     router,
+                                    adp_balance,
                                 });
                             }
                         }

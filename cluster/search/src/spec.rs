@@ -44,6 +44,13 @@ pub struct SearchSpec {
     /// preset, TensorRT-LLM's own).
     #[serde(default)]
     pub frontend: lockstep_plan::frontend::FrontendConfig,
+    /// The control plane's policy, as a scenario's `[policy]` (`preset = "fixed"`, the
+    /// default, or `"legacy"`, and any switch).
+    #[serde(default, rename = "policy")]
+    pub policy_table: Option<toml::Table>,
+    /// `policy_table` read.
+    #[serde(skip, default = "fixed_policy")]
+    pub policy: lockstep_actors::policy::Policy,
     /// Seeds every simulation (finalists also run `method.seeds` further seeds).
     #[serde(default)]
     pub seed: u64,
@@ -65,6 +72,10 @@ pub struct Gpus {
     /// `hf_config` otherwise).
     #[serde(default)]
     pub kv_tokens_per_rank: Option<u64>,
+}
+
+fn fixed_policy() -> lockstep_actors::policy::Policy {
+    lockstep_actors::policy::Policy::FIXED
 }
 
 fn default_per_node() -> u32 {
@@ -262,6 +273,9 @@ pub struct Space {
     pub overlap: Vec<bool>,
     /// `attention_dp_config.router` (attention-DP instances only).
     pub router: Vec<RouterKind>,
+    /// `attention_dp_config.enable_balance`, TensorRT-LLM's ADP balance (attention-DP
+    /// instances only).
+    pub adp_balance: Vec<bool>,
     /// Aggregated instances behind the front.
     pub agg_instances: Vec<u32>,
     /// Context instances.
@@ -285,6 +299,7 @@ impl Default for Space {
             capacity_scheduler_policy: vec![CapacitySchedulerPolicy::GuaranteedNoEvict],
             overlap: vec![true],
             router: vec![RouterKind::Balanced],
+            adp_balance: vec![false],
             agg_instances: vec![1],
             ctx_instances: vec![1, 2],
             gen_instances: vec![1],
@@ -338,8 +353,12 @@ impl SearchSpec {
 
     /// Parses and checks spec text (paths relative to the current folder).
     pub fn parse(text: &str) -> Result<SearchSpec, SearchError> {
-        let spec: SearchSpec =
+        let mut spec: SearchSpec =
             toml::from_str(text).map_err(|e| SearchError::Parse(e.to_string()))?;
+        if let Some(t) = &spec.policy_table {
+            spec.policy = lockstep_plan::policy_keys::policy_from_table(t)
+                .map_err(|e| SearchError::Parse(format!("[policy] {e}")))?;
+        }
         spec.check()?;
         Ok(spec)
     }
@@ -487,6 +506,9 @@ impl SearchSpec {
         }
         if s.router.is_empty() {
             return Err(empty("router"));
+        }
+        if s.adp_balance.is_empty() {
+            return Err(empty("adp_balance"));
         }
         if s.modes.contains(&Mode::Agg) {
             if s.agg_instances.is_empty() {

@@ -174,3 +174,36 @@ fn the_search_chooses_the_rank_shape() {
     let e = refused(&DOMINATED.replace("[model]\n", "[model]\ntp = 2\n"));
     assert!(e.contains("model.tp"), "{e}");
 }
+
+#[test]
+fn a_policy_is_read_and_a_bad_switch_is_named() {
+    let legacy = DOMINATED.replace("[gpus]", "[policy]\npreset = \"legacy\"\n[gpus]");
+    let spec = SearchSpec::parse(&legacy).expect("a valid spec");
+    assert_eq!(spec.policy, lockstep_actors::policy::Policy::LEGACY);
+    let e = refused(&DOMINATED.replace("[gpus]", "[policy]\nno_such_switch = true\n[gpus]"));
+    assert!(e.contains("no_such_switch"), "{e}");
+}
+
+#[test]
+fn attention_dp_axes_multiply_only_attention_dp_instances() {
+    let text = DOMINATED
+        .replace(
+            "tp = [1]",
+            "tp = [1]\nattention_dp = [2]\nadp_balance = [false, true]",
+        )
+        .replace("overlap = [true, false]", "overlap = [true]");
+    let o = run(&text, 2).expect("a valid spec");
+    let labels: Vec<String> = o.ranked.iter().map(|r| r.candidate.label()).collect();
+    // TP1 × {B8, B32} once each; ADP2 × {B8, B32} × balance off and on.
+    assert_eq!(o.candidates, 6, "{labels:?}");
+    assert_eq!(
+        labels.iter().filter(|l| l.ends_with(" balance")).count(),
+        2,
+        "{labels:?}"
+    );
+    assert!(
+        labels
+            .iter()
+            .all(|l| !l.contains("TP1") || !l.ends_with(" balance"))
+    );
+}
