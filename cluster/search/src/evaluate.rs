@@ -12,12 +12,16 @@ use crate::spec::{Bound, Metric, Percentile, SearchSpec};
 /// What one simulation measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Measured {
-    /// Closed-loop clients.
-    pub concurrency: u32,
+    /// The load: closed-loop clients, or open-loop requests per second.
+    pub load: f64,
     /// Output tokens per second of the whole deployment.
     pub output_tokens_per_s: f64,
     /// Completed requests per second.
     pub requests_per_s: f64,
+    /// Seconds from the first request's arrival to the last one's.
+    pub arrival_span_s: f64,
+    /// Seconds the rates divide by: from the first arrival to the end of the run.
+    pub duration_s: f64,
     /// Time to first token, ms.
     pub ttft: Percentiles,
     /// Time per output token, ms.
@@ -33,7 +37,7 @@ pub struct Measured {
 }
 
 impl Measured {
-    fn of(concurrency: u32, r: &Report) -> Measured {
+    fn of(load: f64, r: &Report) -> Measured {
         let broken = if r.outcome != Outcome::Completed {
             Some(format!(
                 "the run ended {:?}: {}",
@@ -53,10 +57,17 @@ impl Measured {
             .collect();
         let balance =
             (!decoders.is_empty()).then(|| decoders.iter().sum::<f64>() / decoders.len() as f64);
+        let arrivals = r.per_request.iter().map(|d| d.arrival_ns);
+        let span_ns = match (arrivals.clone().min(), arrivals.max()) {
+            (Some(a), Some(b)) => b - a,
+            _ => 0,
+        };
         Measured {
-            concurrency,
+            load,
             output_tokens_per_s: r.throughput.output_tokens_per_s,
             requests_per_s: r.throughput.requests_per_s,
+            arrival_span_s: span_ns as f64 / 1e9,
+            duration_s: r.throughput.duration_s,
             ttft: r.latency_ms.ttft,
             tpot: r.latency_ms.tpot,
             itl: r.latency_ms.itl,
@@ -116,26 +127,41 @@ pub struct Evaluation {
 }
 
 /// Where the load search may stop without missing an objective.
-pub const LOAD_CAP: &str = "load cap (workload.max_concurrency)";
+pub const LOAD_CAP: &str = "load cap (workload.max_concurrency or max_rate)";
 
-/// Simulates from one client up, doubling until a load misses an objective (or `max`
-/// is reached), then bisects (geometrically) between the last load that met them all and
-/// the first that did not. Doubling first keeps the simulations small: the largest is
-/// at most twice the answer.
+/// The loads a search may try: from `first` up to `max`, whole numbers when `integer`
+/// (clients).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadRange {
+    /// The lowest load tried; missing an objective there makes the candidate infeasible.
+    pub first: f64,
+    /// The highest.
+    pub max: f64,
+    /// Clients are whole.
+    pub integer: bool,
+}
+
+/// Simulates from `range.first` up, doubling until a load misses an objective (or the
+/// range's top is reached), then bisects (geometrically) between the last load that met
+/// them all and the first that did not. Doubling first keeps the simulations small: the
+/// largest is at most twice the answer.
 pub fn search_load(
     spec: &SearchSpec,
-    max: u32,
-    mut simulate: impl FnMut(u32) -> Measured,
+    range: LoadRange,
+    mut simulate: impl FnMut(f64) -> Measured,
 ) -> Evaluation {
     let bounds = spec.slo.bounds();
     let mut points = Vec::new();
-    let mut run = |n: u32, points: &mut Vec<Measured>| -> Vec<String> {
+    let mut run = |n: f64, points: &mut Vec<Measured>| -> Vec<String> {
         let m = simulate(n);
         let misses = m.misses(&bounds);
         points.push(m);
         misses
     };
-    let misses = run(1, &mut points);
+    let snap = |x: f64| if range.integer { x.round().max(1.0) } else { x };
+    let max = snap(range.max.max(range.first));
+    let mut lo = snap(range.first);
+    let misses = run(lo, &mut points);
     if !misses.is_empty() {
         return Evaluation {
             best: None,
@@ -143,10 +169,9 @@ pub fn search_load(
             binding: misses.join(", "),
         };
     }
-    let mut lo = 1;
-    let mut failed: Option<(u32, Vec<String>)> = None;
+    let mut failed: Option<(f64, Vec<String>)> = None;
     while lo < max {
-        let next = lo.saturating_mul(2).min(max);
+        let next = snap(lo * 2.0).min(max);
         let misses = run(next, &mut points);
         if misses.is_empty() {
             lo = next;
@@ -163,8 +188,15 @@ pub fn search_load(
         };
     };
     let tolerance = 1.0 + spec.method.load_tolerance;
-    while hi > lo + 1 && f64::from(hi) > f64::from(lo) * tolerance {
-        let mid = ((f64::from(lo) * f64::from(hi)).sqrt().round() as u32).clamp(lo + 1, hi - 1);
+    loop {
+        let close = hi <= lo * tolerance || (range.integer && hi <= lo + 1.0);
+        if close {
+            break;
+        }
+        let mut mid = snap((lo * hi).sqrt());
+        if range.integer {
+            mid = mid.clamp(lo + 1.0, hi - 1.0);
+        }
         let misses = run(mid, &mut points);
         if misses.is_empty() {
             lo = mid;
@@ -175,7 +207,7 @@ pub fn search_load(
     }
     let best = points
         .iter()
-        .find(|m| m.concurrency == lo && m.misses(&bounds).is_empty())
+        .find(|m| m.load == lo && m.misses(&bounds).is_empty())
         .cloned();
     Evaluation {
         best,
@@ -185,7 +217,7 @@ pub fn search_load(
 }
 
 /// Runs `scenario` in the simulator; an error is a broken measurement.
-pub fn simulate(scenario: &Scenario, concurrency: u32, seed: u64) -> Measured {
+pub fn simulate(scenario: &Scenario, load: f64, seed: u64) -> Measured {
     match lockstep_sim::run(
         scenario,
         SimOptions {
@@ -193,11 +225,13 @@ pub fn simulate(scenario: &Scenario, concurrency: u32, seed: u64) -> Measured {
             ..SimOptions::default()
         },
     ) {
-        Ok(report) => Measured::of(concurrency, &report),
+        Ok(report) => Measured::of(load, &report),
         Err(e) => Measured {
-            concurrency,
+            load,
             output_tokens_per_s: 0.0,
             requests_per_s: 0.0,
+            arrival_span_s: 0.0,
+            duration_s: 0.0,
             ttft: Percentiles::default(),
             tpot: Percentiles::default(),
             itl: Percentiles::default(),

@@ -37,7 +37,7 @@ use lockstep_plan::model::{CoefficientOverrides, ModelConfig};
 use crate::bound::Cheap;
 use crate::evaluate::{Evaluation, Measured};
 use crate::space::{Candidate, OVER_BUDGET};
-use crate::spec::{Mode, Objective, SearchSpec};
+use crate::spec::{LoadKind, Mode, Objective, SearchSpec};
 
 /// A search that cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -228,8 +228,8 @@ impl Ranked {
 pub struct ParetoPoint {
     /// The candidate's label.
     pub label: String,
-    /// Clients.
-    pub concurrency: u32,
+    /// The load: clients, or requests per second.
+    pub load: f64,
     /// Output tokens per second per GPU.
     pub tokens_per_gpu: f64,
     /// Output tokens per second per user (1 / mean TPOT).
@@ -532,12 +532,31 @@ fn rank_model(spec: &SearchSpec, rank_gpus: u32, ep: u32) -> Result<RankModel, S
     })
 }
 
-/// The most clients tried on `c`.
-fn max_load(spec: &SearchSpec, c: &Candidate) -> u32 {
-    spec.workload
-        .max_concurrency
-        .unwrap_or_else(|| c.slots().saturating_mul(2))
-        .max(1)
+/// The loads tried on `c`: from one client (or one request in flight on average) up to
+/// the spec's cap, else twice the batch slots (or 1.5 times the rate the bound allows).
+fn load_range(spec: &SearchSpec, c: &Candidate, cheap: &Cheap) -> evaluate::LoadRange {
+    let w = &spec.workload;
+    match w.load {
+        LoadKind::Concurrency => evaluate::LoadRange {
+            first: 1.0,
+            max: f64::from(
+                w.max_concurrency
+                    .unwrap_or_else(|| c.slots().saturating_mul(2))
+                    .max(1),
+            ),
+            integer: true,
+        },
+        LoadKind::Rate => {
+            let first = 1.0 / cheap.unloaded_request_s.max(1e-9);
+            let bound_rate =
+                cheap.tokens_per_gpu * f64::from(c.gpus()) / f64::from(w.output_len.min());
+            evaluate::LoadRange {
+                first,
+                max: w.max_rate.unwrap_or(1.5 * bound_rate).max(first),
+                integer: false,
+            }
+        }
+    }
 }
 
 fn evaluate_candidate(
@@ -547,17 +566,40 @@ fn evaluate_candidate(
     m: &RankModel,
     simulations: &AtomicU64,
 ) -> Evaluation {
-    evaluate::search_load(spec, max_load(spec, c), |n| {
+    evaluate::search_load(spec, load_range(spec, c, cheap), |n| {
         simulations.fetch_add(1, Ordering::Relaxed);
-        let scenario = c.scenario(
-            spec.name(),
-            m.simulated.clone(),
-            m.kv_tokens,
-            space::space_workload(spec, n, spec.seed, cheap.unloaded_request_s),
-            spec,
-        );
-        evaluate::simulate(&scenario, n, spec.seed)
+        simulate_at(spec, c, cheap, m, n, spec.seed)
     })
+}
+
+/// One simulation of `c` at `load`; an open-loop run the fleet did not keep up with
+/// counts as missing (its queue would grow with a longer run).
+fn simulate_at(
+    spec: &SearchSpec,
+    c: &Candidate,
+    cheap: &Cheap,
+    m: &RankModel,
+    load: f64,
+    seed: u64,
+) -> Measured {
+    let workload = space::space_workload(spec, load, seed, cheap.unloaded_request_s);
+    let scenario = c.scenario(
+        spec.name(),
+        m.simulated.clone(),
+        m.kv_tokens,
+        workload,
+        spec,
+    );
+    let mut measured = evaluate::simulate(&scenario, load, seed);
+    if spec.workload.load == LoadKind::Rate && measured.broken.is_none() {
+        measured.broken = space::saturation(
+            measured.arrival_span_s,
+            measured.duration_s,
+            cheap.unloaded_request_s,
+            load,
+        );
+    }
+    measured
 }
 
 fn gpus_needed(spec: &SearchSpec, c: &Candidate, e: &Evaluation) -> Option<u32> {
@@ -606,20 +648,13 @@ fn seed_spread(
     simulations: &AtomicU64,
 ) -> SeedSpread {
     let best = r.evaluation.best.as_ref().expect("a finalist met a load");
-    let n = best.concurrency;
+    let n = best.load;
     let bounds = spec.slo.bounds();
     let mut runs = vec![best.clone()];
     for k in 1..=u64::from(spec.method.seeds) {
         simulations.fetch_add(1, Ordering::Relaxed);
         let seed = spec.seed.wrapping_add(k);
-        let scenario = r.candidate.scenario(
-            spec.name(),
-            m.simulated.clone(),
-            m.kv_tokens,
-            space::space_workload(spec, n, seed, r.cheap.unloaded_request_s),
-            spec,
-        );
-        runs.push(evaluate::simulate(&scenario, n, seed));
+        runs.push(simulate_at(spec, &r.candidate, &r.cheap, m, n, seed));
     }
     let gpus = f64::from(r.candidate.gpus());
     let tps: Vec<f64> = runs.iter().map(|m| m.output_tokens_per_s / gpus).collect();
@@ -658,7 +693,7 @@ fn pareto(spec: &SearchSpec, ranked: &[Ranked]) -> Vec<ParetoPoint> {
                 .filter(move |m| m.misses(bounds).is_empty())
                 .map(move |m: &Measured| ParetoPoint {
                     label: r.candidate.label(),
-                    concurrency: m.concurrency,
+                    load: m.load,
                     tokens_per_gpu: m.output_tokens_per_s / gpus,
                     tokens_per_user: m.tokens_per_user(),
                 })

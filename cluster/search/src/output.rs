@@ -8,6 +8,7 @@ use lockstep_plan::report::plot::{Axes, Series, escape, lines_and_dots};
 use lockstep_plan::scenario::Scenario;
 
 use crate::space::space_workload;
+use crate::spec::LoadKind;
 use crate::{Ranked, SearchError, SearchOutcome, spec::SearchSpec, written_model};
 
 /// The summary, the ranked table (its first `top` rows) and the Pareto front.
@@ -41,7 +42,13 @@ pub fn text(spec: &SearchSpec, o: &SearchOutcome, top: usize) -> String {
     let _ = writeln!(
         t,
         "{:>3}  {:<52} {:>5} {:>7} {:>10} {:>10} {:>7}  objectives at that load; binding",
-        "#", "configuration", "GPUs", "clients", "tok/s/GPU", "tok/s/user", "balance",
+        "#",
+        "configuration",
+        "GPUs",
+        load_header(spec),
+        "tok/s/GPU",
+        "tok/s/user",
+        "balance",
     );
     for (i, r) in o.ranked.iter().take(top).enumerate() {
         let _ = writeln!(t, "{}", row(spec, i + 1, r));
@@ -57,12 +64,36 @@ pub fn text(spec: &SearchSpec, o: &SearchOutcome, top: usize) -> String {
     for p in &o.pareto {
         let _ = writeln!(
             t,
-            "  {:>10.1} tok/s/GPU  {:>8.1} tok/s/user  {} clients  {}",
-            p.tokens_per_gpu, p.tokens_per_user, p.concurrency, p.label
+            "  {:>10.1} tok/s/GPU  {:>8.1} tok/s/user  {}  {}",
+            p.tokens_per_gpu,
+            p.tokens_per_user,
+            load_text(spec, p.load),
+            p.label
         );
     }
     t.push_str(&ascii_front(o));
     t
+}
+
+/// The load column's name.
+fn load_header(spec: &SearchSpec) -> &'static str {
+    match spec.workload.load {
+        LoadKind::Concurrency => "clients",
+        LoadKind::Rate => "req/s",
+    }
+}
+
+/// A load as the table shows it.
+fn load_cell(spec: &SearchSpec, load: f64) -> String {
+    match spec.workload.load {
+        LoadKind::Concurrency => format!("{load:.0}"),
+        LoadKind::Rate => format!("{load:.2}"),
+    }
+}
+
+/// A load in words: `41 clients`, `2.50 req/s`.
+fn load_text(spec: &SearchSpec, load: f64) -> String {
+    format!("{} {}", load_cell(spec, load), load_header(spec))
 }
 
 fn row(spec: &SearchSpec, n: usize, r: &Ranked) -> String {
@@ -93,7 +124,7 @@ fn row(spec: &SearchSpec, n: usize, r: &Ranked) -> String {
         "{n:>3}  {:<52} {:>5} {:>7} {:>10.1} {:>10.1} {:>7}  {}; binding: {}",
         r.candidate.label(),
         r.gpus_needed.unwrap_or(r.candidate.gpus()),
-        best.concurrency,
+        load_cell(spec, best.load),
         r.tokens_per_gpu(),
         best.tokens_per_user(),
         best.balance.map_or("-".into(), |b| format!("{b:.3}")),
@@ -159,7 +190,7 @@ pub fn write_csv(spec: &SearchSpec, o: &SearchOutcome, path: &Path) -> Result<()
         "mode",
         "gpus",
         "gpus_needed",
-        "clients",
+        load_header(spec),
         "output_tokens_per_s",
         "tokens_per_s_per_gpu",
         "tokens_per_s_per_user",
@@ -184,7 +215,7 @@ pub fn write_csv(spec: &SearchSpec, o: &SearchOutcome, path: &Path) -> Result<()
             format!("{:?}", r.candidate.mode).to_lowercase(),
             r.candidate.gpus().to_string(),
             r.gpus_needed.map_or(String::new(), |g| g.to_string()),
-            best.map_or(String::new(), |m| m.concurrency.to_string()),
+            best.map_or(String::new(), |m| load_cell(spec, m.load)),
             f(best.map(|m| m.output_tokens_per_s)),
             f(best.map(|_| r.tokens_per_gpu())),
             f(best.map(|m| m.tokens_per_user())),
@@ -216,12 +247,7 @@ pub fn winner_scenario(spec: &SearchSpec, r: &Ranked) -> Option<Scenario> {
         spec.name(),
         written_model(spec, c.rank_gpus(), c.ep),
         r.kv_tokens_per_rank,
-        space_workload(
-            spec,
-            best.concurrency,
-            spec.seed,
-            r.cheap.unloaded_request_s,
-        ),
+        space_workload(spec, best.load, spec.seed, r.cheap.unloaded_request_s),
         spec,
     );
     s.seed = Some(spec.seed);
@@ -284,12 +310,15 @@ pub fn write_winners(
         };
         let text = scenario_toml(&s, spec.policy_table.as_ref()).map_err(|m| out(&toml_path, m))?;
         let header = format!(
-            "# `lockstep search` winner {} of {}: {}\n# {:.1} output tokens/s per GPU at {} clients\n",
+            "# `lockstep search` winner {} of {}: {}\n# {:.1} output tokens/s per GPU at {}\n",
             k + 1,
             o.name,
             r.candidate.label(),
             r.tokens_per_gpu(),
-            r.evaluation.best.as_ref().map_or(0, |m| m.concurrency),
+            r.evaluation
+                .best
+                .as_ref()
+                .map_or(String::new(), |m| load_text(spec, m.load)),
         );
         std::fs::write(&toml_path, header + &text).map_err(|e| out(&toml_path, e.to_string()))?;
         notes.push(toml_path.display().to_string());
@@ -382,7 +411,11 @@ pub fn html(spec: &SearchSpec, o: &SearchOutcome) -> String {
     }
     h.push_str("</pre>");
     h.push_str(&svg);
-    h.push_str("<h2>Ranked</h2><table><tr><th>#</th><th>configuration</th><th>GPUs</th><th>clients</th><th>tok/s/GPU</th><th>tok/s/user</th>");
+    let _ = write!(
+        h,
+        "<h2>Ranked</h2><table><tr><th>#</th><th>configuration</th><th>GPUs</th><th>{}</th><th>tok/s/GPU</th><th>tok/s/user</th>",
+        load_header(spec)
+    );
     for b in &bounds {
         let _ = write!(h, "<th>{}</th>", escape(&b.key()));
     }
@@ -395,7 +428,7 @@ pub fn html(spec: &SearchSpec, o: &SearchOutcome) -> String {
             i + 1,
             escape(&r.candidate.label()),
             r.gpus_needed.unwrap_or(r.candidate.gpus()),
-            best.map_or("-".into(), |m| m.concurrency.to_string()),
+            best.map_or("-".into(), |m| load_cell(spec, m.load)),
             r.tokens_per_gpu(),
             best.map_or("-".into(), |m| format!("{:.1}", m.tokens_per_user())),
         );

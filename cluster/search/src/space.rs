@@ -10,7 +10,7 @@ use lockstep_plan::model::ModelConfig;
 use lockstep_plan::scenario::Scenario;
 use lockstep_plan::workload::{WorkloadConfig, WorkloadKind};
 
-use crate::spec::{Mode, SearchSpec};
+use crate::spec::{LoadKind, Mode, SearchSpec};
 
 /// An instance's parallelism.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -375,22 +375,43 @@ pub fn enumerate(spec: &SearchSpec, moe: bool) -> Enumerated {
     out
 }
 
-/// The closed-loop workload of one simulation at `concurrency` clients, whose starts
-/// spread over `ramp_s` seconds.
+/// Open loop: arrivals span at least this many unloaded requests' times, so that a
+/// fleet that cannot keep up builds a queue that shows.
+pub const RATE_SPAN_REQUESTS: f64 = 10.0;
+
+/// The workload of one simulation at `load`: closed-loop clients whose starts spread
+/// over `unloaded_request_s` (as in a steady state), `requests_per_client` each; or
+/// open-loop arrivals at `load` requests per second over [`RATE_SPAN_REQUESTS`]
+/// unloaded requests' times. At least `min_requests` either way.
 pub fn space_workload(
     spec: &SearchSpec,
-    concurrency: u32,
+    load: f64,
     seed: u64,
-    ramp_s: f64,
+    unloaded_request_s: f64,
 ) -> WorkloadConfig {
     let w = &spec.workload;
-    let requests =
-        (u64::from(concurrency) * u64::from(w.requests_per_client)).max(u64::from(w.min_requests));
+    let (kind, concurrency, rate, wanted, ramp_s) = match w.load {
+        LoadKind::Concurrency => (
+            WorkloadKind::ClosedLoop,
+            Some(load.round().max(1.0) as u64),
+            None,
+            load.round().max(1.0) * f64::from(w.requests_per_client),
+            unloaded_request_s,
+        ),
+        LoadKind::Rate => (
+            WorkloadKind::OpenLoop,
+            None,
+            Some(load),
+            load * unloaded_request_s * RATE_SPAN_REQUESTS,
+            0.0,
+        ),
+    };
+    let requests = (wanted.ceil() as u64).max(u64::from(w.min_requests));
     WorkloadConfig {
-        kind: WorkloadKind::ClosedLoop,
+        kind,
         num_requests: Some(requests),
-        concurrency: Some(u64::from(concurrency)),
-        rate: None,
+        concurrency,
+        rate,
         input_len: w.input_len,
         output_len: w.output_len,
         think_time_ms: 0.0,
@@ -402,3 +423,25 @@ pub fn space_workload(
         ramp_s,
     }
 }
+
+/// Open loop: whether the fleet kept up with its arrivals. Requests arriving over
+/// `arrival_span_s` are served by `duration_s` (first arrival to the run's end); a
+/// fleet that keeps up drains in about one request's time after the last arrival, so
+/// a run lasting clearly longer than `span + one request` (its rate below [`KEPT_UP`]
+/// of that) left a queue behind.
+pub fn saturation(
+    arrival_span_s: f64,
+    duration_s: f64,
+    unloaded_request_s: f64,
+    offered: f64,
+) -> Option<String> {
+    let expected = arrival_span_s + unloaded_request_s;
+    (duration_s * KEPT_UP > expected).then(|| {
+        format!(
+            "saturated at {offered:.2} req/s: the run lasted {duration_s:.1} s for arrivals over {arrival_span_s:.1} s"
+        )
+    })
+}
+
+/// The share of the expected duration over the run's below which it kept up.
+pub const KEPT_UP: f64 = 0.9;

@@ -82,8 +82,19 @@ fn default_per_node() -> u32 {
     8
 }
 
-/// `[workload]`: closed-loop clients; the search finds the most of them each
-/// configuration serves within the objectives.
+/// What the search varies to load a configuration.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadKind {
+    /// Closed-loop clients, each sending its next request when the last one ends.
+    #[default]
+    Concurrency,
+    /// Open-loop arrivals at a mean rate (requests per second, Poisson).
+    Rate,
+}
+
+/// `[workload]`: the requests; the search finds the highest load (clients, or an
+/// arrival rate) each configuration serves within the objectives.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchWorkload {
@@ -91,9 +102,16 @@ pub struct SearchWorkload {
     pub input_len: LenSpec,
     /// Output tokens.
     pub output_len: LenSpec,
+    /// `concurrency` (default) or `rate`.
+    #[serde(default)]
+    pub load: LoadKind,
     /// The most clients tried (default: twice the configuration's batch slots).
     #[serde(default)]
     pub max_concurrency: Option<u32>,
+    /// The highest rate tried, requests per second (default: 1.5 times the most the
+    /// configuration's bound allows).
+    #[serde(default)]
+    pub max_rate: Option<f64>,
     /// Requests per client in one simulation (at least `min_requests` in all).
     #[serde(default = "default_requests_per_client")]
     pub requests_per_client: u32,
@@ -414,6 +432,18 @@ impl SearchSpec {
         }
         if w.max_concurrency == Some(0) {
             return Err(bad("workload.max_concurrency", "0".into(), "at least 1"));
+        }
+        if let Some(r) = w.max_rate
+            && !(r.is_finite() && r > 0.0)
+        {
+            return Err(bad("workload.max_rate", r.to_string(), "a positive rate"));
+        }
+        if w.load == LoadKind::Rate && w.max_concurrency.is_some() {
+            return Err(bad(
+                "workload.max_concurrency",
+                "given".into(),
+                "absent with load = \"rate\" (give workload.max_rate)",
+            ));
         }
         if w.requests_per_client == 0 {
             return Err(bad(

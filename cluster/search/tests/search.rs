@@ -69,7 +69,7 @@ fn the_dominating_configuration_wins_and_the_bound_holds() {
         best.tokens_per_gpu() > 1200.0 && best.tokens_per_gpu() <= 1600.0,
         "{} tok/s/GPU at {} clients",
         best.tokens_per_gpu(),
-        m.concurrency
+        m.load
     );
     for r in &o.ranked {
         assert!(
@@ -111,27 +111,22 @@ fn a_tight_objective_binds_the_load() {
         "{}",
         winner.evaluation.binding
     );
-    assert!(
-        m.concurrency < 64,
-        "the load cap was not reached: {}",
-        m.concurrency
-    );
+    assert!(m.load < 64.0, "the load cap was not reached: {}", m.load);
     // The load found is the bisection's: the least load above it that was simulated
     // misses the TTFT objective, and is within the tolerance (5 %) or one client.
     let above = winner
         .evaluation
         .points
         .iter()
-        .filter(|p| p.concurrency > m.concurrency)
-        .min_by_key(|p| p.concurrency)
+        .filter(|p| p.load > m.load)
+        .min_by(|a, b| a.load.total_cmp(&b.load))
         .expect("a higher load was simulated");
     assert!(above.ttft.p90 > 150.0, "{:?}", above.ttft);
     assert!(
-        above.concurrency == m.concurrency + 1
-            || f64::from(above.concurrency) <= f64::from(m.concurrency) * 1.05,
+        above.load == m.load + 1.0 || above.load <= m.load * 1.05,
         "found {} below a miss at {}",
-        m.concurrency,
-        above.concurrency
+        m.load,
+        above.load
     );
 }
 
@@ -205,5 +200,50 @@ fn attention_dp_axes_multiply_only_attention_dp_instances() {
         labels
             .iter()
             .all(|l| !l.contains("TP1") || !l.ends_with(" balance"))
+    );
+}
+
+#[test]
+fn an_arrival_rate_is_searched_like_clients() {
+    let text = DOMINATED
+        .replace("max_concurrency = 64", "load = \"rate\"")
+        .replace("tpot_ms = 1000", "tpot_ms = 1000\nttft_ms = 150");
+    let o = run(&text, 2).expect("a valid spec");
+    let winner = &o.ranked[0];
+    assert_eq!(winner.candidate.label(), "agg 1×TP1 B32 ovl T8192 GNE");
+    let m = winner.evaluation.best.as_ref().expect("a rate meets them");
+    assert!(m.ttft.p90 <= 150.0, "{:?}", m.ttft);
+    // Open loop: the run ended about one request after the last arrival.
+    assert!(
+        m.duration_s <= m.arrival_span_s + 2.0,
+        "arrivals over {} s, the run lasted {} s",
+        m.arrival_span_s,
+        m.duration_s
+    );
+    // Without a latency objective, saturation alone stops the load: the fleet cannot
+    // serve more than its bound.
+    let text = DOMINATED.replace("max_concurrency = 64", "load = \"rate\"");
+    let o = run(&text, 2).expect("a valid spec");
+    let winner = &o.ranked[0];
+    let m = winner.evaluation.best.as_ref().expect("a rate meets them");
+    assert!(
+        winner.evaluation.binding.starts_with("saturated"),
+        "{}",
+        winner.evaluation.binding
+    );
+    // B32 with overlap finishes at most one request per 20 ms iteration (each holds a
+    // slot for its prefill and 31 decode steps): 50 req/s. Saturation shows once the
+    // run outlasts its arrivals by a tenth, so a rate a little above can pass; far
+    // above cannot, and well below would mean the search stopped early.
+    assert!(
+        m.load > 40.0 && m.load <= 55.0,
+        "B32 serves 50 req/s at most; found {}",
+        m.load
+    );
+    let refused =
+        SearchSpec::parse(&text.replace("load = \"rate\"", "load = \"rate\"\nmax_concurrency = 8"));
+    assert!(
+        refused.is_err_and(|e| e.to_string().contains("workload.max_concurrency")),
+        "clients and a rate together"
     );
 }
