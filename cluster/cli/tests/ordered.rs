@@ -122,3 +122,34 @@ fn an_mpi_run_that_cannot_be_preloaded_is_refused_before_mpirun_starts() {
         started.elapsed()
     );
 }
+
+#[test]
+fn servers_costed_apart_agree_and_cost_what_they_say() {
+    // ctx0's prefill ten times dearer and gen1's forwards twice as long as the fleet's:
+    // each driver times each server with its own cost model.
+    let own = [
+        "model.servers.ctx0.coefficients.ctx_token_ns=360000.0",
+        "model.servers.gen1.coefficients.forward_base_ns=13000000.0",
+    ];
+    let s = parse(&disagg_text(60), &own);
+    let r = assert_agree(&s, "servers costed apart");
+    let plain = simulate(&parse(&disagg_text(60), &[]));
+    let per_iteration =
+        |r: &Report, i: usize| r.servers[i].busy_time_s / r.servers[i].iterations.max(1) as f64;
+    // ctx0's iterations (all prefill) are slower than in the fleet costed alike; the
+    // plan hands each server its own model, the rest the fleet's.
+    assert!(per_iteration(&r, 0) > 2.0 * per_iteration(&plain, 0));
+    let fleet = lockstep_plan::fleet::Fleet::plan(&s, 0).expect("a valid scenario");
+    let c: Vec<_> = fleet.servers.iter().map(|p| p.coefficients).collect();
+    assert_eq!(c[0].ctx_token_ns, 360_000.0);
+    assert_eq!(c[3].forward_base_ns, 13_000_000.0);
+    assert_eq!(c[1], fleet.profile.coefficients);
+    assert_eq!(c[2], fleet.profile.coefficients);
+    let e = lockstep_plan::fleet::Fleet::plan(
+        &parse(&disagg_text(60), &["model.servers.ctx9.tp=2"]),
+        0,
+    )
+    .map(|_| ())
+    .expect_err("a server the scenario does not have");
+    assert!(e.to_string().contains("ctx9"), "{e}");
+}

@@ -10,7 +10,7 @@ use lockstep_actors::config::{
 use lockstep_actors::front::{FrontConfig, FrontServer};
 use lockstep_actors::transceiver::{KvCodec, PeerMessage};
 use lockstep_actors::vocab::KvAddress;
-use lockstep_gpu::{ModelProfile, kv_contents};
+use lockstep_gpu::{AnalyticBackend, Coefficients, ModelProfile, kv_contents};
 
 use crate::model::ModelError;
 use crate::scenario::{Scenario, ScenarioError};
@@ -98,6 +98,8 @@ pub struct PlannedServer<'s> {
     pub sizes: DerivedSizes,
     /// The startup warning under legacy `seats.rederive`.
     pub warning: Option<String>,
+    /// Its ranks' cost model: the fleet's, or its own (`[model.servers.NAME]`).
+    pub coefficients: Coefficients,
 }
 
 impl PlannedServer<'_> {
@@ -134,6 +136,19 @@ impl PlannedServer<'_> {
     }
 }
 
+/// A server's cost model before `[model]` is resolved (never returned).
+const UNRESOLVED: Coefficients = Coefficients {
+    forward_base_ns: 0.0,
+    ctx_token_ns: 0.0,
+    ctx_attention_ns: 0.0,
+    gen_request_ns: 0.0,
+    gen_token_ns: 0.0,
+    kv_read_ns: 0.0,
+    collective_ns: 0.0,
+    host_base_ns: 0.0,
+    host_per_request_ns: 0.0,
+};
+
 /// A scenario planned for a run.
 #[derive(Debug, Clone)]
 pub struct Fleet<'s> {
@@ -161,6 +176,8 @@ impl<'s> Fleet<'s> {
                 config,
                 sizes: derived.sizes,
                 warning: derived.warning,
+                // Set below, once the model is resolved.
+                coefficients: UNRESOLVED,
             });
         }
         if servers.is_empty() {
@@ -200,6 +217,27 @@ impl<'s> Fleet<'s> {
         }
         let tokens_per_block = first.sizes.tokens_per_block;
         let profile = scenario.model.resolve(&scenario.base_dir)?;
+        if let Some(name) = scenario
+            .model
+            .servers
+            .keys()
+            .find(|n| !scenario.servers.iter().any(|s| &s.name == *n))
+        {
+            return Err(PlanError::Invalid {
+                key: "model.servers",
+                message: format!("`{name}` names no server of the scenario"),
+            });
+        }
+        for p in &mut servers {
+            p.coefficients = if scenario.model.servers.contains_key(&p.config.name) {
+                scenario
+                    .model
+                    .resolve_server(&p.config.name, &scenario.base_dir)?
+                    .coefficients
+            } else {
+                profile.coefficients
+            };
+        }
         Ok(Fleet {
             scenario,
             servers,
@@ -207,6 +245,11 @@ impl<'s> Fleet<'s> {
             tokens_per_block,
             seed: scenario.seed.unwrap_or(seed),
         })
+    }
+
+    /// Server `s`'s cost model.
+    pub fn backend(&self, s: usize) -> AnalyticBackend {
+        AnalyticBackend::new(self.servers[s].coefficients)
     }
 
     /// Refuses what only the simulator can model.

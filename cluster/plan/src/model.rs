@@ -41,6 +41,14 @@ pub enum ModelError {
         /// What it conflicts with or needs.
         why: &'static str,
     },
+    /// A server's own cost model (`[model.servers.NAME]`) is refused.
+    #[error("model.servers.{name}: {source}")]
+    Server {
+        /// The server.
+        name: String,
+        /// Why.
+        source: Box<ModelError>,
+    },
     /// A coefficient or link value out of range.
     #[error("model.{key} must be {want}, got {value}")]
     OutOfRange {
@@ -78,6 +86,21 @@ pub struct CoefficientOverrides {
 }
 
 impl CoefficientOverrides {
+    /// These overrides with `over`'s given fields replacing theirs.
+    pub fn overridden_by(&self, over: &CoefficientOverrides) -> CoefficientOverrides {
+        CoefficientOverrides {
+            forward_base_ns: over.forward_base_ns.or(self.forward_base_ns),
+            ctx_token_ns: over.ctx_token_ns.or(self.ctx_token_ns),
+            ctx_attention_ns: over.ctx_attention_ns.or(self.ctx_attention_ns),
+            gen_request_ns: over.gen_request_ns.or(self.gen_request_ns),
+            gen_token_ns: over.gen_token_ns.or(self.gen_token_ns),
+            kv_read_ns: over.kv_read_ns.or(self.kv_read_ns),
+            collective_ns: over.collective_ns.or(self.collective_ns),
+            host_base_ns: over.host_base_ns.or(self.host_base_ns),
+            host_per_request_ns: over.host_per_request_ns.or(self.host_per_request_ns),
+        }
+    }
+
     fn apply(&self, c: &mut Coefficients) -> Result<(), ModelError> {
         let fields = [
             (
@@ -168,6 +191,23 @@ impl Default for LinkConfig {
     }
 }
 
+/// `[model.servers.NAME]`: one server's ranks costed apart from the fleet's (a
+/// disaggregated fleet's context servers at another tensor parallelism than its
+/// generation servers). Absent keys keep `[model]`'s.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerModel {
+    /// GPUs one of its ranks is split over (with `hf_config`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp: Option<u32>,
+    /// GPUs its routed experts spread over (with `hf_config`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ep: Option<u32>,
+    /// Coefficient overrides on top of `[model.coefficients]`.
+    #[serde(default)]
+    pub coefficients: CoefficientOverrides,
+}
+
 /// `[model]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -218,6 +258,9 @@ pub struct ModelConfig {
     /// `link`); absent ones keep their defaults.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub efficiency: Option<Efficiency>,
+    /// Servers whose ranks are costed apart, by name.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub servers: std::collections::BTreeMap<String, ServerModel>,
 }
 
 /// The default `profile`, which `hf_config` replaces.
@@ -240,6 +283,7 @@ impl Default for ModelConfig {
             free_gpu_memory_fraction: None,
             reserved_memory_gib: None,
             efficiency: None,
+            servers: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -284,6 +328,34 @@ impl ModelConfig {
             });
         }
         Ok(p)
+    }
+
+    /// Server `name`'s cost model: the fleet's, or with its `[model.servers.NAME]` keys
+    /// applied (errors name the server and the key).
+    pub fn resolve_server(
+        &self,
+        name: &str,
+        base_dir: &std::path::Path,
+    ) -> Result<ModelProfile, ModelError> {
+        let Some(own) = self.servers.get(name) else {
+            return self.resolve(base_dir);
+        };
+        self.for_server(own)
+            .resolve(base_dir)
+            .map_err(|e| ModelError::Server {
+                name: name.to_string(),
+                source: Box::new(e),
+            })
+    }
+
+    /// The fleet's `[model]` with a server's own keys applied (and no servers of its own).
+    pub fn for_server(&self, own: &ServerModel) -> ModelConfig {
+        let mut m = self.clone();
+        m.servers.clear();
+        m.tp = own.tp.or(m.tp);
+        m.ep = own.ep.or(m.ep);
+        m.coefficients = m.coefficients.overridden_by(&own.coefficients);
+        m
     }
 
     /// The roofline deployment `hf_config` and its keys describe; `None` without

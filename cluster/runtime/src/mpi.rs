@@ -42,7 +42,6 @@ use crate::transceiver_host::{
 };
 use crate::watchdog::{Progress, watch};
 use crate::{Clock, Endpoint, Envelope, Inbox, Net, NetError, Received, RuntimeError, WallClock};
-use lockstep_gpu::AnalyticBackend;
 use lockstep_hosts::order::{
     OrderError, Party, Phase as OrderPhase, ServerNext, first_transceivers, transceiver_place,
 };
@@ -1056,7 +1055,7 @@ fn run_server_rank(
         peers: MpiPeers::for_this_thread(),
         queued: VecDeque::new(),
     });
-    let options = rank_options(fleet, &opts.common, opts.watchdog / 4, publish_status);
+    let options = rank_options(fleet, s, &opts.common, opts.watchdog / 4, publish_status);
     // An ordered run's responses and end wait in the sequencer for the front's turn.
     let ordered_net = order.as_ref().map(|o| OrderedNet::server(o, s, net));
     let rank_net: &dyn Net = match &ordered_net {
@@ -1079,7 +1078,7 @@ fn run_server_rank(
             progress: &progress,
             ordered: order.as_ref().map(|o| OrderedRank {
                 sequencer: o,
-                backend: AnalyticBackend::new(fleet.profile.coefficients),
+                backend: fleet.backend(s),
             }),
         },
         &options,

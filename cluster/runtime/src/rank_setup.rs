@@ -9,7 +9,6 @@ use lockstep_actors::config::Role;
 use lockstep_actors::executor::RankExecutor;
 use lockstep_actors::transceiver::Transceiver;
 use lockstep_actors::vocab::KvAddress;
-use lockstep_gpu::AnalyticBackend;
 use lockstep_plan::fleet::{Fleet, WireModel};
 
 use crate::device::DeviceHandle;
@@ -85,6 +84,7 @@ pub fn build_rank(
 /// `keep_alive_every`; `publish_status` for `lockstep serve`'s `/metrics`.
 pub fn rank_options(
     fleet: &Fleet<'_>,
+    server: usize,
     opts: &RealOptions,
     keep_alive_every: Duration,
     publish_status: bool,
@@ -94,7 +94,7 @@ pub fn rank_options(
         keep_alive_every,
         // A real model's forwards take their own time.
         pacing: (opts.time_scale > 0.0 && opts.model.is_none()).then_some(Pacing {
-            backend: AnalyticBackend::new(fleet.profile.coefficients),
+            backend: fleet.backend(server),
             time_scale: opts.time_scale,
         }),
         status_every: publish_status.then_some(STATUS_EVERY),

@@ -30,7 +30,6 @@ use crate::watchdog::Progress;
 use crate::{
     Endpoint, Envelope, Inbox, Net, NetError, QueueInbox, Received, RuntimeError, WallClock,
 };
-use lockstep_gpu::AnalyticBackend;
 use lockstep_hosts::order::Party;
 use lockstep_plan::fleet::Fleet;
 use lockstep_plan::report::Report;
@@ -245,7 +244,17 @@ pub fn run_hosts<R>(
         ingress: ingress.clone(),
         transceivers,
     };
-    let rank_options = rank_options(fleet, opts, opts.collective_timeout / 4, status.is_some());
+    let rank_options: Vec<_> = (0..fleet.servers.len())
+        .map(|s| {
+            rank_options(
+                fleet,
+                s,
+                opts,
+                opts.collective_timeout / 4,
+                status.is_some(),
+            )
+        })
+        .collect();
     let quiet_limit = opts.collective_timeout.max(opts.stall_bound) * 2;
     // An ordered run: the hosts take turns in the simulator's order, in modeled time.
     let sequencer = opts.ordered.then(|| {
@@ -258,7 +267,6 @@ pub fn run_hosts<R>(
         Some(n) => n,
         None => &net,
     };
-    let backend = AnalyticBackend::new(fleet.profile.coefficients);
     let wire_scale = if opts.ordered { 1.0 } else { opts.time_scale };
 
     let (end, client_result) = std::thread::scope(|scope| {
@@ -312,7 +320,8 @@ pub fn run_hosts<R>(
                 });
                 let ingress = (r == 0).then(|| QueueInbox(ingress[s].clone()));
                 let net = &net;
-                let rank_options = &rank_options;
+                let rank_options = &rank_options[s];
+                let backend = fleet.backend(s);
                 std::thread::Builder::new()
                     .name(format!("{}-rank-{r}", p.config.name))
                     .spawn_scoped(scope, move || {

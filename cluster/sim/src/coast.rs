@@ -50,7 +50,7 @@ impl Sim<'_, '_> {
         loop {
             let fetch_at = self.now;
             let ended = self.servers[s]
-                .coast_iteration(fetch_at, shutdown, &self.backend)
+                .coast_iteration(fetch_at, shutdown, &self.backends[s])
                 .map_err(|e| self.protocol(s, e))?;
             coasted += 1;
             self.coasted.1 += 1;
@@ -106,7 +106,7 @@ impl Sim<'_, '_> {
         loop {
             let fetch_at = self.now;
             step += 1;
-            let ended = self.servers[s].stretch_time(fetch_at, step, &self.backend);
+            let ended = self.servers[s].stretch_time(fetch_at, step, &self.backends[s]);
             self.coasted.1 += 1;
             let more = u64::from(step) < limit
                 && horizon.is_none_or(|h| ended < h)
@@ -167,7 +167,7 @@ impl Sim<'_, '_> {
         if self.try_coast(s)? {
             return Ok(());
         }
-        let step = self.servers[s].step(self.now, &self.backend);
+        let step = self.servers[s].step(self.now, &self.backends[s]);
         self.after_step(s, step)
     }
 

@@ -163,7 +163,8 @@ struct Sim<'s, 'o> {
     /// What the hosts sent, until it becomes events.
     outbox: Outbox,
     net: SimNet,
-    backend: AnalyticBackend,
+    /// Each server's cost model.
+    backends: Vec<AnalyticBackend>,
     outcome: Option<(Outcome, String)>,
     iterations_without_response: u64,
     /// Coasting (`coast.rs`): windows, and the iterations coasted in them.
@@ -255,7 +256,7 @@ pub fn run_counting(
         ),
         outbox: Outbox::default(),
         net: SimNet::new(&scenario.model),
-        backend: AnalyticBackend::new(fleet.profile.coefficients),
+        backends: (0..fleet.servers.len()).map(|s| fleet.backend(s)).collect(),
         fleet,
         now: 0,
         seq: 0,
@@ -353,7 +354,7 @@ impl Sim<'_, '_> {
 
     fn run_loop(&mut self) -> Result<(), SimError> {
         for s in 0..self.servers.len() {
-            let step = self.servers[s].step(0, &self.backend);
+            let step = self.servers[s].step(0, &self.backends[s]);
             self.after_step(s, step)?;
         }
         let mut backstop_at = None;
@@ -513,7 +514,7 @@ impl Sim<'_, '_> {
         if let Some(seq) = self.servers[s].stall_timer.take() {
             self.cancel(seq);
         }
-        let step = self.servers[s].step(now, &self.backend);
+        let step = self.servers[s].step(now, &self.backends[s]);
         self.after_step(s, step)
     }
 
@@ -544,7 +545,7 @@ impl Sim<'_, '_> {
                     if self.try_coast(s)? {
                         return Ok(());
                     }
-                    step = self.servers[s].step(self.now, &self.backend);
+                    step = self.servers[s].step(self.now, &self.backends[s]);
                 }
                 Step::Finished => {
                     let stopped = Envelope::ServerStopped { server: s as u32 };
