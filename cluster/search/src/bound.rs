@@ -30,13 +30,15 @@ pub struct Cheap {
 /// front door and queueing only add time, but a percentile of a few requests is coarse.
 const PRUNE_MARGIN: f64 = 0.9;
 
-/// The bound of `c`, whose ranks cost `coefficients` and hold `kv_tokens` each.
+/// The bound of `c`, whose decoding ranks cost `decoder.0` and hold `decoder.1` KV
+/// tokens each, and whose prefilling ranks (the same, aggregated) cost `prefill`.
 pub fn cheap(
     spec: &SearchSpec,
     c: &Candidate,
-    coefficients: Coefficients,
-    kv_tokens: u64,
+    decoder: (Coefficients, u64),
+    prefill: Coefficients,
 ) -> Cheap {
+    let (coefficients, kv_tokens) = decoder;
     let backend = AnalyticBackend::new(coefficients);
     let input = u64::from(spec.workload.input_len.min());
     let d = c.decoder();
@@ -50,7 +52,12 @@ pub fn cheap(
 
     let mut infeasible = None;
     let one = decode_step_ns(&backend, d, 1, input) as f64 / 1e6;
-    let prompt = prefill_ns(&backend, input, c.pools.first().expect("a pool")) as f64 / 1e6;
+    let prompt = prefill_ns(
+        &AnalyticBackend::new(prefill),
+        input,
+        c.pools.first().expect("a pool"),
+    ) as f64
+        / 1e6;
     for bound in spec.slo.bounds() {
         let floor = match bound.metric {
             Metric::Tpot => one,

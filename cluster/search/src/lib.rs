@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 
 use lockstep_gpu::Coefficients;
-use lockstep_plan::model::{CoefficientOverrides, ModelConfig};
+use lockstep_plan::model::{CoefficientOverrides, ModelConfig, ServerModel};
 
 use crate::bound::Cheap;
 use crate::evaluate::{Evaluation, Measured};
@@ -209,8 +209,11 @@ pub struct Ranked {
     pub gpus_needed: Option<u32>,
     /// Further seeds, for finalists.
     pub seeds: Option<SeedSpread>,
-    /// KV tokens one rank holds.
-    pub kv_tokens_per_rank: u64,
+    /// KV tokens one rank of each pool holds.
+    pub kv_tokens_per_rank: Vec<u64>,
+    /// The `[model]` its simulations ran with (derived coefficients; a pool of other
+    /// ranks costed apart under `[model.servers]`).
+    pub simulated_model: ModelConfig,
 }
 
 impl Ranked {
@@ -261,6 +264,39 @@ const ROUND: usize = 16;
 /// Why the bound drops a candidate.
 pub const BELOW_BEST: &str = "bound below the best result";
 
+/// What a candidate's simulations run with.
+#[derive(Debug, Clone)]
+struct Costed {
+    /// Its `[model]`: the decoding pool's ranks as the fleet's, another pool's under
+    /// `[model.servers]`.
+    model: ModelConfig,
+    /// KV tokens one rank of each pool holds.
+    kv_tokens: Vec<u64>,
+}
+
+/// `c`'s `[model]` and KV, from its pools' rank models (in pool order).
+fn costed(c: &Candidate, pools: &[&RankModel]) -> Costed {
+    let decoder = pools[pools.len() - 1];
+    let mut model = decoder.simulated.clone();
+    for (p, m) in c.pools.iter().zip(pools) {
+        if m.coefficients != decoder.coefficients {
+            for name in p.server_names() {
+                model.servers.insert(
+                    name,
+                    ServerModel {
+                        coefficients: m.simulated.coefficients,
+                        ..ServerModel::default()
+                    },
+                );
+            }
+        }
+    }
+    Costed {
+        model,
+        kv_tokens: pools.iter().map(|m| m.kv_tokens).collect(),
+    }
+}
+
 /// One rank shape's model as simulated (the derived coefficients, so the roofline is
 /// fitted once), and what the bound needs.
 #[derive(Debug, Clone)]
@@ -302,19 +338,36 @@ pub fn search_shared(
     // Each rank shape's model, once.
     let mut models: BTreeMap<(u32, u32), Result<RankModel, String>> = BTreeMap::new();
     for c in &enumerated.kept {
-        models
-            .entry((c.rank_gpus(), c.ep))
-            .or_insert_with(|| rank_model(spec, c.rank_gpus(), c.ep));
+        for p in &c.pools {
+            let (gpus, ep) = p.rank_shape();
+            models
+                .entry((gpus, ep))
+                .or_insert_with(|| rank_model(spec, gpus, ep));
+        }
     }
-    let mut open: Vec<(Candidate, Cheap)> = Vec::new();
+    let mut open: Vec<(Candidate, Cheap, Costed)> = Vec::new();
     for c in enumerated.kept {
-        match &models[&(c.rank_gpus(), c.ep)] {
+        let pools: Result<Vec<&RankModel>, &String> = c
+            .pools
+            .iter()
+            .map(|p| models[&p.rank_shape()].as_ref())
+            .collect();
+        match pools {
             Err(why) => *pruned.entry(why.clone()).or_default() += 1,
-            Ok(m) => {
-                let cheap = bound::cheap(spec, &c, m.coefficients, m.kv_tokens);
+            Ok(pools) => {
+                let (decoder, prefill) = (pools[pools.len() - 1], pools[0]);
+                let cheap = bound::cheap(
+                    spec,
+                    &c,
+                    (decoder.coefficients, decoder.kv_tokens),
+                    prefill.coefficients,
+                );
                 match &cheap.infeasible {
                     Some(why) => *pruned.entry(reason_kind(why)).or_default() += 1,
-                    None => open.push((c, cheap)),
+                    None => {
+                        let costed = costed(&c, &pools);
+                        open.push((c, cheap, costed));
+                    }
                 }
             }
         }
@@ -334,28 +387,26 @@ pub fn search_shared(
     let mut ranked: Vec<Ranked> = Vec::new();
     let mut rest = open.into_iter().peekable();
     while rest.peek().is_some() {
-        let round: Vec<(Candidate, Cheap)> = rest.by_ref().take(ROUND).collect();
-        let (evaluations, ran) = shared_map(share, exchange, &pool, &round, |(c, cheap), sims| {
-            let m = models[&(c.rank_gpus(), c.ep)]
-                .as_ref()
-                .expect("pruned above");
-            evaluate_candidate(spec, c, cheap, m, sims)
-        })?;
+        let round: Vec<(Candidate, Cheap, Costed)> = rest.by_ref().take(ROUND).collect();
+        let (evaluations, ran) = shared_map(
+            share,
+            exchange,
+            &pool,
+            &round,
+            |(c, cheap, costed), sims| evaluate_candidate(spec, c, cheap, costed, sims),
+        )?;
         exchange += 1;
         simulations += ran;
         done += round.len() as u64;
-        for ((candidate, cheap), evaluation) in round.into_iter().zip(evaluations) {
-            let kv_tokens_per_rank = models[&(candidate.rank_gpus(), candidate.ep)]
-                .as_ref()
-                .expect("pruned above")
-                .kv_tokens;
+        for ((candidate, cheap, costed), evaluation) in round.into_iter().zip(evaluations) {
             ranked.push(Ranked {
                 gpus_needed: gpus_needed(spec, &candidate, &evaluation),
                 candidate,
                 cheap,
                 evaluation,
                 seeds: None,
-                kv_tokens_per_rank,
+                kv_tokens_per_rank: costed.kv_tokens,
+                simulated_model: costed.model,
             });
         }
         if spec.objective == Objective::ThroughputPerGpu {
@@ -364,12 +415,12 @@ pub fn search_shared(
                 .map(Ranked::tokens_per_gpu)
                 .fold(0.0, f64::max);
             let mut kept = Vec::new();
-            for (c, cheap) in rest.by_ref() {
+            for (c, cheap, costed) in rest.by_ref() {
                 if cheap.tokens_per_gpu < best {
                     *pruned.entry(BELOW_BEST.into()).or_default() += 1;
                     total -= 1;
                 } else {
-                    kept.push((c, cheap));
+                    kept.push((c, cheap, costed));
                 }
             }
             rest = kept.into_iter().peekable();
@@ -385,10 +436,7 @@ pub fn search_shared(
         .take(spec.method.finalists as usize)
         .count();
     let (spreads, ran) = shared_map(share, exchange, &pool, &ranked[..finalists], |r, sims| {
-        let m = models[&(r.candidate.rank_gpus(), r.candidate.ep)]
-            .as_ref()
-            .expect("simulated");
-        seed_spread(spec, r, m, sims)
+        seed_spread(spec, r, sims)
     })?;
     simulations += ran;
     for (r, s) in ranked.iter_mut().zip(spreads) {
@@ -461,9 +509,9 @@ fn reason_kind(message: &str) -> String {
     out
 }
 
-/// The `[model]` a candidate with ranks of `rank_gpus` GPUs and experts over `ep` is
-/// written out with: the spec's, with `hf_config` by its full path (the scenario lands
-/// elsewhere) and the rank shape.
+/// The `[model]` a rank of `rank_gpus` GPUs with experts over `ep` is written out
+/// with: the spec's, with `hf_config` by its full path (the scenario lands elsewhere)
+/// and the rank shape.
 pub fn written_model(spec: &SearchSpec, rank_gpus: u32, ep: u32) -> ModelConfig {
     let mut written = spec.model.clone();
     if let Some(path) = &written.hf_config {
@@ -478,6 +526,31 @@ pub fn written_model(spec: &SearchSpec, rank_gpus: u32, ep: u32) -> ModelConfig 
         written.ep = Some(ep);
     }
     written
+}
+
+/// `c`'s `[model]` as written out: the decoding pool's rank shape as the fleet's, any
+/// other pool's under `[model.servers]`.
+pub fn written_candidate_model(spec: &SearchSpec, c: &Candidate) -> ModelConfig {
+    let decoder = c.decoder().rank_shape();
+    let mut model = written_model(spec, decoder.0, decoder.1);
+    if model.hf_config.is_some() {
+        for p in &c.pools {
+            let (tp, ep) = p.rank_shape();
+            if (tp, ep) != decoder {
+                for name in p.server_names() {
+                    model.servers.insert(
+                        name,
+                        ServerModel {
+                            tp: Some(tp),
+                            ep: Some(ep),
+                            ..ServerModel::default()
+                        },
+                    );
+                }
+            }
+        }
+    }
+    model
 }
 
 fn rank_model(spec: &SearchSpec, rank_gpus: u32, ep: u32) -> Result<RankModel, String> {
@@ -563,12 +636,20 @@ fn evaluate_candidate(
     spec: &SearchSpec,
     c: &Candidate,
     cheap: &Cheap,
-    m: &RankModel,
+    costed: &Costed,
     simulations: &AtomicU64,
 ) -> Evaluation {
     evaluate::search_load(spec, load_range(spec, c, cheap), |n| {
         simulations.fetch_add(1, Ordering::Relaxed);
-        simulate_at(spec, c, cheap, m, n, spec.seed)
+        simulate_at(
+            spec,
+            c,
+            cheap,
+            &costed.model,
+            &costed.kv_tokens,
+            n,
+            spec.seed,
+        )
     })
 }
 
@@ -578,18 +659,13 @@ fn simulate_at(
     spec: &SearchSpec,
     c: &Candidate,
     cheap: &Cheap,
-    m: &RankModel,
+    model: &ModelConfig,
+    kv_tokens: &[u64],
     load: f64,
     seed: u64,
 ) -> Measured {
     let workload = space::space_workload(spec, load, seed, cheap.unloaded_request_s);
-    let scenario = c.scenario(
-        spec.name(),
-        m.simulated.clone(),
-        m.kv_tokens,
-        workload,
-        spec,
-    );
+    let scenario = c.scenario(spec.name(), model.clone(), kv_tokens, workload, spec);
     let mut measured = evaluate::simulate(&scenario, load, seed);
     if spec.workload.load == LoadKind::Rate && measured.broken.is_none() {
         measured.broken = space::saturation(
@@ -641,12 +717,7 @@ fn rank(spec: &SearchSpec, ranked: &mut [Ranked]) {
     });
 }
 
-fn seed_spread(
-    spec: &SearchSpec,
-    r: &Ranked,
-    m: &RankModel,
-    simulations: &AtomicU64,
-) -> SeedSpread {
+fn seed_spread(spec: &SearchSpec, r: &Ranked, simulations: &AtomicU64) -> SeedSpread {
     let best = r.evaluation.best.as_ref().expect("a finalist met a load");
     let n = best.load;
     let bounds = spec.slo.bounds();
@@ -654,7 +725,15 @@ fn seed_spread(
     for k in 1..=u64::from(spec.method.seeds) {
         simulations.fetch_add(1, Ordering::Relaxed);
         let seed = spec.seed.wrapping_add(k);
-        runs.push(simulate_at(spec, &r.candidate, &r.cheap, m, n, seed));
+        runs.push(simulate_at(
+            spec,
+            &r.candidate,
+            &r.cheap,
+            &r.simulated_model,
+            &r.kv_tokens_per_rank,
+            n,
+            seed,
+        ));
     }
     let gpus = f64::from(r.candidate.gpus());
     let tps: Vec<f64> = runs.iter().map(|m| m.output_tokens_per_s / gpus).collect();

@@ -9,7 +9,7 @@ use lockstep_plan::scenario::Scenario;
 
 use crate::space::space_workload;
 use crate::spec::LoadKind;
-use crate::{Ranked, SearchError, SearchOutcome, spec::SearchSpec, written_model};
+use crate::{Ranked, SearchError, SearchOutcome, spec::SearchSpec, written_candidate_model};
 
 /// The summary, the ranked table (its first `top` rows) and the Pareto front.
 pub fn text(spec: &SearchSpec, o: &SearchOutcome, top: usize) -> String {
@@ -245,8 +245,8 @@ pub fn winner_scenario(spec: &SearchSpec, r: &Ranked) -> Option<Scenario> {
     let c = &r.candidate;
     let mut s = c.scenario(
         spec.name(),
-        written_model(spec, c.rank_gpus(), c.ep),
-        r.kv_tokens_per_rank,
+        written_candidate_model(spec, c),
+        &r.kv_tokens_per_rank,
         space_workload(spec, best.load, spec.seed, r.cheap.unloaded_request_s),
         spec,
     );

@@ -67,6 +67,25 @@ pub struct Pool {
     pub max_batch_size: u32,
     /// The overlap scheduler.
     pub overlap: bool,
+    /// GPUs its routed experts spread over (1 for a dense model).
+    pub ep: u32,
+}
+
+impl Pool {
+    /// Its servers' names: `ctx0`, `ctx1`, ...
+    pub fn server_names(&self) -> Vec<String> {
+        let role = match self.role {
+            Role::Agg => "agg",
+            Role::Ctx => "ctx",
+            Role::Gen => "gen",
+        };
+        (0..self.instances).map(|i| format!("{role}{i}")).collect()
+    }
+
+    /// Its ranks' shape as the roofline sees it: (GPUs of one rank, EP).
+    pub fn rank_shape(&self) -> (u32, u32) {
+        (self.shape.rank_gpus(), self.ep)
+    }
 }
 
 /// One configuration.
@@ -76,8 +95,6 @@ pub struct Candidate {
     pub mode: Mode,
     /// `[agg]` or `[ctx, gen]`.
     pub pools: Vec<Pool>,
-    /// GPUs the routed experts spread over (1 for a dense model).
-    pub ep: u32,
     /// `max_num_tokens` of every server.
     pub max_num_tokens: u32,
     /// `enable_chunked_prefill` of every server.
@@ -97,11 +114,6 @@ impl Candidate {
             .iter()
             .map(|p| p.instances * p.shape.gpus())
             .sum()
-    }
-
-    /// GPUs of one rank (the same on every server: one `[model]` per scenario).
-    pub fn rank_gpus(&self) -> u32 {
-        self.pools[0].shape.rank_gpus()
     }
 
     /// The pool that decodes (agg or gen).
@@ -127,9 +139,14 @@ impl Candidate {
             .iter()
             .map(|p| {
                 format!(
-                    "{}×{} B{}{}",
+                    "{}×{}{} B{}{}",
                     p.instances,
                     p.shape.label(),
+                    if p.ep > 1 {
+                        format!(" ep{}", p.ep)
+                    } else {
+                        String::new()
+                    },
                     p.max_batch_size,
                     if p.overlap { " ovl" } else { "" }
                 )
@@ -151,9 +168,6 @@ impl Candidate {
             policy,
             if self.chunked_prefill { " chunked" } else { "" },
         );
-        if self.ep > 1 {
-            s.push_str(&format!(" ep{}", self.ep));
-        }
         if self.has_adp() && self.router != RouterKind::Balanced {
             s.push_str(&format!(" router={:?}", self.router).to_lowercase());
         }
@@ -163,20 +177,21 @@ impl Candidate {
         s
     }
 
-    /// The scenario this candidate runs as: `model` is the rank's `[model]`,
-    /// `kv_tokens` what one rank's KV pool holds, `workload` the load.
+    /// The scenario this candidate runs as: `model` is its `[model]` (a pool costed
+    /// apart under `[model.servers]`), `kv_tokens` what one rank of each pool holds,
+    /// `workload` the load.
     pub fn scenario(
         &self,
         name: &str,
         model: ModelConfig,
-        kv_tokens: u64,
+        kv_tokens: &[u64],
         workload: WorkloadConfig,
         spec: &SearchSpec,
     ) -> Scenario {
         let mut servers = Vec::new();
-        for p in &self.pools {
+        for (p, &kv) in self.pools.iter().zip(kv_tokens) {
             for i in 0..p.instances {
-                servers.push(self.server(p, i, kv_tokens));
+                servers.push(self.server(p, i, kv));
             }
         }
         Scenario {
@@ -298,31 +313,26 @@ pub fn enumerate(spec: &SearchSpec, moe: bool) -> Enumerated {
             out.prune(OVER_BUDGET);
             continue;
         }
-        let rank_gpus = pools[0].2.rank_gpus();
-        if pools.iter().any(|p| p.2.rank_gpus() != rank_gpus) {
-            out.prune("ctx and gen ranks differ in GPUs (one [model] per scenario)");
-            continue;
-        }
-        if rank_gpus > spec.gpus.per_node {
+        if pools.iter().any(|p| p.2.rank_gpus() > spec.gpus.per_node) {
             out.prune("a rank's TP spans nodes (more than gpus.per_node)");
             continue;
         }
-        // The experts' spread: listed, or TensorRT-LLM's default (the decoder's GPUs
-        // with attention DP, else 1); a dense model has none to spread.
-        let decoder = pools.last().expect("a pool").2;
-        let eps: Vec<u32> = if !moe {
-            vec![1]
-        } else if s.ep.is_empty() {
-            vec![if decoder.ranks() > 1 {
-                decoder.gpus()
-            } else {
-                1
-            }]
+        // The experts' spread: listed (one value for every pool), or TensorRT-LLM's
+        // default per server (its GPUs with attention DP, else 1); a dense model has
+        // none to spread.
+        let eps: Vec<Option<u32>> = if !moe || s.ep.is_empty() {
+            vec![None]
         } else {
-            s.ep.clone()
+            s.ep.iter().copied().map(Some).collect()
         };
-        for &ep in &eps {
-            if moe && pools.iter().any(|p| ep > p.2.gpus().max(1)) {
+        let ep_of = |shape: Shape, listed: Option<u32>| match (moe, listed) {
+            (false, _) => 1,
+            (true, Some(ep)) => ep,
+            (true, None) if shape.ranks() > 1 => shape.gpus(),
+            (true, None) => 1,
+        };
+        for &listed in &eps {
+            if moe && pools.iter().any(|p| ep_of(p.2, listed) > p.2.gpus().max(1)) {
                 out.prune("ep larger than an instance's GPUs");
                 continue;
             }
@@ -353,12 +363,12 @@ pub fn enumerate(spec: &SearchSpec, moe: bool) -> Enumerated {
                                         // Context servers run without the overlap scheduler, as
                                         // TensorRT-LLM's disaggregated recipes set them.
                                         overlap: overlap && role != Role::Ctx,
+                                        ep: ep_of(shape, listed),
                                     })
                                     .collect();
                                 out.kept.push(Candidate {
                                     mode,
                                     pools,
-                                    ep,
                                     max_num_tokens: t,
                                     chunked_prefill: chunked,
                                     policy,

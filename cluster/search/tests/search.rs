@@ -247,3 +247,64 @@ fn an_arrival_rate_is_searched_like_clients() {
         "clients and a rate together"
     );
 }
+
+/// Llama-3-8B by roofline on H100s: context and generation servers of different
+/// tensor parallelism.
+fn mixed_spec() -> String {
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../data/models/llama-3-8b/config.json")
+        .canonicalize()
+        .unwrap();
+    format!(
+        r#"name = "mixed"
+[model]
+hf_config = "{}"
+gpu = "H100-SXM"
+[gpus]
+total = 4
+[frontend]
+preset = "none"
+[workload]
+input_len = 1024
+output_len = 64
+max_concurrency = 32
+[slo.p90]
+tpot_ms = 50
+[space]
+modes = ["disagg"]
+tp = [1, 2]
+max_batch_size = [16]
+ctx_instances = [1]
+gen_instances = [1]
+[method]
+finalists = 0
+"#,
+        config.display()
+    )
+}
+
+#[test]
+fn context_and_generation_servers_of_different_shapes_are_costed_apart() {
+    let o = run(&mixed_spec(), 2).expect("a valid spec");
+    let labels: Vec<String> = o.ranked.iter().map(|r| r.candidate.label()).collect();
+    // TP1 and TP2, for ctx and gen: four pairs, none pruned for their shapes.
+    assert_eq!(o.ranked.len(), 4, "{:?}", o.pruned);
+    let spec = SearchSpec::parse(&mixed_spec()).unwrap();
+    let mixed = o
+        .ranked
+        .iter()
+        .find(|r| r.candidate.label().starts_with("disagg 1×TP2 B4 : 1×TP1"))
+        .unwrap_or_else(|| panic!("ctx TP2 with gen TP1 in {labels:?}"));
+    // The simulated [model] is the gen ranks'; the ctx server is costed apart, with the
+    // TP2 model's own (cheaper per token) prefill.
+    let ctx = &mixed.simulated_model.servers["ctx0"].coefficients;
+    let gen_ctx_token = mixed.simulated_model.coefficients.ctx_token_ns.unwrap();
+    assert!(ctx.ctx_token_ns.unwrap() < gen_ctx_token, "{ctx:?}");
+    // Written out with the roofline's keys, it runs as it was measured.
+    let s = lockstep_search::output::winner_scenario(&spec, mixed).expect("it met a load");
+    assert_eq!(s.model.servers["ctx0"].tp, Some(2));
+    assert_eq!(s.model.tp, Some(1));
+    let report = lockstep_sim::run(&s, lockstep_sim::SimOptions::default()).unwrap();
+    let measured = mixed.evaluation.best.as_ref().unwrap().output_tokens_per_s;
+    assert_eq!(report.throughput.output_tokens_per_s, measured);
+}
