@@ -308,3 +308,29 @@ fn context_and_generation_servers_of_different_shapes_are_costed_apart() {
     let measured = mixed.evaluation.best.as_ref().unwrap().output_tokens_per_s;
     assert_eq!(report.throughput.output_tokens_per_s, measured);
 }
+
+#[test]
+fn the_fewest_gpus_for_a_target_rate_counts_replicas() {
+    // B32 with overlap completes about 40 requests per second at its best load (one GPU);
+    // 100 req/s need three such GPUs, B8 without overlap many more.
+    let text = DOMINATED.replace(
+        "[space]",
+        "[objective]\nkind = \"fewest_gpus\"\ntarget_requests_per_s = 100.0\n[space]",
+    );
+    let o = run(&text, 2).expect("a valid spec");
+    let winner = &o.ranked[0];
+    assert_eq!(winner.candidate.label(), "agg 1×TP1 B32 ovl T8192 GNE");
+    let rate = winner.evaluation.best.as_ref().unwrap().requests_per_s;
+    let needed = winner.gpus_needed.expect("a load meets the objectives");
+    assert_eq!(
+        needed,
+        (100.0 / rate).ceil() as u32,
+        "at {rate} req/s per replica"
+    );
+    let gpus: Vec<u32> = o.ranked.iter().filter_map(|r| r.gpus_needed).collect();
+    assert!(
+        gpus.windows(2).all(|w| w[0] <= w[1]),
+        "ranked by GPUs: {gpus:?}"
+    );
+    assert!(gpus[3] > gpus[0], "{gpus:?}");
+}
