@@ -138,3 +138,18 @@ fn a_bad_spec_is_refused_naming_the_key() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("itl_p99"), "{stderr}");
 }
+
+#[test]
+fn the_example_specs_load_and_have_candidates() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/search");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        let spec = lockstep_search::spec::SearchSpec::load(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let space = lockstep_search::space::enumerate(&spec, true);
+        assert!(!space.kept.is_empty(), "{}", path.display());
+        n += 1;
+    }
+    assert!(n >= 2, "the README's two searches");
+}
