@@ -417,3 +417,45 @@ fn explain_prints_the_roofline_and_the_fit() {
     ]);
     assert!(err.contains("no nvfp4 tensor cores"), "{err}");
 }
+
+#[test]
+fn export_writes_a_servers_own_experts_spread() {
+    let tmp = TempDir::new("export-own-ep");
+    let first = tmp.file("disagg.toml");
+    import_disagg(DISAGG, &first);
+    let scenario = Scenario::load(Path::new(&first)).unwrap();
+    let mut text = std::fs::read_to_string(&first).unwrap();
+    for s in scenario
+        .servers
+        .iter()
+        .filter(|s| s.role == lockstep_actors::config::Role::Ctx)
+    {
+        text.push_str(&format!("\n[model.servers.{}]\nep = 4\n", s.name));
+    }
+    let path = tmp.file("own-ep.toml");
+    std::fs::write(&path, &text).unwrap();
+    let (yaml, _) = ok(&["export", "trtllm", &path]);
+    // The YAML lists context_servers, then generation_servers.
+    let (ctx_part, gen_part) = yaml.split_once("generation_servers:").expect("both roles");
+    assert!(ctx_part.contains("moe_expert_parallel_size: 4"), "{yaml}");
+    let gen_ep = format!(
+        "moe_expert_parallel_size: {}",
+        scenario.model.ep.expect("the import sets ep")
+    );
+    assert!(gen_part.contains(&gen_ep), "{yaml}");
+    // Costed apart on one context server only: the YAML cannot say it.
+    let ctx: Vec<&str> = scenario
+        .servers
+        .iter()
+        .filter(|s| s.role == lockstep_actors::config::Role::Ctx)
+        .map(|s| s.name.as_str())
+        .collect();
+    if ctx.len() > 1 {
+        let one = std::fs::read_to_string(&first).unwrap()
+            + &format!("\n[model.servers.{}]\nep = 4\n", ctx[0]);
+        let path = tmp.file("one.toml");
+        std::fs::write(&path, one).unwrap();
+        let err = fails(&["export", "trtllm", &path]);
+        assert!(err.contains("costed differently"), "{err}");
+    }
+}

@@ -84,6 +84,13 @@ pub fn export(scenario: &Scenario, out: &Path) -> Result<Exported, TrtllmError> 
                     first.name, other.name
                 )));
             }
+            let own = |s: &ServerConfig| scenario.model.servers.get(&s.name);
+            if let Some(other) = servers.iter().find(|s| own(s) != own(first)) {
+                return Err(TrtllmError::Export(format!(
+                    "servers `{}` and `{}` are costed differently ([model.servers]): a disaggregated YAML has one config for all {key}",
+                    first.name, other.name
+                )));
+            }
             let mut t = Mapping::new();
             t.insert("num_instances".into(), (servers.len() as u64).into());
             for (k, v) in server_mapping(scenario, first, profile_role, &mut not_expressible) {
@@ -101,8 +108,17 @@ pub fn export(scenario: &Scenario, out: &Path) -> Result<Exported, TrtllmError> 
     if m.link != crate::model::LinkConfig::default() {
         not_expressible.push("model.link: the simulated network".into());
     }
-    if m.coefficients != crate::model::CoefficientOverrides::default() {
+    if m.coefficients != crate::model::CoefficientOverrides::default()
+        || m.servers
+            .values()
+            .any(|own| own.coefficients != crate::model::CoefficientOverrides::default())
+    {
         not_expressible.push("model.coefficients: cost-model overrides".into());
+    }
+    if m.servers.values().any(|own| own.tp.is_some()) {
+        not_expressible.push(
+            "model.servers.*.tp: a server's ranks costed apart; its tensor_parallel_size says its GPUs".into(),
+        );
     }
     if m.efficiency.is_some() || m.reserved_memory_gib.is_some() {
         not_expressible
@@ -153,10 +169,10 @@ fn server_mapping(
         "pipeline_parallel_size",
         s.pipeline_parallel_size.into(),
     );
-    // The profile's experts spread is the generation servers' (or the only one's).
-    if s.role == profile_role
-        && let Some(ep) = m.ep
-    {
+    // A server's experts spread: its own (`[model.servers.NAME]`), else the profile's,
+    // which is the generation servers' (or the only one's).
+    let own_ep = m.servers.get(&s.name).and_then(|own| own.ep);
+    if let Some(ep) = own_ep.or(m.ep.filter(|_| s.role == profile_role)) {
         put(&mut t, "moe_expert_parallel_size", u64::from(ep).into());
     }
     put(&mut t, "enable_attention_dp", s.enable_attention_dp.into());
