@@ -86,6 +86,21 @@ pub struct CoefficientOverrides {
 }
 
 impl CoefficientOverrides {
+    /// Every coefficient of `c` given: a profile written as overrides.
+    pub fn every(c: &Coefficients) -> CoefficientOverrides {
+        CoefficientOverrides {
+            forward_base_ns: Some(c.forward_base_ns),
+            ctx_token_ns: Some(c.ctx_token_ns),
+            ctx_attention_ns: Some(c.ctx_attention_ns),
+            gen_request_ns: Some(c.gen_request_ns),
+            gen_token_ns: Some(c.gen_token_ns),
+            kv_read_ns: Some(c.kv_read_ns),
+            collective_ns: Some(c.collective_ns),
+            host_base_ns: Some(c.host_base_ns),
+            host_per_request_ns: Some(c.host_per_request_ns),
+        }
+    }
+
     /// These overrides with `over`'s given fields replacing theirs.
     pub fn overridden_by(&self, over: &CoefficientOverrides) -> CoefficientOverrides {
         CoefficientOverrides {

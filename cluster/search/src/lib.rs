@@ -37,7 +37,7 @@ use lockstep_plan::model::{CoefficientOverrides, ModelConfig, ServerModel};
 use crate::bound::Cheap;
 use crate::evaluate::{Evaluation, Measured};
 use crate::space::{Candidate, OVER_BUDGET};
-use crate::spec::{LoadKind, Mode, Objective, SearchSpec};
+use crate::spec::{Bound, LoadKind, Mode, Objective, SearchSpec};
 
 /// A search that cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -217,6 +217,21 @@ pub struct Ranked {
 }
 
 impl Ranked {
+    /// Every load simulated that met every objective in `bounds`, as a front's point.
+    pub fn feasible<'a>(&'a self, bounds: &'a [Bound]) -> impl Iterator<Item = ParetoPoint> + 'a {
+        let gpus = f64::from(self.candidate.gpus());
+        self.evaluation
+            .points
+            .iter()
+            .filter(move |m| m.misses(bounds).is_empty())
+            .map(move |m| ParetoPoint {
+                label: self.candidate.label(),
+                load: m.load,
+                tokens_per_gpu: m.output_tokens_per_s / gpus,
+                tokens_per_user: m.tokens_per_user(),
+            })
+    }
+
     /// Output tokens per second per GPU at the best load (0 when no load meets the
     /// objectives).
     pub fn tokens_per_gpu(&self) -> f64 {
@@ -569,34 +584,12 @@ fn rank_model(spec: &SearchSpec, rank_gpus: u32, ep: u32) -> Result<RankModel, S
         .resolve(&spec.base_dir)
         .map_err(|e| reason_kind(&e.to_string()))?;
     let c = profile.coefficients;
+    // The fitted coefficients as overrides: the same profile, without fitting again.
     let simulated = ModelConfig {
-        hf_config: None,
-        gpu: None,
-        hardware: None,
-        tp: None,
-        ep: None,
-        weight_precision: None,
-        kv_precision: None,
-        free_gpu_memory_fraction: None,
-        reserved_memory_gib: None,
-        efficiency: None,
-        coefficients: CoefficientOverrides {
-            forward_base_ns: Some(c.forward_base_ns),
-            ctx_token_ns: Some(c.ctx_token_ns),
-            ctx_attention_ns: Some(c.ctx_attention_ns),
-            gen_request_ns: Some(c.gen_request_ns),
-            gen_token_ns: Some(c.gen_token_ns),
-            kv_read_ns: Some(c.kv_read_ns),
-            collective_ns: Some(c.collective_ns),
-            host_base_ns: Some(c.host_base_ns),
-            host_per_request_ns: Some(c.host_per_request_ns),
-        },
+        coefficients: CoefficientOverrides::every(&c),
         kv: Some(profile.kv),
-        ..ModelConfig::default()
-    };
-    let simulated = ModelConfig {
         link: written.link,
-        ..simulated
+        ..ModelConfig::default()
     };
     Ok(RankModel {
         simulated,
@@ -761,23 +754,7 @@ fn seed_spread(spec: &SearchSpec, r: &Ranked, simulations: &AtomicU64) -> SeedSp
 /// Every point that met every objective and that no other point beats on both axes.
 fn pareto(spec: &SearchSpec, ranked: &[Ranked]) -> Vec<ParetoPoint> {
     let bounds = spec.slo.bounds();
-    let mut points: Vec<ParetoPoint> = ranked
-        .iter()
-        .flat_map(|r| {
-            let gpus = f64::from(r.candidate.gpus());
-            let bounds = &bounds;
-            r.evaluation
-                .points
-                .iter()
-                .filter(move |m| m.misses(bounds).is_empty())
-                .map(move |m: &Measured| ParetoPoint {
-                    label: r.candidate.label(),
-                    load: m.load,
-                    tokens_per_gpu: m.output_tokens_per_s / gpus,
-                    tokens_per_user: m.tokens_per_user(),
-                })
-        })
-        .collect();
+    let mut points: Vec<ParetoPoint> = ranked.iter().flat_map(|r| r.feasible(&bounds)).collect();
     // By tokens per user, best first; keep a point only if it beats every point before
     // it on tokens per GPU.
     points.sort_by(|a, b| {

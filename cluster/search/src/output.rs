@@ -358,15 +358,8 @@ pub fn html(spec: &SearchSpec, o: &SearchOutcome) -> String {
     let dots: Vec<(f64, f64)> = o
         .ranked
         .iter()
-        .flat_map(|r| {
-            let gpus = f64::from(r.candidate.gpus());
-            let bounds = &bounds;
-            r.evaluation
-                .points
-                .iter()
-                .filter(move |m| m.misses(bounds).is_empty())
-                .map(move |m| (m.tokens_per_user(), m.output_tokens_per_s / gpus))
-        })
+        .flat_map(|r| r.feasible(&bounds))
+        .map(|p| (p.tokens_per_user, p.tokens_per_gpu))
         .collect();
     let front: Vec<(f64, f64)> = o
         .pareto

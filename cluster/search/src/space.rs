@@ -74,12 +74,9 @@ pub struct Pool {
 impl Pool {
     /// Its servers' names: `ctx0`, `ctx1`, ...
     pub fn server_names(&self) -> Vec<String> {
-        let role = match self.role {
-            Role::Agg => "agg",
-            Role::Ctx => "ctx",
-            Role::Gen => "gen",
-        };
-        (0..self.instances).map(|i| format!("{role}{i}")).collect()
+        (0..self.instances)
+            .map(|i| format!("{}{i}", self.role.name()))
+            .collect()
     }
 
     /// Its ranks' shape as the roofline sees it: (GPUs of one rank, EP).
@@ -190,8 +187,8 @@ impl Candidate {
     ) -> Scenario {
         let mut servers = Vec::new();
         for (p, &kv) in self.pools.iter().zip(kv_tokens) {
-            for i in 0..p.instances {
-                servers.push(self.server(p, i, kv));
+            for name in p.server_names() {
+                servers.push(self.server(p, name, kv));
             }
         }
         Scenario {
@@ -209,15 +206,10 @@ impl Candidate {
         }
     }
 
-    fn server(&self, p: &Pool, index: u32, kv_tokens: u64) -> ServerConfig {
+    fn server(&self, p: &Pool, name: String, kv_tokens: u64) -> ServerConfig {
         let d = ServerConfig::default();
-        let role_name = match p.role {
-            Role::Agg => "agg",
-            Role::Ctx => "ctx",
-            Role::Gen => "gen",
-        };
         ServerConfig {
-            name: format!("{role_name}{index}"),
+            name,
             role: p.role,
             tensor_parallel_size: i64::from(p.shape.gpus()),
             enable_attention_dp: p.shape.ranks() > 1,
