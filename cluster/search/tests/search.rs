@@ -89,8 +89,24 @@ fn the_dominating_configuration_wins_and_the_bound_holds() {
 
 #[test]
 fn the_answer_does_not_depend_on_the_threads() {
-    let one = run(DOMINATED, 1).expect("a valid spec");
-    let two = run(DOMINATED, 2).expect("a valid spec");
+    // More candidates than one round holds, so the bound prunes between rounds: what it
+    // prunes must not depend on how many simulations run at once.
+    let text = DOMINATED
+        .replace(
+            "max_batch_size = [8, 32]",
+            "max_batch_size = [4, 8, 16, 32]",
+        )
+        .replace("tp = [1]", "tp = [1, 2]\nagg_instances = [1, 2]");
+    let one = run(&text, 1).expect("a valid spec");
+    let two = run(&text, 2).expect("a valid spec");
+    assert_eq!(one.candidates, 32);
+    assert!(
+        one.pruned
+            .get(lockstep_search::BELOW_BEST)
+            .is_some_and(|&n| n > 0),
+        "{:?}",
+        one.pruned
+    );
     assert_eq!(one, two);
 }
 
