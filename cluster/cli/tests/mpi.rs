@@ -60,7 +60,8 @@ fn mpi_disaggregated_runs_stream_the_simulators_tokens_over_two_ctx_and_two_gen_
 fn mpi_ordered_runs_do_what_the_simulator_does_on_every_server() {
     // The front process holds the order; every rank process's hosts take their turns
     // by calls to it. Two ctx and two gen servers, once with a slow control link and
-    // lost KV, so arrival times and failures both matter.
+    // lost KV, so arrival times and failures both matter, and once with two servers
+    // costed apart.
     let bin = mpi_bin();
     let text = disagg_text(60);
     for sets in [
@@ -68,6 +69,11 @@ fn mpi_ordered_runs_do_what_the_simulator_does_on_every_server() {
         &[
             "model.link.control_latency_us=5000",
             "faults.lost_transfer_every=5",
+        ][..],
+        // Servers costed apart: each rank process times its server with its own model.
+        &[
+            "model.servers.ctx0.coefficients.ctx_token_ns=360000.0",
+            "model.servers.gen1.coefficients.forward_base_ns=13000000.0",
         ][..],
     ] {
         let mpi = mpi_report_with(&bin, &text, sets, "disagg-ordered", &["--ordered"]);
