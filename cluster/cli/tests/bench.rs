@@ -485,7 +485,8 @@ fn ignore_eos_auto_leaves_it_out_only_where_the_server_refuses_it() {
 #[test]
 fn prompt_ids_come_from_the_tokenizer_and_a_range_must_fit_it() {
     use lockstep_gpu::model::{InitOptions, write_random_model};
-    let dir = std::env::temp_dir().join(format!("lockstep-bench-vocab-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-bench-vocab-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     write_random_model(&dir, &InitOptions::default()).expect("init");
     let dir_arg = dir.to_string_lossy().into_owned();

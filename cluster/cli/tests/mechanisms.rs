@@ -574,8 +574,8 @@ fn ab_prints_both_policies_with_the_legacy_vetoes_and_their_delta() {
 
 #[test]
 fn ab_compares_adp_balance_off_and_on_with_a_set_for_one_side() {
-    let json =
-        std::env::temp_dir().join(format!("lockstep-ab-balance-{}.json", std::process::id()));
+    let json = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-ab-balance-{}.json", std::process::id()));
     let o = lockstep(&[
         "ab",
         "examples/balance/short-prompts-long-outputs.toml",

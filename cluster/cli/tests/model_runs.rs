@@ -76,8 +76,8 @@ shared_prefix_tokens = {shared_prefix}
 }
 
 fn tiny_model(name: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("lockstep-model-runs-{name}-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-model-runs-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     write_random_model(
         &dir,
@@ -304,7 +304,8 @@ fn a_model_the_scenario_cannot_use_is_refused_at_startup_naming_the_setting() {
 /// the same scenario to the end (the control).
 #[test]
 fn a_forward_past_the_timeout_fails_the_rank_naming_the_bound() {
-    let dir = std::env::temp_dir().join(format!("lockstep-model-slow-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-model-slow-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     // Wide enough that one 1,000-token prefill takes far longer than 1 ms.
     write_random_model(

@@ -232,7 +232,8 @@ fn an_empty_api_key_is_refused_at_startup_naming_its_source() {
         err.contains("LOCKSTEP_API_KEY: the API key is empty"),
         "{err}"
     );
-    let file = std::env::temp_dir().join(format!("lockstep-empty-key-{}", std::process::id()));
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-empty-key-{}", std::process::id()));
     std::fs::write(&file, "\n").expect("a key file");
     let file_arg = file.to_string_lossy().into_owned();
     let err = startup_failure(
@@ -250,7 +251,8 @@ fn an_empty_api_key_is_refused_at_startup_naming_its_source() {
 /// is enforced as `--api-key`'s is.
 #[test]
 fn a_key_from_a_file_or_the_environment_is_enforced() {
-    let file = std::env::temp_dir().join(format!("lockstep-key-file-{}", std::process::id()));
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-key-file-{}", std::process::id()));
     std::fs::write(&file, "from-the-file\n").expect("a key file");
     let file_arg = file.to_string_lossy().into_owned();
     let body = r#"{"prompt": "hi", "max_tokens": 1}"#;
@@ -281,7 +283,8 @@ fn a_key_from_a_file_or_the_environment_is_enforced() {
 #[test]
 fn two_key_sources_at_once_are_refused_naming_both() {
     let scenario = example("agg-balanced.toml");
-    let file = std::env::temp_dir().join(format!("lockstep-two-keys-{}", std::process::id()));
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-two-keys-{}", std::process::id()));
     std::fs::write(&file, "k2\n").expect("a key file");
     let file_arg = file.to_string_lossy().into_owned();
     let env = [("LOCKSTEP_API_KEY", "k3")];
@@ -426,7 +429,8 @@ print("ok")
     drop(s);
     // With a model, the client reads the logprobs objects (the numbers are checked
     // against the dense forward in `a_models_logprobs_are_the_dense_forwards_log_softmax`).
-    let dir = std::env::temp_dir().join(format!("lockstep-serve-openai-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-serve-openai-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     lockstep_gpu::model::write_random_model(&dir, &lockstep_gpu::model::InitOptions::default())
         .expect("init");
@@ -584,7 +588,8 @@ fn a_request_no_server_could_run_is_refused_naming_the_limit() {
 /// only a request no server can run is refused, 400 naming the limit.
 #[test]
 fn a_heterogeneous_fleet_answers_every_request_some_server_can_run() {
-    let dir = std::env::temp_dir().join(format!("lockstep-serve-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-serve-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("heterogeneous.toml");
     let server = |name: &str, t: u32| {
@@ -785,7 +790,8 @@ fn curl_streams_a_chat_completion() {
 #[test]
 fn a_models_prompt_too_long_in_bytes_for_the_token_limit_is_refused() {
     use lockstep_gpu::model::{InitOptions, TextTokenizer};
-    let dir = std::env::temp_dir().join(format!("lockstep-serve-bytes-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-serve-bytes-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
     let per_token = TextTokenizer::load(&dir)
@@ -866,7 +872,8 @@ fn chat_answer(s: &Server, message: &str, max_tokens: usize) -> Value {
 #[test]
 fn a_model_answers_chat_completions_with_its_greedy_text() {
     use lockstep_gpu::model::{InitOptions, Model, TextTokenizer, greedy_reference};
-    let dir = std::env::temp_dir().join(format!("lockstep-serve-model-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-serve-model-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
     let model = Model::load(&dir).expect("load");
@@ -994,7 +1001,8 @@ fn a_model_answers_chat_completions_with_its_greedy_text() {
 #[test]
 fn a_models_per_request_sampling_follows_the_body() {
     use lockstep_gpu::model::{InitOptions, Model, TextTokenizer, greedy_reference};
-    let dir = std::env::temp_dir().join(format!("lockstep-serve-sampling-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-serve-sampling-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
     let dir_arg = dir.to_string_lossy().into_owned();
@@ -1065,7 +1073,8 @@ fn a_models_per_request_sampling_follows_the_body() {
 fn a_models_chat_defaults_to_its_context_and_unimplemented_fields_are_refused() {
     use lockstep_gpu::model::{InitOptions, Model, TextTokenizer, greedy_reference};
     const POSITIONS: usize = 64;
-    let dir = std::env::temp_dir().join(format!("lockstep-serve-fields-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-serve-fields-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
     let config_path = dir.join("config.json");
@@ -1167,7 +1176,8 @@ fn a_models_logit_bias_penalties_and_min_tokens_follow_the_dense_forward() {
         DenseSequence, InitOptions, Model, TextTokenizer, argmax, forward_dense,
     };
     const MAX_TOKENS: usize = 24;
-    let dir = std::env::temp_dir().join(format!("lockstep-serve-rules-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-serve-rules-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
     let model = Model::load(&dir).expect("load");
@@ -1431,7 +1441,8 @@ fn close(got: &Value, want: f64, what: &str) {
 fn a_models_logprobs_are_the_dense_forwards_log_softmax() {
     use lockstep_gpu::model::{DenseSequence, InitOptions, Model, TextTokenizer, forward_dense};
     const MAX_TOKENS: usize = 10;
-    let dir = std::env::temp_dir().join(format!("lockstep-serve-logprobs-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-serve-logprobs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
     let model = Model::load(&dir).expect("load");
@@ -2278,7 +2289,8 @@ fn sse_json(body: &str) -> Vec<Value> {
 fn n_sequences_of_one_prompt_share_its_kv_blocks_and_are_sampled_each_on_its_own() {
     use lockstep_gpu::model::{InitOptions, Model, TextTokenizer, greedy_reference};
     const MAX_TOKENS: usize = 12;
-    let dir = std::env::temp_dir().join(format!("lockstep-serve-n-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-serve-n-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
     let model = Model::load(&dir).expect("load");
@@ -2447,7 +2459,8 @@ output_len = [4, 8]
 #[test]
 fn a_stop_token_id_ends_the_answer_as_the_end_of_sequence_does() {
     use lockstep_gpu::model::{InitOptions, Model, TextTokenizer, greedy_reference};
-    let dir = std::env::temp_dir().join(format!("lockstep-serve-stop-ids-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-serve-stop-ids-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
     let model = Model::load(&dir).expect("load");
@@ -2547,7 +2560,8 @@ fn a_client_that_disconnects_cancels_every_one_of_its_n_sequences() {
 #[test]
 fn the_smaller_of_the_models_positions_and_max_model_len_bounds_a_request() {
     use lockstep_gpu::model::InitOptions;
-    let dir = std::env::temp_dir().join(format!("lockstep-serve-context-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-serve-context-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
     let dir_arg = dir.to_string_lossy().into_owned();

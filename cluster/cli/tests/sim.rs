@@ -266,7 +266,8 @@ fn fixed_policy_keeps_every_seat_busy_in_the_binding_case_and_legacy_does_not() 
 
 #[test]
 fn a_trace_error_names_the_line() {
-    let dir = std::env::temp_dir().join(format!("lockstep-sim-test-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-sim-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("bad.jsonl"),

@@ -263,7 +263,8 @@ pub fn output_within(mut c: Command, limit: Duration) -> Output {
 
 /// A fresh path in this test process's scratch folder.
 pub fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lockstep-drivers-{}", std::process::id()));
+    let d = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-drivers-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d.join(name)
 }
