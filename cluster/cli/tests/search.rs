@@ -11,8 +11,8 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(name: &str) -> Self {
-        let path =
-            std::env::temp_dir().join(format!("lockstep-search-{name}-{}", std::process::id()));
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("lockstep-search-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).unwrap();
         TempDir(path)
@@ -74,20 +74,7 @@ fn a_search_writes_its_answer_and_a_winner_reproduces_it() {
     let dir = TempDir::new("small");
     let spec = spec(&dir.0);
     let out = dir.0.join("out");
-    let o = lockstep(&[
-        "search",
-        spec.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--winners",
-        "2",
-    ]);
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let stdout = search_into(&spec, &out, 2);
     assert!(stdout.contains("tok/s/GPU"), "{stdout}");
     assert!(stdout.contains("Pareto front"), "{stdout}");
 
@@ -106,8 +93,34 @@ fn a_search_writes_its_answer_and_a_winner_reproduces_it() {
     assert!(page.contains("<svg"), "an inline plot");
     assert!(page.contains(r#"class="dots""#));
 
-    // The winner's scenario, run as any scenario is, gives what the search measured.
-    let json = dir.0.join("winner.json");
+    assert_winner_reproduces(&dir.0, &out, measured);
+    let yaml = std::fs::read_to_string(out.join("winner-1.yml")).unwrap();
+    assert!(yaml.contains("tensor_parallel_size"), "{yaml}");
+    assert!(out.join("winner-2.toml").exists());
+}
+
+/// Runs `lockstep search SPEC --out OUT --winners N`, which must succeed; its stdout.
+fn search_into(spec: &Path, out: &Path, winners: u32) -> String {
+    let o = lockstep(&[
+        "search",
+        spec.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--winners",
+        &winners.to_string(),
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
+/// The winner's scenario, run as any scenario is, gives what the search measured.
+fn assert_winner_reproduces(dir: &Path, out: &Path, measured: f64) {
+    let json = dir.join("winner.json");
     let w = out.join("winner-1.toml");
     let r = lockstep(&["sim", w.to_str().unwrap(), "--json", json.to_str().unwrap()]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
@@ -120,9 +133,56 @@ fn a_search_writes_its_answer_and_a_winner_reproduces_it() {
         (again - measured).abs() < 1e-3,
         "the search measured {measured}, the winner's scenario gives {again}"
     );
-    let yaml = std::fs::read_to_string(out.join("winner-1.yml")).unwrap();
-    assert!(yaml.contains("tensor_parallel_size"), "{yaml}");
-    assert!(out.join("winner-2.toml").exists());
+}
+
+/// The first ranked row's output tokens per second, from `ranked.csv`.
+fn first_ranked_tokens_per_s(out: &Path) -> f64 {
+    let csv = std::fs::read_to_string(out.join("ranked.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let first: Vec<&str> = lines.next().expect("a ranked row").split(',').collect();
+    let col = header
+        .iter()
+        .position(|h| *h == "output_tokens_per_s")
+        .unwrap();
+    first[col].parse().unwrap()
+}
+
+#[test]
+fn a_trace_search_finds_a_rate_its_winner_replays() {
+    let dir = TempDir::new("trace");
+    // An Azure-format trace beside the spec, named relative to it: 120 requests half a
+    // second apart, replayed 60 at a time (the finalist's further seed replays the next
+    // 60).
+    let rows: String = (0..120u32)
+        .map(|i| {
+            format!(
+                "2023-11-16 18:{:02}:{:02}.5000000,{},{}\n",
+                i / 120,
+                (i / 2) % 60,
+                200 + (i * 37) % 800,
+                20 + (i * 11) % 80
+            )
+        })
+        .collect();
+    std::fs::write(
+        dir.0.join("t.csv"),
+        format!("TIMESTAMP,ContextTokens,GeneratedTokens\n{rows}"),
+    )
+    .unwrap();
+    let spec = spec(&dir.0);
+    let text = std::fs::read_to_string(&spec).unwrap().replace(
+        "input_len = 1024\noutput_len = 128\nmax_concurrency = 64",
+        "[workload.trace]\npath = \"t.csv\"\nformat = \"azure\"\nrequests = 60",
+    );
+    std::fs::write(&spec, text).unwrap();
+    let out = dir.0.join("out");
+    let stdout = search_into(&spec, &out, 1);
+    assert!(stdout.contains("req/s"), "the load is a rate: {stdout}");
+    assert!(stdout.contains(" of 2 seeds meet them"), "{stdout}");
+    let winner = std::fs::read_to_string(out.join("winner-1.toml")).unwrap();
+    assert!(winner.contains("kind = \"trace\""), "{winner}");
+    assert_winner_reproduces(&dir.0, &out, first_ranked_tokens_per_s(&out));
 }
 
 #[test]

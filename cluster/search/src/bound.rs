@@ -24,6 +24,9 @@ pub struct Cheap {
     /// token): simulated clients start spread over this, as in a steady state, rather
     /// than all at once.
     pub unloaded_request_s: f64,
+    /// Seconds the longest request (the longest prompt and output) takes alone: what a
+    /// fleet that keeps up with a trace may still need after its last arrival.
+    pub longest_request_s: f64,
 }
 
 /// Below this share of an objective's limit, the lower bound is trusted to prune: the
@@ -40,7 +43,7 @@ pub fn cheap(
 ) -> Cheap {
     let (coefficients, kv_tokens) = decoder;
     let backend = AnalyticBackend::new(coefficients);
-    let input = u64::from(spec.workload.input_len.min());
+    let input = u64::from(spec.workload.input_len().min());
     let d = c.decoder();
     // Requests one decoding rank holds at once: its batch, and its KV pool at their
     // shortest (a prompt and one token each).
@@ -62,7 +65,7 @@ pub fn cheap(
         let floor = match bound.metric {
             Metric::Tpot => one,
             Metric::Ttft => prompt,
-            Metric::E2e => prompt + one * f64::from(spec.workload.output_len.min() - 1),
+            Metric::E2e => prompt + one * f64::from(spec.workload.output_len().min() - 1),
             // Deliveries can bunch at the front door: no floor on a gap.
             Metric::Itl => 0.0,
         };
@@ -76,11 +79,21 @@ pub fn cheap(
             break;
         }
     }
-    let unloaded_ms = prompt + one * f64::from(spec.workload.output_len.min() - 1);
+    let unloaded_ms = prompt + one * f64::from(spec.workload.output_len().min() - 1);
+    let longest_input = u64::from(spec.workload.input_len().max());
+    let longest_ms = prefill_ns(
+        &AnalyticBackend::new(prefill),
+        longest_input,
+        c.pools.first().expect("a pool"),
+    ) as f64
+        / 1e6
+        + decode_step_ns(&backend, d, 1, longest_input) as f64 / 1e6
+            * f64::from(spec.workload.output_len().max() - 1);
     Cheap {
         tokens_per_gpu,
         infeasible,
         unloaded_request_s: unloaded_ms / 1e3,
+        longest_request_s: longest_ms / 1e3,
     }
 }
 

@@ -63,6 +63,9 @@ pub enum SearchError {
         /// What it must be.
         want: String,
     },
+    /// The trace cannot be read.
+    #[error("search spec: workload.trace: {0}")]
+    Trace(#[source] lockstep_plan::workload::WorkloadError),
     /// An axis of the space with no value.
     #[error("search spec: `{0}` is empty: nothing to search")]
     EmptyAxis(String),
@@ -602,7 +605,7 @@ fn rank_model(spec: &SearchSpec, rank_gpus: u32, ep: u32) -> Result<RankModel, S
 /// the spec's cap, else twice the batch slots (or 1.5 times the rate the bound allows).
 fn load_range(spec: &SearchSpec, c: &Candidate, cheap: &Cheap) -> evaluate::LoadRange {
     let w = &spec.workload;
-    match w.load {
+    match w.load_kind() {
         LoadKind::Concurrency => evaluate::LoadRange {
             first: 1.0,
             max: f64::from(
@@ -615,7 +618,7 @@ fn load_range(spec: &SearchSpec, c: &Candidate, cheap: &Cheap) -> evaluate::Load
         LoadKind::Rate => {
             let first = 1.0 / cheap.unloaded_request_s.max(1e-9);
             let bound_rate =
-                cheap.tokens_per_gpu * f64::from(c.gpus()) / f64::from(w.output_len.min());
+                cheap.tokens_per_gpu * f64::from(c.gpus()) / f64::from(w.output_len().min());
             evaluate::LoadRange {
                 first,
                 max: w.max_rate.unwrap_or(1.5 * bound_rate).max(first),
@@ -641,9 +644,21 @@ fn evaluate_candidate(
             &costed.model,
             &costed.kv_tokens,
             n,
-            spec.seed,
+            Draw {
+                seed: spec.seed,
+                window: 0,
+            },
         )
     })
+}
+
+/// Which requests one simulation replays.
+#[derive(Debug, Clone, Copy)]
+struct Draw {
+    /// Seeds the simulation.
+    seed: u64,
+    /// With a trace, which window of its records (see `SearchTrace::windows`).
+    window: usize,
 }
 
 /// One simulation of `c` at `load`; an open-loop run the fleet did not keep up with
@@ -655,18 +670,21 @@ fn simulate_at(
     model: &ModelConfig,
     kv_tokens: &[u64],
     load: f64,
-    seed: u64,
+    draw: Draw,
 ) -> Measured {
-    let workload = space::space_workload(spec, load, seed, cheap.unloaded_request_s);
+    let Draw { seed, window } = draw;
+    let workload = space::space_workload(spec, load, seed, window, cheap.unloaded_request_s);
     let scenario = c.scenario(spec.name(), model.clone(), kv_tokens, workload, spec);
     let mut measured = evaluate::simulate(&scenario, load, seed);
-    if spec.workload.load == LoadKind::Rate && measured.broken.is_none() {
-        measured.broken = space::saturation(
-            measured.arrival_span_s,
-            measured.duration_s,
-            cheap.unloaded_request_s,
-            load,
-        );
+    if spec.workload.load_kind() == LoadKind::Rate && measured.broken.is_none() {
+        // A trace's last arrivals may be its longest requests.
+        let drain_s = if spec.workload.trace.is_some() {
+            cheap.longest_request_s
+        } else {
+            cheap.unloaded_request_s
+        };
+        measured.broken =
+            space::saturation(measured.arrival_span_s, measured.duration_s, drain_s, load);
     }
     measured
 }
@@ -715,9 +733,14 @@ fn seed_spread(spec: &SearchSpec, r: &Ranked, simulations: &AtomicU64) -> SeedSp
     let n = best.load;
     let bounds = spec.slo.bounds();
     let mut runs = vec![best.clone()];
-    for k in 1..=u64::from(spec.method.seeds) {
+    for k in 1..=spec.method.seeds as usize {
+        // A trace replays its next window per further seed, while it holds one.
+        let window = if spec.workload.trace.is_some() { k } else { 0 };
+        if spec.workload.trace.is_some() && spec.workload.trace_rate(window).is_none() {
+            break;
+        }
         simulations.fetch_add(1, Ordering::Relaxed);
-        let seed = spec.seed.wrapping_add(k);
+        let seed = spec.seed.wrapping_add(k as u64);
         runs.push(simulate_at(
             spec,
             &r.candidate,
@@ -725,7 +748,7 @@ fn seed_spread(spec: &SearchSpec, r: &Ranked, simulations: &AtomicU64) -> SeedSp
             &r.simulated_model,
             &r.kv_tokens_per_rank,
             n,
-            seed,
+            Draw { seed, window },
         ));
     }
     let gpus = f64::from(r.candidate.gpus());

@@ -77,7 +77,7 @@ pub fn text(spec: &SearchSpec, o: &SearchOutcome, top: usize) -> String {
 
 /// The load column's name.
 fn load_header(spec: &SearchSpec) -> &'static str {
-    match spec.workload.load {
+    match spec.workload.load_kind() {
         LoadKind::Concurrency => "clients",
         LoadKind::Rate => "req/s",
     }
@@ -85,7 +85,7 @@ fn load_header(spec: &SearchSpec) -> &'static str {
 
 /// A load as the table shows it.
 fn load_cell(spec: &SearchSpec, load: f64) -> String {
-    match spec.workload.load {
+    match spec.workload.load_kind() {
         LoadKind::Concurrency => format!("{load:.0}"),
         LoadKind::Rate => format!("{load:.2}"),
     }
@@ -247,7 +247,7 @@ pub fn winner_scenario(spec: &SearchSpec, r: &Ranked) -> Option<Scenario> {
         spec.name(),
         written_candidate_model(spec, c),
         &r.kv_tokens_per_rank,
-        space_workload(spec, best.load, spec.seed, r.cheap.unloaded_request_s),
+        space_workload(spec, best.load, spec.seed, 0, r.cheap.unloaded_request_s),
         spec,
     );
     s.seed = Some(spec.seed);

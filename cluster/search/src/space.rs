@@ -384,15 +384,38 @@ pub const RATE_SPAN_REQUESTS: f64 = 10.0;
 /// The workload of one simulation at `load`: closed-loop clients whose starts spread
 /// over `unloaded_request_s` (as in a steady state), `requests_per_client` each; or
 /// open-loop arrivals at `load` requests per second over [`RATE_SPAN_REQUESTS`]
-/// unloaded requests' times. At least `min_requests` either way.
+/// unloaded requests' times, at least `min_requests` either way; or a trace's window
+/// `window` of records, replayed so they arrive at `load` requests per second on
+/// average.
 pub fn space_workload(
     spec: &SearchSpec,
     load: f64,
     seed: u64,
+    window: usize,
     unloaded_request_s: f64,
 ) -> WorkloadConfig {
     let w = &spec.workload;
-    let (kind, concurrency, rate, wanted, ramp_s) = match w.load {
+    if let Some(t) = &w.trace {
+        let natural = w
+            .trace_rate(window)
+            .expect("only windows the spec read are replayed");
+        return WorkloadConfig {
+            kind: WorkloadKind::Trace,
+            num_requests: Some(t.requests),
+            concurrency: None,
+            rate: None,
+            input_len: w.input_len(),
+            output_len: w.output_len(),
+            think_time_ms: 0.0,
+            shared_prefix_tokens: 0,
+            conversation: None,
+            trace: Some(t.config(natural / load, window)),
+            seed: Some(seed),
+            warmup_requests: 0,
+            ramp_s: 0.0,
+        };
+    }
+    let (kind, concurrency, rate, wanted, ramp_s) = match w.load_kind() {
         LoadKind::Concurrency => (
             WorkloadKind::ClosedLoop,
             Some(load.round().max(1.0) as u64),
@@ -414,8 +437,8 @@ pub fn space_workload(
         num_requests: Some(requests),
         concurrency,
         rate,
-        input_len: w.input_len,
-        output_len: w.output_len,
+        input_len: w.input_len(),
+        output_len: w.output_len(),
         think_time_ms: 0.0,
         shared_prefix_tokens: 0,
         conversation: None,
@@ -428,16 +451,16 @@ pub fn space_workload(
 
 /// Open loop: whether the fleet kept up with its arrivals. Requests arriving over
 /// `arrival_span_s` are served by `duration_s` (first arrival to the run's end); a
-/// fleet that keeps up drains in about one request's time after the last arrival, so
-/// a run lasting clearly longer than `span + one request` (its rate below [`KEPT_UP`]
-/// of that) left a queue behind.
+/// fleet that keeps up drains in about `drain_s` after the last arrival (one request's
+/// time alone), so a run lasting clearly longer than `span + drain` (its rate below
+/// [`KEPT_UP`] of that) left a queue behind.
 pub fn saturation(
     arrival_span_s: f64,
     duration_s: f64,
-    unloaded_request_s: f64,
+    drain_s: f64,
     offered: f64,
 ) -> Option<String> {
-    let expected = arrival_span_s + unloaded_request_s;
+    let expected = arrival_span_s + drain_s;
     (duration_s * KEPT_UP > expected).then(|| {
         format!(
             "saturated at {offered:.2} req/s: the run lasted {duration_s:.1} s for arrivals over {arrival_span_s:.1} s"

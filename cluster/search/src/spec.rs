@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use lockstep_actors::config::{CapacitySchedulerPolicy, RouterKind};
 use lockstep_plan::model::ModelConfig;
-use lockstep_plan::workload::LenSpec;
+use lockstep_plan::workload::{LenSpec, TraceConfig, TraceFormat, TraceSummary, WorkloadError};
 
 use crate::SearchError;
 
@@ -94,17 +94,20 @@ pub enum LoadKind {
 }
 
 /// `[workload]`: the requests; the search finds the highest load (clients, or an
-/// arrival rate) each configuration serves within the objectives.
-#[derive(Debug, Clone, Copy, Deserialize)]
+/// arrival rate) each configuration serves within the objectives. The lengths come
+/// from `input_len` and `output_len`, or from a recorded trace.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchWorkload {
-    /// Prompt tokens (`4096` or `[1024, 8192]`, uniform).
-    pub input_len: LenSpec,
-    /// Output tokens.
-    pub output_len: LenSpec,
-    /// `concurrency` (default) or `rate`.
+    /// Prompt tokens (`4096` or `[1024, 8192]`, uniform); absent with a trace.
     #[serde(default)]
-    pub load: LoadKind,
+    pub input_len: Option<LenSpec>,
+    /// Output tokens; absent with a trace.
+    #[serde(default)]
+    pub output_len: Option<LenSpec>,
+    /// `concurrency` (the default) or `rate` (the only one with a trace).
+    #[serde(default)]
+    pub load: Option<LoadKind>,
     /// The most clients tried (default: twice the configuration's batch slots).
     #[serde(default)]
     pub max_concurrency: Option<u32>,
@@ -118,6 +121,100 @@ pub struct SearchWorkload {
     /// Requests in one simulation at least.
     #[serde(default = "default_min_requests")]
     pub min_requests: u32,
+    /// A trace replayed in place of synthetic requests (`[workload.trace]`).
+    #[serde(default)]
+    pub trace: Option<SearchTrace>,
+}
+
+/// `[workload.trace]`: the first `requests` records of a trace, their lengths, prefixes
+/// and arrival pattern kept; the search varies how fast they are replayed (the load is
+/// the replayed arrival rate, requests per second).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchTrace {
+    /// The file; a relative path is resolved against the spec file's folder.
+    pub path: String,
+    /// `mooncake` or `azure`, as a scenario's `[workload.trace]`.
+    pub format: TraceFormat,
+    /// Tokens per `hash_ids` entry of a Mooncake trace (default 512).
+    #[serde(default)]
+    pub block_tokens: Option<u32>,
+    /// Records replayed by each simulation, from the first (default 1,000, as
+    /// `vllm bench serve --num-prompts`).
+    #[serde(default = "default_trace_requests")]
+    pub requests: u64,
+    /// The file, resolved (filled in when the spec is read).
+    #[serde(skip)]
+    pub resolved_path: PathBuf,
+    /// What the replayed records hold, window by window (filled in when the spec is
+    /// read): window 0 is the first `requests` records, which the search replays;
+    /// window `k` the `k`-th next ones, which a finalist's further seed `k` replays, as
+    /// many whole windows as the trace holds, up to `method.seeds`.
+    #[serde(skip)]
+    pub windows: Vec<TraceSummary>,
+}
+
+fn default_trace_requests() -> u64 {
+    1000
+}
+
+impl SearchTrace {
+    /// The scenario's `[workload.trace]` replaying window `window` `time_scale` times as
+    /// slowly.
+    pub fn config(&self, time_scale: f64, window: usize) -> TraceConfig {
+        TraceConfig {
+            path: self.resolved_path.display().to_string(),
+            format: self.format,
+            time_scale,
+            block_tokens: self.block_tokens,
+            skip: window as u64 * self.requests,
+        }
+    }
+}
+
+impl SearchWorkload {
+    /// What the search varies: with a trace, always its arrival rate.
+    pub fn load_kind(&self) -> LoadKind {
+        match (self.load, &self.trace) {
+            (Some(kind), _) => kind,
+            (None, Some(_)) => LoadKind::Rate,
+            (None, None) => LoadKind::Concurrency,
+        }
+    }
+
+    /// Prompt lengths: as given, or the trace's shortest to longest.
+    pub fn input_len(&self) -> LenSpec {
+        self.lengths(self.input_len, |t| t.prompt_len)
+    }
+
+    /// Output lengths: as given, or the trace's shortest to longest.
+    pub fn output_len(&self) -> LenSpec {
+        self.lengths(self.output_len, |t| t.output_len)
+    }
+
+    fn lengths(&self, given: Option<LenSpec>, of: fn(&TraceSummary) -> (u32, u32)) -> LenSpec {
+        if let Some(len) = given {
+            return len;
+        }
+        let summary = self
+            .trace
+            .as_ref()
+            .and_then(|t| t.windows.first())
+            .expect("a checked spec has lengths or a read trace");
+        match of(summary) {
+            (lo, hi) if lo == hi => LenSpec::Fixed(lo),
+            (lo, hi) => LenSpec::Range([lo, hi]),
+        }
+    }
+
+    /// The own arrival rate (requests per second) of the trace's window `window`, when
+    /// there is a trace and it holds that window.
+    pub fn trace_rate(&self, window: usize) -> Option<f64> {
+        self.trace
+            .as_ref()
+            .and_then(|t| t.windows.get(window))
+            .and_then(TraceSummary::arrival_rate)
+    }
 }
 
 fn default_requests_per_client() -> u32 {
@@ -358,32 +455,132 @@ impl SearchSpec {
             path: path.display().to_string(),
             source,
         })?;
-        let mut spec = SearchSpec::parse(&text)?;
-        if spec.name.is_none() {
-            spec.name = path.file_stem().map(|s| s.to_string_lossy().into_owned());
-        }
-        spec.base_dir = path
+        let base_dir = path
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("."));
+        let mut spec = SearchSpec::parse_in(&text, base_dir)?;
+        if spec.name.is_none() {
+            spec.name = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+        }
         Ok(spec)
     }
 
     /// Parses and checks spec text (paths relative to the current folder).
     pub fn parse(text: &str) -> Result<SearchSpec, SearchError> {
+        SearchSpec::parse_in(text, PathBuf::from("."))
+    }
+
+    /// Parses and checks spec text whose paths are relative to `base_dir`; reads the
+    /// trace, if any.
+    fn parse_in(text: &str, base_dir: PathBuf) -> Result<SearchSpec, SearchError> {
         let mut spec: SearchSpec =
             toml::from_str(text).map_err(|e| SearchError::Parse(e.to_string()))?;
+        spec.base_dir = base_dir;
         if let Some(t) = &spec.policy_table {
             spec.policy = lockstep_plan::policy_keys::policy_from_table(t)
                 .map_err(|e| SearchError::Parse(format!("[policy] {e}")))?;
         }
+        spec.check_workload()?;
+        spec.read_trace()?;
         spec.check()?;
         Ok(spec)
+    }
+
+    /// Reads the trace's records once, for the lengths and the rate its loads start from.
+    fn read_trace(&mut self) -> Result<(), SearchError> {
+        let Some(t) = self.workload.trace.as_mut() else {
+            return Ok(());
+        };
+        let joined = self.base_dir.join(&t.path);
+        // Absolute, so the winners' scenarios find it wherever they are written.
+        t.resolved_path = std::fs::canonicalize(&joined).unwrap_or(joined);
+        let read = |t: &SearchTrace, window: usize| {
+            lockstep_plan::workload::summarize_trace(
+                &t.config(1.0, window),
+                Path::new("."),
+                Some(t.requests),
+            )
+        };
+        let summary = read(t, 0).map_err(SearchError::Trace)?;
+        if summary.arrival_rate().is_none() {
+            return Err(SearchError::Field {
+                key: "workload.trace".into(),
+                value: t.path.clone(),
+                want: format!(
+                    "a trace whose first {} records arrive over some time (these {} arrive at once)",
+                    t.requests, summary.records
+                ),
+            });
+        }
+        t.windows = vec![summary];
+        for window in 1..=self.method.seeds as usize {
+            match read(t, window) {
+                Ok(w) if w.records == t.requests && w.arrival_rate().is_some() => {
+                    t.windows.push(w);
+                }
+                // The trace ends before another whole window.
+                Ok(_) | Err(WorkloadError::Invalid { .. }) => break,
+                Err(e) => return Err(SearchError::Trace(e)),
+            }
+        }
+        Ok(())
     }
 
     /// The name outputs carry.
     pub fn name(&self) -> &str {
         self.name.as_deref().unwrap_or("search")
+    }
+
+    /// The workload's own keys, before a trace is read.
+    fn check_workload(&self) -> Result<(), SearchError> {
+        let bad = |key: &str, value: String, want: &str| SearchError::Field {
+            key: key.to_string(),
+            value,
+            want: want.to_string(),
+        };
+        let w = &self.workload;
+        for (key, len) in [
+            ("workload.input_len", w.input_len),
+            ("workload.output_len", w.output_len),
+        ] {
+            match (len, &w.trace) {
+                (None, None) => {
+                    return Err(bad(key, "absent".into(), "given (or a [workload.trace])"));
+                }
+                (Some(len), Some(_)) => {
+                    return Err(bad(
+                        key,
+                        format!("{len:?}"),
+                        "absent with a [workload.trace]: the trace's records give the lengths",
+                    ));
+                }
+                (Some(len), None) if len.min() == 0 || len.min() > len.max() => {
+                    return Err(bad(
+                        key,
+                        format!("{len:?}"),
+                        "at least 1 (a range low to high)",
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if let Some(t) = &w.trace {
+            if w.load == Some(LoadKind::Concurrency) {
+                return Err(bad(
+                    "workload.load",
+                    "\"concurrency\"".into(),
+                    "\"rate\" (or absent) with a [workload.trace]: a trace's arrivals are replayed faster or slower",
+                ));
+            }
+            if t.requests == 0 {
+                return Err(bad("workload.trace.requests", "0".into(), "at least 1"));
+            }
+            if t.block_tokens == Some(0) {
+                return Err(bad("workload.trace.block_tokens", "0".into(), "at least 1"));
+            }
+        }
+        Ok(())
     }
 
     fn check(&self) -> Result<(), SearchError> {
@@ -418,18 +615,6 @@ impl SearchSpec {
             ));
         }
         let w = &self.workload;
-        for (key, len) in [
-            ("workload.input_len", w.input_len),
-            ("workload.output_len", w.output_len),
-        ] {
-            if len.min() == 0 || len.min() > len.max() {
-                return Err(bad(
-                    key,
-                    format!("{len:?}"),
-                    "at least 1 (a range low to high)",
-                ));
-            }
-        }
         if w.max_concurrency == Some(0) {
             return Err(bad("workload.max_concurrency", "0".into(), "at least 1"));
         }
@@ -438,7 +623,7 @@ impl SearchSpec {
         {
             return Err(bad("workload.max_rate", r.to_string(), "a positive rate"));
         }
-        if w.load == LoadKind::Rate && w.max_concurrency.is_some() {
+        if w.load_kind() == LoadKind::Rate && w.max_concurrency.is_some() {
             return Err(bad(
                 "workload.max_concurrency",
                 "given".into(),

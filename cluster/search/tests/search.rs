@@ -350,3 +350,188 @@ fn the_fewest_gpus_for_a_target_rate_counts_replicas() {
     );
     assert!(gpus[3] > gpus[0], "{gpus:?}");
 }
+
+/// A Mooncake-format trace of `records` requests, one every 100 ms (10 req/s), prompts
+/// of 48 to 80 tokens and outputs of 16 to 48 (32 on average), every fourth sharing its
+/// (512-token) block id with the others.
+fn write_trace(name: &str, records: u32) -> std::path::PathBuf {
+    write_trace_ending(name, records, None)
+}
+
+/// [`write_trace`], its last record's output `last_output` tokens long when given.
+fn write_trace_ending(name: &str, records: u32, last_output: Option<u32>) -> std::path::PathBuf {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("search-trace-{name}-{}.jsonl", std::process::id()));
+    let lines: String = (0..records)
+        .map(|i| {
+            format!(
+                "{{\"timestamp\": {}, \"input_length\": {}, \"output_length\": {}, \"hash_ids\": [{}]}}\n",
+                i * 100,
+                48 + (i * 7) % 33,
+                match last_output {
+                    Some(n) if i + 1 == records => n,
+                    _ => 16 + (i * 13) % 33,
+                },
+                if i % 4 == 0 { 0 } else { i + 1 }
+            )
+        })
+        .collect();
+    std::fs::write(&path, lines).unwrap();
+    path
+}
+
+fn trace_spec(path: &std::path::Path) -> String {
+    DOMINATED.replace(
+        "input_len = 64\noutput_len = 32\nmax_concurrency = 64",
+        &format!(
+            "[workload.trace]\npath = {:?}\nformat = \"mooncake\"\nrequests = 200",
+            path.display().to_string()
+        ),
+    )
+}
+
+#[test]
+fn a_trace_is_replayed_faster_until_the_fleet_cannot_keep_up() {
+    let path = write_trace("replay", 500);
+    let text = trace_spec(&path);
+    let spec = SearchSpec::parse(&text).expect("a valid spec");
+    // The lengths and the rate are the first 200 records'.
+    assert_eq!(
+        spec.workload.load_kind(),
+        lockstep_search::spec::LoadKind::Rate
+    );
+    assert_eq!(
+        spec.workload.input_len(),
+        lockstep_plan::workload::LenSpec::Range([48, 80])
+    );
+    assert_eq!(
+        spec.workload.output_len(),
+        lockstep_plan::workload::LenSpec::Range([16, 48])
+    );
+    let natural = spec.workload.trace_rate(0).expect("a rate");
+    assert!((natural - 10.0).abs() < 1e-9, "{natural}");
+    // One further seed (`method.seeds`): the next 200 records; the last 100 are not a
+    // whole window.
+    let windows = &spec.workload.trace.as_ref().unwrap().windows;
+    assert_eq!(windows.len(), 2);
+    assert_eq!(windows[1].records, 200);
+    let next = lockstep_search::space::space_workload(&spec, 20.0, 0, 1, 1.0);
+    assert_eq!(next.trace.as_ref().map(|t| t.skip), Some(200));
+
+    let o = run(&text, 2).expect("a valid spec");
+    let winner = &o.ranked[0];
+    assert_eq!(winner.candidate.label(), "agg 1×TP1 B32 ovl T8192 GNE");
+    let m = winner
+        .evaluation
+        .best
+        .as_ref()
+        .expect("some rate is served");
+    // Replayed at `load` req/s on average: 200 records arrive over 199 / load seconds.
+    assert!(
+        (m.arrival_span_s - 199.0 / m.load).abs() < 0.01 * m.arrival_span_s,
+        "arrivals over {} s at {} req/s",
+        m.arrival_span_s,
+        m.load
+    );
+    // As with a synthetic rate: B32 with overlap ends at most one 32-token request per
+    // 20 ms iteration (50 req/s); only saturation binds.
+    assert!(
+        winner.evaluation.binding.starts_with("saturated"),
+        "{}",
+        winner.evaluation.binding
+    );
+    assert!(m.load > 35.0 && m.load <= 60.0, "found {} req/s", m.load);
+    let spread = winner.seeds.as_ref().expect("a finalist");
+    assert_eq!(spread.runs, 2, "the first window and the next");
+    // The winner replays the same trace at that rate.
+    let s = lockstep_search::output::winner_scenario(&spec, winner).expect("a winner");
+    let w = s.workload.as_ref().expect("a workload");
+    assert_eq!(w.kind, lockstep_plan::workload::WorkloadKind::Trace);
+    assert_eq!(w.num_requests, Some(200));
+    let t = w.trace.as_ref().expect("a trace");
+    assert!(std::path::Path::new(&t.path).is_absolute(), "{}", t.path);
+    assert!((t.time_scale - natural / m.load).abs() < 1e-9);
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
+fn a_trace_spec_is_refused_naming_the_key() {
+    let path = write_trace("refused", 10);
+    let text = trace_spec(&path);
+    let e = refused(&text.replace("[workload.trace]", "input_len = 64\n[workload.trace]"));
+    assert!(
+        e.contains("workload.input_len") && e.contains("absent with a [workload.trace]"),
+        "{e}"
+    );
+    let e = refused(&text.replace(
+        "[workload.trace]",
+        "load = \"concurrency\"\n[workload.trace]",
+    ));
+    assert!(e.contains("workload.load"), "{e}");
+    let e = refused(&text.replace("requests = 200", "requests = 0"));
+    assert!(e.contains("workload.trace.requests = 0"), "{e}");
+    let e = refused(&text.replace("requests = 200", "requests = 200\nblock_tokens = 0"));
+    assert!(e.contains("workload.trace.block_tokens = 0"), "{e}");
+    let e = refused(&text.replace("[workload.trace]", "max_concurrency = 4\n[workload.trace]"));
+    assert!(e.contains("workload.max_concurrency"), "{e}");
+    let e = refused(&text.replace("requests = 200", "requests = 0"));
+    assert!(e.contains("workload.trace.requests = 0"), "{e}");
+    let e = refused(&text.replace(".jsonl", ".missing"));
+    assert!(
+        e.contains("workload.trace") && e.contains(".missing"),
+        "{e}"
+    );
+    let e = refused(&text.replace("[workload.trace]", "output_len = 0\n[workload.trace]"));
+    assert!(e.contains("workload.output_len"), "{e}");
+    // One record has no rate to scale.
+    let e = refused(&text.replace("requests = 200", "requests = 1"));
+    assert!(e.contains("arrive at once"), "{e}");
+    let e = refused(&DOMINATED.replace("input_len = 64\n", ""));
+    assert!(e.contains("workload.input_len = absent"), "{e}");
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
+fn the_shipped_trace_spec_reads_its_windows_from_a_relative_path() {
+    // Tests run in the crate's folder: the spec and its trace are named relative to it,
+    // and the trace relative to the spec.
+    let spec = SearchSpec::load(std::path::Path::new(
+        "../../examples/search/llama3-70b-azure-trace.toml",
+    ))
+    .expect("the shipped spec");
+    let t = spec.workload.trace.as_ref().expect("a trace");
+    assert!(
+        t.resolved_path.is_absolute(),
+        "{}",
+        t.resolved_path.display()
+    );
+    // The search's window and one per further seed (3), 1,000 records each.
+    assert_eq!(t.windows.len(), 4);
+    assert!(t.windows.iter().all(|w| w.records == 1000));
+    // The first 1,000 requests of the Azure 2023 conversation trace: 18:15:46.68 to
+    // 18:19:22.71 (data/traces/README.md), about 4.6 req/s.
+    let rate = spec.workload.trace_rate(0).expect("a rate");
+    assert!((rate - 999.0 / 216.03).abs() < 0.01, "{rate}");
+    assert_eq!(
+        spec.workload.input_len(),
+        lockstep_plan::workload::LenSpec::Range([2, 4145])
+    );
+}
+
+#[test]
+fn a_trace_ending_in_a_long_request_is_not_taken_for_a_queue() {
+    // The last request decodes 1,000 tokens, 20 ms each: the run ends 20 s after the
+    // last arrival however fast the fleet is. Judged by the shortest request's time
+    // alone, every replay would look saturated.
+    let path = write_trace_ending("long-last", 200, Some(1000));
+    let o = run(&trace_spec(&path), 2).expect("a valid spec");
+    let winner = &o.ranked[0];
+    let m = winner
+        .evaluation
+        .best
+        .as_ref()
+        .unwrap_or_else(|| panic!("no rate served: {}", winner.evaluation.binding));
+    assert!(m.duration_s > m.arrival_span_s + 19.0, "{m:?}");
+    assert!(m.load > 35.0, "found {} req/s", m.load);
+    std::fs::remove_file(&path).ok();
+}

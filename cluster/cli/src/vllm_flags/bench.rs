@@ -176,6 +176,7 @@ impl DatasetWorkload {
                 format: TraceFormat::Mooncake,
                 time_scale: 1.0,
                 block_tokens: Some(block),
+                skip: 0,
             }),
             seed: None,
             warmup_requests: 0,

@@ -122,6 +122,14 @@ pub struct TraceConfig {
     /// Tokens per `hash_ids` entry of a Mooncake trace (default 512).
     #[serde(default)]
     pub block_tokens: Option<u32>,
+    /// Records passed over from the start: the replay begins at the next one, at time 0
+    /// (`num_requests` then counts from there).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skip: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Mooncake's published traces hash 512-token blocks.

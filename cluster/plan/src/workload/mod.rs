@@ -26,6 +26,7 @@ pub use config::{
     WorkloadConfig, WorkloadKind,
 };
 use trace::TraceRecord;
+pub use trace::{TraceSummary, summarize as summarize_trace};
 
 /// An error building a workload.
 #[derive(Debug, thiserror::Error)]

@@ -660,6 +660,80 @@ fn the_bundled_traces_parse_with_the_documented_counts_and_spans() {
     assert!((last.at_ns as f64 / 1e9 - 3501.7).abs() < 0.1);
 }
 
+#[test]
+fn a_trace_summary_counts_spans_and_ranges_the_records_read_unscaled() {
+    let path = temp_file(
+        "summary.jsonl",
+        "{\"timestamp\": 1000, \"input_length\": 300, \"output_length\": 9, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 3000, \"input_length\": 100, \"output_length\": 40, \"hash_ids\": [2]}\n\
+         {\"timestamp\": 5000, \"input_length\": 200, \"output_length\": 20, \"hash_ids\": [3]}\n\
+         {\"timestamp\": 9000, \"input_length\": 900, \"output_length\": 1, \"hash_ids\": [4, 5]}\n",
+    );
+    let t = TraceConfig {
+        time_scale: 0.25,
+        ..cfg(&trace_cfg(&path, "mooncake", "")).trace.unwrap()
+    };
+    let all = summarize_trace(&t, Path::new("."), None).expect("summary");
+    assert_eq!(
+        all,
+        TraceSummary {
+            records: 4,
+            span_s: 8.0,
+            prompt_len: (100, 900),
+            output_len: (1, 40),
+        }
+    );
+    assert_eq!(all.arrival_rate(), Some(3.0 / 8.0));
+    let first3 = summarize_trace(&t, Path::new("."), Some(3)).expect("summary");
+    assert_eq!((first3.records, first3.span_s), (3, 4.0));
+    assert_eq!(
+        (first3.prompt_len, first3.output_len),
+        ((100, 300), (9, 40))
+    );
+    let one = summarize_trace(&t, Path::new("."), Some(1)).expect("summary");
+    assert_eq!(one.arrival_rate(), None, "one record has no rate");
+    // Passing over the first record: the next two, from time 0.
+    let skipped = TraceConfig {
+        skip: 1,
+        ..t.clone()
+    };
+    let next2 = summarize_trace(&skipped, Path::new("."), Some(2)).expect("summary");
+    assert_eq!((next2.records, next2.span_s), (2, 2.0));
+    assert_eq!((next2.prompt_len, next2.output_len), ((100, 200), (20, 40)));
+    let c = cfg(&trace_cfg(&path, "mooncake", "num_requests = 2"));
+    let mut w = Workload::new(
+        &WorkloadConfig {
+            trace: Some(TraceConfig {
+                skip: 2,
+                ..c.trace.clone().unwrap()
+            }),
+            ..c
+        },
+        TPB,
+        0,
+        Path::new("."),
+    )
+    .expect("valid");
+    let arrivals = drain(&mut w);
+    let shape: Vec<(u64, u32)> = arrivals
+        .iter()
+        .map(|a| (a.at_ns, a.spec.prompt_len))
+        .collect();
+    assert_eq!(shape, [(0, 200), (4_000_000_000, 900)]);
+    let all = TraceConfig {
+        skip: 4,
+        ..t.clone()
+    };
+    let e = summarize_trace(&all, Path::new("."), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("workload.trace.skip") && e.contains("has 4"),
+        "{e}"
+    );
+    std::fs::remove_file(&path).ok();
+}
+
 // ---- warm-up and ramp ----
 
 /// Pops every arrival due by `now`.

@@ -38,13 +38,81 @@ pub(crate) fn load(
         path: shown.clone(),
         source,
     })?;
-    let limit = limit.unwrap_or(u64::MAX);
-    match cfg.format {
+    let limit = limit.unwrap_or(u64::MAX).saturating_add(cfg.skip);
+    let mut records = match cfg.format {
         TraceFormat::Mooncake => {
             parse_mooncake(&text, &shown, cfg.time_scale, cfg.block_tokens(), limit)
         }
         TraceFormat::Azure => parse_azure(&text, &shown, cfg.time_scale, limit),
+    }?;
+    if cfg.skip > 0 {
+        if cfg.skip >= records.len() as u64 {
+            return Err(WorkloadError::Invalid {
+                field: "workload.trace.skip",
+                message: format!(
+                    "= {} passes over every record: `{shown}` has {}",
+                    cfg.skip,
+                    records.len()
+                ),
+            });
+        }
+        records.drain(..cfg.skip as usize);
+        let start = records[0].at_ns;
+        for r in &mut records {
+            r.at_ns -= start;
+        }
     }
+    Ok(records)
+}
+
+/// What a trace holds, read before it is replayed: how many records, over how long, and
+/// the range of their lengths (`lockstep search` sizes its loads and bounds from it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TraceSummary {
+    /// Records read (at most the limit asked for).
+    pub records: u64,
+    /// Seconds from the first record's arrival to the last one's, at `time_scale` 1.
+    pub span_s: f64,
+    /// The shortest and the longest prompt, tokens.
+    pub prompt_len: (u32, u32),
+    /// The shortest and the longest output, tokens.
+    pub output_len: (u32, u32),
+}
+
+impl TraceSummary {
+    /// Mean arrivals per second at `time_scale` 1: the gaps between records averaged
+    /// (`None` when fewer than two records or all arrive at once).
+    pub fn arrival_rate(&self) -> Option<f64> {
+        (self.records >= 2 && self.span_s > 0.0).then(|| (self.records - 1) as f64 / self.span_s)
+    }
+}
+
+/// Reads the first `limit` records of a trace (every one when `None`) as [`load`] does,
+/// with the same errors, and summarises them.
+pub fn summarize(
+    cfg: &TraceConfig,
+    base_dir: &Path,
+    limit: Option<u64>,
+) -> Result<TraceSummary, WorkloadError> {
+    let unscaled = TraceConfig {
+        time_scale: 1.0,
+        ..cfg.clone()
+    };
+    let records = load(&unscaled, base_dir, limit)?;
+    let range = |f: fn(&TraceRecord) -> u32| {
+        records
+            .iter()
+            .map(f)
+            .fold((u32::MAX, 0), |(lo, hi), v| (lo.min(v), hi.max(v)))
+    };
+    let first = records.first().map_or(0, |r| r.at_ns);
+    let last = records.last().map_or(0, |r| r.at_ns);
+    Ok(TraceSummary {
+        records: records.len() as u64,
+        span_s: last.saturating_sub(first) as f64 / 1e9,
+        prompt_len: range(|r| r.prompt_len),
+        output_len: range(|r| r.output_len),
+    })
 }
 
 /// KV block hashes of a Mooncake request: each trace block id expands into
