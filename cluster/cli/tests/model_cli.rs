@@ -1,27 +1,13 @@
 //! `lockstep model` end to end: init a tiny random model, generate from it greedily and
 //! with seeded sampling (each twice: identical text), and a bad directory's error.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
+mod scratch;
+use scratch::TempDir;
+
 const BIN: &str = env!("CARGO_BIN_EXE_lockstep");
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("lockstep-model-cli-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn lockstep(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run lockstep")
@@ -98,7 +84,7 @@ fn generate(dir: &Path, extra: &[&str]) -> String {
 
 #[test]
 fn greedy_and_seeded_generations_repeat() {
-    let dir = TempDir::new("generate");
+    let dir = TempDir::unmade("generate");
     init(&dir.0);
     let greedy = generate(&dir.0, &[]);
     assert!(!greedy.trim().is_empty(), "greedy produced no text");
@@ -142,7 +128,7 @@ fn greedy_and_seeded_generations_repeat() {
 
 #[test]
 fn bench_reports_both_paths() {
-    let dir = TempDir::new("bench");
+    let dir = TempDir::unmade("bench");
     init(&dir.0);
     let out = ok(lockstep(&[
         "model",
@@ -165,13 +151,13 @@ fn bench_reports_both_paths() {
 
 #[test]
 fn bad_model_directory_names_the_file() {
-    let dir = TempDir::new("bad");
+    let dir = TempDir::unmade("bad");
     init(&dir.0);
     std::fs::remove_file(dir.0.join("model.safetensors")).unwrap();
     let stderr = generate_from(&dir.0);
     assert!(stderr.contains("model.safetensors"), "{stderr}");
 
-    let empty = TempDir::new("empty");
+    let empty = TempDir::unmade("empty");
     std::fs::create_dir_all(&empty.0).unwrap();
     let stderr = generate_from(&empty.0);
     assert!(stderr.contains("config.json"), "{stderr}");
@@ -179,7 +165,7 @@ fn bad_model_directory_names_the_file() {
 
 #[test]
 fn calibrate_writes_a_profile_the_simulator_runs_with() {
-    let tmp = TempDir::new("calibrate");
+    let tmp = TempDir::unmade("calibrate");
     let dir = tmp.0.join("tiny");
     init(&dir);
     let profile = tmp.0.join("tiny-profile.toml");
@@ -252,7 +238,7 @@ fn calibrate_writes_a_profile_the_simulator_runs_with() {
 /// --model is refused.
 #[test]
 fn a_real_runs_forward_log_calibrates_a_profile() {
-    let tmp = TempDir::new("from-log");
+    let tmp = TempDir::unmade("from-log");
     let dir = tmp.0.join("tiny");
     init(&dir);
     let scenario = concat!(
@@ -312,7 +298,7 @@ fn a_real_runs_forward_log_calibrates_a_profile() {
 
 #[test]
 fn init_refuses_a_directory_that_holds_a_model_unless_forced() {
-    let dir = TempDir::new("init-twice");
+    let dir = TempDir::unmade("init-twice");
     init(&dir.0);
     let config = std::fs::read(dir.0.join("config.json")).unwrap();
     let err = fails(&["model", "init", dir.0.to_str().unwrap(), "--seed", "9"]);
@@ -338,7 +324,7 @@ fn init_refuses_a_directory_that_holds_a_model_unless_forced() {
 
 #[test]
 fn generate_says_how_many_tokens_how_fast_and_why_it_stopped() {
-    let dir = TempDir::new("generate-summary");
+    let dir = TempDir::unmade("generate-summary");
     init(&dir.0);
     let out = lockstep(&[
         "model",

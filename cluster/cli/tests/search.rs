@@ -5,25 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod scratch;
+use scratch::TempDir;
+
 const BIN: &str = env!("CARGO_BIN_EXE_lockstep");
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("lockstep-search-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn lockstep(args: &[&str]) -> Output {
     Command::new(BIN)

@@ -7,32 +7,13 @@ use std::process::{Command, Output};
 
 use lockstep_plan::scenario::Scenario;
 
+mod scratch;
+use scratch::TempDir;
+
 const BIN: &str = env!("CARGO_BIN_EXE_lockstep");
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("lockstep-trtllm-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-
-    fn file(&self, name: &str) -> String {
-        self.0.join(name).display().to_string()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn lockstep(args: &[&str]) -> Output {
