@@ -167,6 +167,7 @@ fn a_trace_search_finds_a_rate_its_winner_replays() {
     assert!(stdout.contains(" of 2 seeds meet them"), "{stdout}");
     let winner = std::fs::read_to_string(out.join("winner-1.toml")).unwrap();
     assert!(winner.contains("kind = \"trace\""), "{winner}");
+    assert!(!winner.contains("input_len"), "{winner}");
     assert_winner_reproduces(&dir.0, &out, first_ranked_tokens_per_s(&out));
 }
 

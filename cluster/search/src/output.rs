@@ -278,7 +278,15 @@ pub fn scenario_toml(s: &Scenario, policy: Option<&toml::Table>) -> Result<Strin
         toml::Value::try_from(s.frontend).map_err(enc)?,
     );
     if let Some(w) = &s.workload {
-        t.insert("workload".into(), toml::Value::try_from(w).map_err(enc)?);
+        let mut table = toml::Value::try_from(w).map_err(enc)?;
+        // A trace's records give the lengths: the synthetic ones would only mislead.
+        if w.kind == lockstep_plan::workload::WorkloadKind::Trace
+            && let Some(keys) = table.as_table_mut()
+        {
+            keys.remove("input_len");
+            keys.remove("output_len");
+        }
+        t.insert("workload".into(), table);
     }
     let servers: Result<Vec<toml::Value>, String> = s
         .servers
