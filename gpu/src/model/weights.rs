@@ -44,6 +44,9 @@ pub struct LmHead {
     pub weight: Tensor,
 }
 
+/// Vocabulary entries per block of the logits' transpose: a block of 32 rows is 8 KiB.
+const TRANSPOSE_BLOCK: usize = 64;
+
 impl LmHead {
     /// The logits (`[vocab]` each) of every row of `x` (`[rows, hidden]`).
     pub fn logits(&self, x: &Tensor) -> Result<Vec<Vec<f32>>> {
@@ -55,11 +58,18 @@ impl LmHead {
             .matmul(&x.t()?)?
             .flatten_all()?
             .to_vec1::<f32>()?;
+        if rows == 1 {
+            // One row: its column is its logits.
+            return Ok(vec![columns]);
+        }
         let vocab = columns.len() / rows.max(1);
         let mut logits: Vec<Vec<f32>> = (0..rows).map(|_| Vec::with_capacity(vocab)).collect();
-        for column in columns.chunks_exact(rows) {
-            for (row, &logit) in logits.iter_mut().zip(column) {
-                row.push(logit);
+        // Block by block of the vocabulary, so that a block's columns stay in L1 while
+        // every row takes its part of them (one row at a time wrote 32 streams at once).
+        for block in columns.chunks(TRANSPOSE_BLOCK * rows.max(1)) {
+            let width = block.len() / rows;
+            for (r, row) in logits.iter_mut().enumerate() {
+                row.extend((0..width).map(|v| block[v * rows + r]));
             }
         }
         Ok(logits)
