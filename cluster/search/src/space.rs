@@ -420,7 +420,7 @@ pub fn space_workload(
             WorkloadKind::ClosedLoop,
             Some(load.round().max(1.0) as u64),
             None,
-            load.round().max(1.0) * f64::from(w.requests_per_client),
+            load.round().max(1.0) * f64::from(w.requests_per_client()),
             unloaded_request_s,
         ),
         LoadKind::Rate => (
@@ -431,7 +431,7 @@ pub fn space_workload(
             0.0,
         ),
     };
-    let requests = (wanted.ceil() as u64).max(u64::from(w.min_requests));
+    let requests = (wanted.ceil() as u64).max(u64::from(w.min_requests()));
     WorkloadConfig {
         kind,
         num_requests: Some(requests),

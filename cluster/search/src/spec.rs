@@ -115,12 +115,13 @@ pub struct SearchWorkload {
     /// configuration's bound allows).
     #[serde(default)]
     pub max_rate: Option<f64>,
-    /// Requests per client in one simulation (at least `min_requests` in all).
-    #[serde(default = "default_requests_per_client")]
-    pub requests_per_client: u32,
-    /// Requests in one simulation at least.
-    #[serde(default = "default_min_requests")]
-    pub min_requests: u32,
+    /// Requests per client in one simulation (at least `min_requests` in all; default
+    /// 3); absent with a trace.
+    #[serde(default)]
+    pub requests_per_client: Option<u32>,
+    /// Requests in one simulation at least (default 32); absent with a trace.
+    #[serde(default)]
+    pub min_requests: Option<u32>,
     /// A trace replayed in place of synthetic requests (`[workload.trace]`).
     #[serde(default)]
     pub trace: Option<SearchTrace>,
@@ -173,6 +174,17 @@ impl SearchTrace {
 }
 
 impl SearchWorkload {
+    /// Requests per client in one simulation.
+    pub fn requests_per_client(&self) -> u32 {
+        self.requests_per_client
+            .unwrap_or(DEFAULT_REQUESTS_PER_CLIENT)
+    }
+
+    /// Requests in one simulation at least.
+    pub fn min_requests(&self) -> u32 {
+        self.min_requests.unwrap_or(DEFAULT_MIN_REQUESTS)
+    }
+
     /// What the search varies: with a trace, always its arrival rate.
     pub fn load_kind(&self) -> LoadKind {
         match (self.load, &self.trace) {
@@ -217,13 +229,11 @@ impl SearchWorkload {
     }
 }
 
-fn default_requests_per_client() -> u32 {
-    3
-}
+/// Requests per client in one simulation when the spec does not say.
+const DEFAULT_REQUESTS_PER_CLIENT: u32 = 3;
 
-fn default_min_requests() -> u32 {
-    32
-}
+/// Requests in one simulation at least when the spec does not say.
+const DEFAULT_MIN_REQUESTS: u32 = 32;
 
 /// One percentile's objectives, in milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
@@ -576,6 +586,18 @@ impl SearchSpec {
             if t.requests == 0 {
                 return Err(bad("workload.trace.requests", "0".into(), "at least 1"));
             }
+            for (key, value) in [
+                ("workload.requests_per_client", w.requests_per_client),
+                ("workload.min_requests", w.min_requests),
+            ] {
+                if let Some(n) = value {
+                    return Err(bad(
+                        key,
+                        n.to_string(),
+                        "absent with a [workload.trace]: workload.trace.requests says how many",
+                    ));
+                }
+            }
             if t.block_tokens == Some(0) {
                 return Err(bad("workload.trace.block_tokens", "0".into(), "at least 1"));
             }
@@ -630,7 +652,7 @@ impl SearchSpec {
                 "absent with load = \"rate\" (give workload.max_rate)",
             ));
         }
-        if w.requests_per_client == 0 {
+        if w.requests_per_client == Some(0) {
             return Err(bad(
                 "workload.requests_per_client",
                 "0".into(),

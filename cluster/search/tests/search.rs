@@ -470,6 +470,8 @@ fn a_trace_spec_is_refused_naming_the_key() {
     assert!(e.contains("workload.load"), "{e}");
     let e = refused(&text.replace("requests = 200", "requests = 0"));
     assert!(e.contains("workload.trace.requests = 0"), "{e}");
+    let e = refused(&text.replace("[workload.trace]", "min_requests = 64\n[workload.trace]"));
+    assert!(e.contains("workload.min_requests = 64"), "{e}");
     let e = refused(&text.replace("requests = 200", "requests = 200\nblock_tokens = 0"));
     assert!(e.contains("workload.trace.block_tokens = 0"), "{e}");
     let e = refused(&text.replace("[workload.trace]", "max_concurrency = 4\n[workload.trace]"));
