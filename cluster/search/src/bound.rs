@@ -25,7 +25,7 @@ pub struct Cheap {
     /// than all at once.
     pub unloaded_request_s: f64,
     /// Seconds the longest request (the longest prompt and output) takes alone: what a
-    /// fleet that keeps up with a trace may still need after its last arrival.
+    /// fleet that keeps up with open-loop arrivals may still need after the last one.
     pub longest_request_s: f64,
 }
 
@@ -54,18 +54,20 @@ pub fn cheap(
     let tokens_per_gpu = f64::from(d.instances) * per_instance / f64::from(c.gpus());
 
     let mut infeasible = None;
-    let one = decode_step_ns(&backend, d, 1, input) as f64 / 1e6;
-    let prompt = prefill_ns(
-        &AnalyticBackend::new(prefill),
-        input,
-        c.pools.first().expect("a pool"),
-    ) as f64
-        / 1e6;
+    let prefill_backend = AnalyticBackend::new(prefill);
+    let first_pool = c.pools.first().expect("a pool");
+    // Milliseconds a request of `input` prompt tokens spends alone: its prefill, one
+    // decode step, and the whole request of `output` tokens.
+    let prompt_ms = |input: u64| prefill_ns(&prefill_backend, input, first_pool) as f64 / 1e6;
+    let step_ms = |input: u64| decode_step_ns(&backend, d, 1, input) as f64 / 1e6;
+    let alone_ms =
+        |input: u64, output: u32| prompt_ms(input) + step_ms(input) * f64::from(output - 1);
+    let shortest_output = spec.workload.output_len().min();
     for bound in spec.slo.bounds() {
         let floor = match bound.metric {
-            Metric::Tpot => one,
-            Metric::Ttft => prompt,
-            Metric::E2e => prompt + one * f64::from(spec.workload.output_len().min() - 1),
+            Metric::Tpot => step_ms(input),
+            Metric::Ttft => prompt_ms(input),
+            Metric::E2e => alone_ms(input, shortest_output),
             // Deliveries can bunch at the front door: no floor on a gap.
             Metric::Itl => 0.0,
         };
@@ -79,16 +81,11 @@ pub fn cheap(
             break;
         }
     }
-    let unloaded_ms = prompt + one * f64::from(spec.workload.output_len().min() - 1);
-    let longest_input = u64::from(spec.workload.input_len().max());
-    let longest_ms = prefill_ns(
-        &AnalyticBackend::new(prefill),
-        longest_input,
-        c.pools.first().expect("a pool"),
-    ) as f64
-        / 1e6
-        + decode_step_ns(&backend, d, 1, longest_input) as f64 / 1e6
-            * f64::from(spec.workload.output_len().max() - 1);
+    let unloaded_ms = alone_ms(input, shortest_output);
+    let longest_ms = alone_ms(
+        u64::from(spec.workload.input_len().max()),
+        spec.workload.output_len().max(),
+    );
     Cheap {
         tokens_per_gpu,
         infeasible,

@@ -677,14 +677,13 @@ fn simulate_at(
     let scenario = c.scenario(spec.name(), model.clone(), kv_tokens, workload, spec);
     let mut measured = evaluate::simulate(&scenario, load, seed);
     if spec.workload.load_kind() == LoadKind::Rate && measured.broken.is_none() {
-        // A trace's last arrivals may be its longest requests.
-        let drain_s = if spec.workload.trace.is_some() {
-            cheap.longest_request_s
-        } else {
-            cheap.unloaded_request_s
-        };
-        measured.broken =
-            space::saturation(measured.arrival_span_s, measured.duration_s, drain_s, load);
+        // The last arrival may be the longest request.
+        measured.broken = space::saturation(
+            measured.arrival_span_s,
+            measured.duration_s,
+            cheap.longest_request_s,
+            load,
+        );
     }
     measured
 }
@@ -734,11 +733,9 @@ fn seed_spread(spec: &SearchSpec, r: &Ranked, simulations: &AtomicU64) -> SeedSp
     let bounds = spec.slo.bounds();
     let mut runs = vec![best.clone()];
     for k in 1..=spec.method.seeds as usize {
-        // A trace replays its next window per further seed, while it holds one.
-        let window = if spec.workload.trace.is_some() { k } else { 0 };
-        if spec.workload.trace.is_some() && spec.workload.trace_rate(window).is_none() {
+        let Some(window) = spec.workload.window_of_seed(k) else {
             break;
-        }
+        };
         simulations.fetch_add(1, Ordering::Relaxed);
         let seed = spec.seed.wrapping_add(k as u64);
         runs.push(simulate_at(

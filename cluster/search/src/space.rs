@@ -451,8 +451,8 @@ pub fn space_workload(
 
 /// Open loop: whether the fleet kept up with its arrivals. Requests arriving over
 /// `arrival_span_s` are served by `duration_s` (first arrival to the run's end); a
-/// fleet that keeps up drains in about `drain_s` after the last arrival (one request's
-/// time alone), so a run lasting clearly longer than `span + drain` (its rate below
+/// fleet that keeps up drains in about `drain_s` after the last arrival (the longest
+/// request's time alone), so a run lasting clearly longer than `span + drain` (its rate below
 /// [`KEPT_UP`] of that) left a queue behind.
 pub fn saturation(
     arrival_span_s: f64,

@@ -219,6 +219,16 @@ impl SearchWorkload {
         }
     }
 
+    /// What further seed `k` of a finalist replays: a synthetic workload draws other
+    /// requests from window 0; a trace replays its `k`-th next window, while it holds
+    /// one (`None` after).
+    pub fn window_of_seed(&self, k: usize) -> Option<usize> {
+        match &self.trace {
+            None => Some(0),
+            Some(t) => (k < t.windows.len()).then_some(k),
+        }
+    }
+
     /// The own arrival rate (requests per second) of the trace's window `window`, when
     /// there is a trace and it holds that window.
     pub fn trace_rate(&self, window: usize) -> Option<f64> {

@@ -52,6 +52,9 @@ fn run(text: &str, jobs: u32) -> Result<SearchOutcome, SearchError> {
 
 #[test]
 fn the_dominating_configuration_wins_and_the_bound_holds() {
+    // Without a trace, every further seed draws from the one workload.
+    let spec = SearchSpec::parse(DOMINATED).expect("a valid spec");
+    assert_eq!(spec.workload.window_of_seed(3), Some(0));
     let o = run(DOMINATED, 2).expect("a valid spec");
     let labels: Vec<String> = o.ranked.iter().map(|r| r.candidate.label()).collect();
     assert_eq!(o.ranked.len(), 4, "{labels:?}");
@@ -415,6 +418,12 @@ fn a_trace_is_replayed_faster_until_the_fleet_cannot_keep_up() {
     let windows = &spec.workload.trace.as_ref().unwrap().windows;
     assert_eq!(windows.len(), 2);
     assert_eq!(windows[1].records, 200);
+    assert_eq!(spec.workload.window_of_seed(1), Some(1));
+    assert_eq!(
+        spec.workload.window_of_seed(2),
+        None,
+        "no third whole window"
+    );
     let next = lockstep_search::space::space_workload(&spec, 20.0, 0, 1, 1.0);
     assert_eq!(next.trace.as_ref().map(|t| t.skip), Some(200));
 
