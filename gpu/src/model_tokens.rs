@@ -17,6 +17,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use rayon::prelude::*;
+
 use lockstep_actors::executor::{ForwardKind, ForwardOutput, ScheduledBatch};
 use lockstep_actors::group::{ForwardError, TokenSource};
 use lockstep_actors::ids::ReqId;
@@ -196,13 +198,14 @@ pub struct RankModel {
     ids: Vec<u32>,
     /// Per entry: its start position and its ids' range in `ids`.
     spans: Vec<(usize, std::ops::Range<usize>)>,
-    /// Where a request's logit rules are applied (kept across forwards).
-    rules: RuleScratch,
 }
 
+/// An entry's sampled token and, where its request asks, its log-probabilities.
+type Pick = (u32, Option<TokenLogprobs>);
+
 /// A copy of one entry's logits with its request's rules applied, and the counts the
-/// penalties need: refilled per entry, so a step with rules allocates nothing once the
-/// vectors have the vocabulary's length.
+/// penalties need: refilled per entry of a sampling split, so a split allocates them
+/// once, and only when one of its entries has rules.
 #[derive(Default)]
 struct RuleScratch {
     logits: Vec<f32>,
@@ -302,7 +305,6 @@ impl RankModel {
             handoffs: Arc::default(),
             ids: Vec::new(),
             spans: Vec::new(),
-            rules: RuleScratch::default(),
         }
     }
 
@@ -449,30 +451,49 @@ impl RankModel {
         out.batch = batch.number;
         out.sampled.clear();
         out.logprobs.clear();
-        for (index, ((e, inp), logits)) in batch.with_inputs().zip(&logits).enumerate() {
-            if e.is_dummy {
+        // Each entry's token (and log-probabilities, where asked) is a pure function of
+        // its logits: the entries sample across the thread pool, each split with its own
+        // scratch, while the histories change below, in batch order.
+        let histories = &memory.histories;
+        let sampling = self.sampling;
+        let picks: Vec<Result<Option<Pick>, String>> = batch
+            .with_inputs()
+            .zip(&logits)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map_init(RuleScratch::default, |scratch, ((e, inp), logits)| {
+                if e.is_dummy {
+                    return Ok(None);
+                }
+                let raw = logits;
+                let history = histories.get(&e.id).map(Vec::as_slice);
+                let logits = with_logit_rules(logits, inputs, inp, e.position, history, scratch);
+                let token = sample_one(sampling, inp.sampling, e.id, e.position, logits)?;
+                // vLLM's default (`raw_logprobs`): the model's own distribution, before
+                // the request's bias, penalties and temperature. Only a request that asks
+                // pays.
+                let logprobs = inp
+                    .sampling
+                    .and_then(|s| s.logprobs)
+                    .filter(|_| e.kind.samples())
+                    .map(|top| {
+                        let (logprob, top) = token_logprobs(raw, token, top as usize);
+                        TokenLogprobs {
+                            token,
+                            logprob,
+                            top,
+                        }
+                    });
+                Ok(Some((token, logprobs)))
+            })
+            .collect();
+        for (index, ((e, inp), pick)) in batch.with_inputs().zip(picks).enumerate() {
+            let Some((token, logprobs)) = pick? else {
                 out.sampled.push(0);
                 continue;
-            }
-            let raw = logits;
-            let history = memory.histories.get(&e.id).map(Vec::as_slice);
-            let logits =
-                with_logit_rules(logits, inputs, inp, e.position, history, &mut self.rules);
-            let token = sample_one(self.sampling, inp.sampling, e.id, e.position, logits)?;
-            // vLLM's default (`raw_logprobs`): the model's own distribution, before the
-            // request's bias, penalties and temperature. Only a request that asks pays.
-            if let Some(top) = inp.sampling.and_then(|s| s.logprobs)
-                && e.kind.samples()
-            {
-                let (logprob, top) = token_logprobs(raw, token, top as usize);
-                out.logprobs.push((
-                    index as u32,
-                    TokenLogprobs {
-                        token,
-                        logprob,
-                        top,
-                    },
-                ));
+            };
+            if let Some(logprobs) = logprobs {
+                out.logprobs.push((index as u32, logprobs));
             }
             if e.kind.samples()
                 && let Some(history) = memory.histories.get_mut(&e.id)

@@ -6,6 +6,7 @@
 //! attends to its own cached tokens.
 
 use candle_core::{Device, Tensor};
+use rayon::prelude::*;
 
 use super::Model;
 use super::error::{ModelError, Result};
@@ -183,12 +184,22 @@ impl KvStore for PagedStore<'_, '_> {
             }
             row += ids.len();
         }
+        // Each entry attends to its own context into its own rows of `out`: the entries
+        // run across the thread pool (the device thread would otherwise do them alone
+        // while the pool's threads, busy only in the products, wait).
         let mut out = vec![0.0f32; total * width];
-        let mut row = 0;
+        let mut jobs = Vec::with_capacity(self.batch.len());
+        let (mut rest, mut row) = (out.as_mut_slice(), 0);
         for (e, &(start, ids)) in self.batch.iter().zip(entries) {
             let n = ids.len();
+            let (mine, tail) = rest.split_at_mut(n * width);
+            jobs.push((e, start, row, mine));
+            (rest, row) = (tail, row + n);
+        }
+        let cache = &*self.cache;
+        let attend_one = |(e, start, row, out): (&BatchEntry<'_>, usize, usize, &mut [f32])| {
+            let n = out.len() / width;
             let queries = &queries[row * width..(row + n) * width];
-            let out = &mut out[row * width..(row + n) * width];
             if e.dummy {
                 // A dummy attends to its own new tokens only (it wrote nothing).
                 let (keys, values) = (&keys[row * stride..], &values[row * stride..]);
@@ -198,11 +209,14 @@ impl KvStore for PagedStore<'_, '_> {
                 };
                 attend(shape, queries, start, start, own, out);
             } else {
-                let cache = &*self.cache;
                 let cached = |p: usize| cache.token(layer, e.block_table, p);
                 attend(shape, queries, start, 0, cached, out);
             }
-            row += n;
+        };
+        if jobs.len() > 1 {
+            jobs.into_par_iter().for_each(attend_one);
+        } else {
+            jobs.into_iter().for_each(attend_one);
         }
         Ok(Tensor::from_vec(out, (total, width), &Device::Cpu)?)
     }

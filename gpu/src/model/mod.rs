@@ -15,8 +15,10 @@ mod init;
 mod ops;
 mod paged_attention;
 mod paged_kv;
+mod panels;
 mod rope;
 mod sampling;
+mod skinny;
 mod tokenizer;
 mod weights;
 

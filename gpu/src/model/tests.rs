@@ -540,15 +540,15 @@ fn scalar_reference_logits(model: &Model, sequence: &[u32], stretch: f64) -> Vec
             .map(f64::from)
             .collect()
     };
-    // weight_t is [in, out]: y[o] = sum_i x[i] * w[i][o] + b[o].
+    // weight is [out, in]: y[o] = sum_i x[i] * w[o][i] + b[o].
     let linear = |l: &Linear, x: &[f64]| -> Vec<f64> {
-        let w = matrix(&l.weight_t);
+        let w = matrix(&l.weight);
         let mut y = match &l.bias {
             Some(b) => vector(b),
-            None => vec![0.0; w[0].len()],
+            None => vec![0.0; w.len()],
         };
-        for (i, row) in w.iter().enumerate() {
-            for (o, weight) in row.iter().enumerate() {
+        for (o, row) in w.iter().enumerate() {
+            for (i, weight) in row.iter().enumerate() {
                 y[o] += x[i] * weight;
             }
         }
@@ -874,8 +874,8 @@ fn sharded_bf16_checkpoints_load() {
         truncate(&original.weights.embed_tokens)
     );
     assert_eq!(
-        flat(&loaded.weights.layers[1].down_proj.weight_t),
-        truncate(&original.weights.layers[1].down_proj.weight_t)
+        flat(&loaded.weights.layers[1].down_proj.weight),
+        truncate(&original.weights.layers[1].down_proj.weight)
     );
     // A tensor the index lists nowhere is reported against the index.
     let text = std::fs::read_to_string(dir.0.join("model.safetensors.index.json")).unwrap();

@@ -5,19 +5,29 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Storage, Tensor};
 use safetensors::SafeTensors;
 
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
+use super::panels::Panels;
+use super::skinny;
 
-/// A linear layer, stored transposed (`[in, out]`) so a batch of rows multiplies it
-/// without a transpose per forward.
+/// Rows for which a product runs as [`skinny::multiply`] (a decode step's batch, or a
+/// short prefill chunk). Above, candle's gemm, whose packing pays off on many rows; a
+/// single row, gemm's own matrix-vector path, which serving at concurrency 1 measured
+/// faster.
+const SKINNY_ROWS: std::ops::RangeInclusive<usize> = 2..=64;
+
+/// A linear layer, stored as checkpoints hold it (`[out, in]`): the few-row product
+/// streams each weight row in order, and candle's gemm takes the transposed view as it
+/// is (strides, no copy).
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// The weight, `[in, out]`.
-    pub weight_t: Tensor,
+    /// The weight, `[out, in]`.
+    pub weight: Tensor,
     /// The bias, `[out]`, where the architecture has one.
     pub bias: Option<Tensor>,
 }
@@ -25,7 +35,23 @@ pub struct Linear {
 impl Linear {
     /// `x @ W^T + b` for `x` of shape `[rows, in]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.weight_t)?;
+        let rows = x.dim(0)?;
+        if SKINNY_ROWS.contains(&rows) {
+            let out = self.weight.dim(0)?;
+            let mut y = vec![0.0f32; rows * out];
+            let mut outputs: Vec<&mut [f32]> = y.chunks_mut(out.max(1)).collect();
+            product(x, &self.weight, self.bias.as_ref(), &mut outputs)?;
+            return Ok(Tensor::from_vec(y, (rows, out), &Device::Cpu)?);
+        }
+        let y = if rows == 1 {
+            // `W @ x^T`: gemm's matrix-vector product then streams each weight row in
+            // order, as in the LM head; `[out, 1]` is `[1, out]`'s memory.
+            self.weight
+                .matmul(&x.t()?)?
+                .reshape((1, self.weight.dim(0)?))?
+        } else {
+            x.matmul(&self.weight.t()?)?
+        };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -33,24 +59,85 @@ impl Linear {
     }
 }
 
-/// The LM head, stored as checkpoints hold it (`[vocab, hidden]`) and applied as
-/// `W @ x^T`: with few rows (a decode step's), candle's gemm then streams each
-/// vocabulary row contiguously, where `x @ W^T` over a transposed copy reads the weight
-/// column-wise at a stride of the whole vocabulary (on 1-32 rows of a 32k x 256 head the
-/// former was faster in 7 of 8 noisy timings, by up to 2x).
+/// `outputs[r] = x[r] @ weight^T (+ bias)` through [`skinny::multiply`], reading the
+/// weight and bias where candle holds them.
+fn product(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    outputs: &mut [&mut [f32]],
+) -> Result<()> {
+    let inner = weight.dim(1)?;
+    let x = x.flatten_all()?.to_vec1::<f32>()?;
+    with_values(weight, |weight| match bias {
+        Some(bias) => with_values(bias, |bias| {
+            skinny::multiply(&x, inner, weight, Some(bias), outputs)
+        }),
+        None => {
+            skinny::multiply(&x, inner, weight, None, outputs);
+            Ok(())
+        }
+    })?
+}
+
+/// Calls `f` with a contiguous f32 CPU tensor's values, borrowed in place.
+fn with_values<R>(tensor: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let (storage, layout) = tensor.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        return Err(ModelError::InvalidBatch(
+            "a weight is not on the CPU".into(),
+        ));
+    };
+    let values = cpu.as_slice::<f32>()?;
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        return Err(ModelError::InvalidBatch(
+            "a weight is not contiguous".into(),
+        ));
+    };
+    Ok(f(&values[start..end]))
+}
+
+/// The LM head, stored as checkpoints hold it (`[vocab, hidden]`) and packed into
+/// panels. A decode step's few rows go through the panels ([`Panels::multiply`])
+/// straight into each row's logits; one row and many rows (a prompt's log-probabilities)
+/// through candle's gemm as `W @ x^T`, which streams each vocabulary row contiguously,
+/// then a transpose into per-row logits.
 #[derive(Debug, Clone)]
 pub struct LmHead {
     /// The weight, `[vocab, hidden]` (the embedding itself when tied).
     pub weight: Tensor,
+    /// The same weight in panels (shared by clones).
+    packed: Arc<Panels>,
 }
+
+/// Rows for which the head runs through its panels.
+const PANEL_ROWS: std::ops::RangeInclusive<usize> = 1..=64;
 
 /// Vocabulary entries per block of the logits' transpose: a block of 32 rows is 8 KiB.
 const TRANSPOSE_BLOCK: usize = 64;
 
 impl LmHead {
+    /// The head of `weight` (`[vocab, hidden]`), packed once here.
+    pub fn new(weight: Tensor) -> Result<LmHead> {
+        let (vocab, hidden) = weight.dims2()?;
+        let packed = with_values(&weight, |w| Panels::pack(w, vocab, hidden))?;
+        Ok(LmHead {
+            weight,
+            packed: Arc::new(packed),
+        })
+    }
+
     /// The logits (`[vocab]` each) of every row of `x` (`[rows, hidden]`).
     pub fn logits(&self, x: &Tensor) -> Result<Vec<Vec<f32>>> {
         let rows = x.dim(0)?;
+        if PANEL_ROWS.contains(&rows) {
+            let vocab = self.weight.dim(0)?;
+            let mut logits = vec![vec![0.0f32; vocab]; rows];
+            let mut outputs: Vec<&mut [f32]> = logits.iter_mut().map(Vec::as_mut_slice).collect();
+            let x = x.flatten_all()?.to_vec1::<f32>()?;
+            self.packed.multiply(&x, &mut outputs);
+            return Ok(logits);
+        }
         // `[vocab, rows]`, contiguous: one copy out of candle, then a transpose that
         // reads it in order (candle's strided copy indexes element by element).
         let columns = self
@@ -233,7 +320,7 @@ impl<'a> TensorSource<'a> {
         Ok(tensor.to_dtype(DType::F32)?)
     }
 
-    /// A linear layer stored as HF does, `[out, in]`, returned transposed.
+    /// A linear layer stored as HF does, `[out, in]`.
     fn linear(&self, prefix: &str, input: usize, output: usize, bias: bool) -> Result<Linear> {
         let weight = self.get(&format!("{prefix}.weight"), &[output, input])?;
         let bias = if bias {
@@ -241,10 +328,7 @@ impl<'a> TensorSource<'a> {
         } else {
             None
         };
-        Ok(Linear {
-            weight_t: weight.t()?.contiguous()?,
-            bias,
-        })
+        Ok(Linear { weight, bias })
     }
 }
 
@@ -279,14 +363,12 @@ impl ModelWeights {
         }
         let norm = source.get("model.norm.weight", &[h])?;
         // Some tied checkpoints still ship lm_head.weight; a tied config ignores it.
-        let lm_head = LmHead {
+        let lm_head = LmHead::new(if config.tie_word_embeddings {
             // A candle tensor is shared, not copied, when cloned.
-            weight: if config.tie_word_embeddings {
-                embed_tokens.clone()
-            } else {
-                source.get("lm_head.weight", &[config.vocab_size, h])?
-            },
-        };
+            embed_tokens.clone()
+        } else {
+            source.get("lm_head.weight", &[config.vocab_size, h])?
+        })?;
         Ok(ModelWeights {
             embed_tokens,
             layers,
