@@ -18,7 +18,6 @@ mod paged_kv;
 mod panels;
 mod rope;
 mod sampling;
-mod skinny;
 mod tokenizer;
 mod weights;
 

@@ -15,6 +15,8 @@ use rayon::prelude::*;
 
 /// Vocabulary entries per panel: two AVX-512 vectors, four AVX2 ones.
 pub(crate) const PANEL: usize = 32;
+/// Rows multiplied together at most (a decode step's batch, or a block of a prompt's).
+const ROW_BLOCK: usize = 256;
 /// Work (multiply-adds, or weights read, whichever is more) each parallel task gets at
 /// least; below twice this a product runs on the calling thread.
 const TASK_MIN_WORK: usize = 1 << 18;
@@ -43,15 +45,45 @@ impl Panels {
         Panels { values, out, inner }
     }
 
+    /// The matrix's rows (outputs) and columns (inner).
+    pub(crate) fn dims(&self) -> (usize, usize) {
+        (self.out, self.inner)
+    }
+
+    /// The matrix back in `[out, inner]` row-major order.
+    pub(crate) fn unpack(&self) -> Vec<f32> {
+        let inner = self.inner;
+        let mut weight = vec![0.0f32; self.out * inner];
+        for (o, row) in weight.chunks_exact_mut(inner.max(1)).enumerate() {
+            let panel = &self.values[(o / PANEL) * inner * PANEL..][..inner * PANEL];
+            for (k, w) in row.iter_mut().enumerate() {
+                *w = panel[k * PANEL + o % PANEL];
+            }
+        }
+        weight
+    }
+
     /// `outputs[r] = x[r] @ W^T` for `x` of `outputs.len()` rows of `inner` values.
     pub(crate) fn multiply(&self, x: &[f32], outputs: &mut [&mut [f32]]) {
         let (out, inner) = (self.out, self.inner);
-        let rows = outputs.len();
-        assert_eq!(x.len(), rows * inner, "x is rows × inner");
+        assert_eq!(x.len(), outputs.len() * inner, "x is rows × inner");
         assert!(
             outputs.iter().all(|o| o.len() == out),
             "each output row is out long"
         );
+        // A prompt's many rows go [`ROW_BLOCK`] at a time, so the rows a panel meets
+        // stay in L2 while every panel passes over them.
+        for (x, outputs) in x
+            .chunks(ROW_BLOCK * inner.max(1))
+            .zip(outputs.chunks_mut(ROW_BLOCK))
+        {
+            self.multiply_block(x, outputs);
+        }
+    }
+
+    fn multiply_block(&self, x: &[f32], outputs: &mut [&mut [f32]]) {
+        let (out, inner) = (self.out, self.inner);
+        let rows = outputs.len();
         let panels = out.div_ceil(PANEL);
         let work = (rows * inner * out).max(self.values.len());
         let threads = rayon::current_num_threads();
@@ -208,6 +240,7 @@ mod tests {
             (17, 100, 301),
             (32, 256, 2000),
             (33, 257, 1031),
+            (300, 40, 70),
         ] {
             let x = values(rows * inner, 1);
             let weight = values(out * inner, 2);
@@ -215,6 +248,7 @@ mod tests {
             let mut flat = vec![f32::NAN; rows * out];
             let mut outputs: Vec<&mut [f32]> = flat.chunks_mut(out).collect();
             panels.multiply(&x, &mut outputs);
+            assert_eq!(panels.unpack(), weight, "unpacking gives the weight back");
             for r in 0..rows {
                 for o in 0..out {
                     let want: f64 = (0..inner)

@@ -508,7 +508,7 @@ fn tied_embeddings_need_no_lm_head() {
     std::fs::write(&config, tied).unwrap();
     drop_tensor(&dir.0.join("model.safetensors"), "lm_head.weight");
     let model = Model::load(&dir.0).unwrap();
-    let gap = (&model.weights.lm_head.weight - &model.weights.embed_tokens)
+    let gap = (&model.weights.lm_head.weight().unwrap() - &model.weights.embed_tokens)
         .unwrap()
         .abs()
         .unwrap()
@@ -542,9 +542,9 @@ fn scalar_reference_logits(model: &Model, sequence: &[u32], stretch: f64) -> Vec
     };
     // weight is [out, in]: y[o] = sum_i x[i] * w[o][i] + b[o].
     let linear = |l: &Linear, x: &[f64]| -> Vec<f64> {
-        let w = matrix(&l.weight);
-        let mut y = match &l.bias {
-            Some(b) => vector(b),
+        let w = matrix(&l.weight().unwrap());
+        let mut y = match l.bias() {
+            Some(b) => b.iter().map(|&v| f64::from(v)).collect(),
             None => vec![0.0; w.len()],
         };
         for (o, row) in w.iter().enumerate() {
@@ -637,7 +637,7 @@ fn scalar_reference_logits(model: &Model, sequence: &[u32], stretch: f64) -> Vec
     }
     let last = norm(&xs[xs.len() - 1], &model.weights.norm);
     // The head is [vocab, hidden]: logit[o] = sum_i head[o][i] * last[i].
-    matrix(&model.weights.lm_head.weight)
+    matrix(&model.weights.lm_head.weight().unwrap())
         .iter()
         .map(|row| row.iter().zip(&last).map(|(w, x)| w * x).sum::<f64>() as f32)
         .collect()
@@ -874,8 +874,8 @@ fn sharded_bf16_checkpoints_load() {
         truncate(&original.weights.embed_tokens)
     );
     assert_eq!(
-        flat(&loaded.weights.layers[1].down_proj.weight),
-        truncate(&original.weights.layers[1].down_proj.weight)
+        flat(&loaded.weights.layers[1].down_proj.weight().unwrap()),
+        truncate(&original.weights.layers[1].down_proj.weight().unwrap())
     );
     // A tensor the index lists nowhere is reported against the index.
     let text = std::fs::read_to_string(dir.0.join("model.safetensors.index.json")).unwrap();

@@ -13,75 +13,64 @@ use safetensors::SafeTensors;
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
 use super::panels::Panels;
-use super::skinny;
 
-/// Rows for which a product runs as [`skinny::multiply`] (a decode step's batch, or a
-/// short prefill chunk). Above, candle's gemm, whose packing pays off on many rows; a
-/// single row, gemm's own matrix-vector path, which serving at concurrency 1 measured
-/// faster.
-const SKINNY_ROWS: std::ops::RangeInclusive<usize> = 2..=64;
-
-/// A linear layer, stored as checkpoints hold it (`[out, in]`): the few-row product
-/// streams each weight row in order, and candle's gemm takes the transposed view as it
-/// is (strides, no copy).
+/// A linear layer, packed into panels at load ([`Panels`]): every product, a decode
+/// step's few rows or a prompt's many, runs as the panels' sums of outer products.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// The weight, `[out, in]`.
-    pub weight: Tensor,
-    /// The bias, `[out]`, where the architecture has one.
-    pub bias: Option<Tensor>,
+    /// The weight (`[out, in]` in the checkpoint), in panels.
+    packed: Arc<Panels>,
+    /// The bias, `[out]`, where the architecture has one (the tests take it away to
+    /// see that it counts).
+    pub(crate) bias: Option<Vec<f32>>,
 }
 
 impl Linear {
+    /// The layer of `weight` (`[out, in]`) and `bias` (`[out]`).
+    pub fn new(weight: &Tensor, bias: Option<&Tensor>) -> Result<Linear> {
+        let (out, inner) = weight.dims2()?;
+        Ok(Linear {
+            packed: Arc::new(with_values(weight, |w| Panels::pack(w, out, inner))?),
+            bias: bias.map(|b| b.to_vec1::<f32>()).transpose()?,
+        })
+    }
+
+    /// The weight, `[out, in]` (unpacked: a copy).
+    pub fn weight(&self) -> Result<Tensor> {
+        Ok(Tensor::from_vec(
+            self.packed.unpack(),
+            self.packed.dims(),
+            &Device::Cpu,
+        )?)
+    }
+
+    /// The bias, `[out]`, where the architecture has one.
+    pub fn bias(&self) -> Option<&[f32]> {
+        self.bias.as_deref()
+    }
+
     /// `x @ W^T + b` for `x` of shape `[rows, in]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let rows = x.dim(0)?;
-        if SKINNY_ROWS.contains(&rows) {
-            let out = self.weight.dim(0)?;
-            let mut y = vec![0.0f32; rows * out];
-            let mut outputs: Vec<&mut [f32]> = y.chunks_mut(out.max(1)).collect();
-            product(x, &self.weight, self.bias.as_ref(), &mut outputs)?;
-            return Ok(Tensor::from_vec(y, (rows, out), &Device::Cpu)?);
+        let out = self.packed.dims().0;
+        let mut y = vec![0.0f32; rows * out];
+        let mut outputs: Vec<&mut [f32]> = y.chunks_mut(out.max(1)).collect();
+        self.packed
+            .multiply(&x.flatten_all()?.to_vec1::<f32>()?, &mut outputs);
+        if let Some(bias) = &self.bias {
+            for row in &mut outputs {
+                for (y, b) in row.iter_mut().zip(bias) {
+                    *y += b;
+                }
+            }
         }
-        let y = if rows == 1 {
-            // `W @ x^T`: gemm's matrix-vector product then streams each weight row in
-            // order, as in the LM head; `[out, 1]` is `[1, out]`'s memory.
-            self.weight
-                .matmul(&x.t()?)?
-                .reshape((1, self.weight.dim(0)?))?
-        } else {
-            x.matmul(&self.weight.t()?)?
-        };
-        Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
+        Ok(Tensor::from_vec(y, (rows, out), &Device::Cpu)?)
     }
-}
-
-/// `outputs[r] = x[r] @ weight^T (+ bias)` through [`skinny::multiply`], reading the
-/// weight and bias where candle holds them.
-fn product(
-    x: &Tensor,
-    weight: &Tensor,
-    bias: Option<&Tensor>,
-    outputs: &mut [&mut [f32]],
-) -> Result<()> {
-    let inner = weight.dim(1)?;
-    let x = x.flatten_all()?.to_vec1::<f32>()?;
-    with_values(weight, |weight| match bias {
-        Some(bias) => with_values(bias, |bias| {
-            skinny::multiply(&x, inner, weight, Some(bias), outputs)
-        }),
-        None => {
-            skinny::multiply(&x, inner, weight, None, outputs);
-            Ok(())
-        }
-    })?
 }
 
 /// Calls `f` with a contiguous f32 CPU tensor's values, borrowed in place.
 fn with_values<R>(tensor: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let tensor = tensor.contiguous()?;
     let (storage, layout) = tensor.storage_and_layout();
     let Storage::Cpu(cpu) = &*storage else {
         return Err(ModelError::InvalidBatch(
@@ -97,68 +86,40 @@ fn with_values<R>(tensor: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     Ok(f(&values[start..end]))
 }
 
-/// The LM head, stored as checkpoints hold it (`[vocab, hidden]`) and packed into
-/// panels. A decode step's few rows go through the panels ([`Panels::multiply`])
-/// straight into each row's logits; one row and many rows (a prompt's log-probabilities)
-/// through candle's gemm as `W @ x^T`, which streams each vocabulary row contiguously,
-/// then a transpose into per-row logits.
+/// The LM head (`[vocab, hidden]` in the checkpoint), packed into panels at load like
+/// every linear layer: the logits of each row come straight out of the panels. A tied
+/// head is packed from the embedding, which stays as it is for the lookup.
 #[derive(Debug, Clone)]
 pub struct LmHead {
-    /// The weight, `[vocab, hidden]` (the embedding itself when tied).
-    pub weight: Tensor,
-    /// The same weight in panels (shared by clones).
     packed: Arc<Panels>,
 }
 
-/// Rows for which the head runs through its panels.
-const PANEL_ROWS: std::ops::RangeInclusive<usize> = 1..=64;
-
-/// Vocabulary entries per block of the logits' transpose: a block of 32 rows is 8 KiB.
-const TRANSPOSE_BLOCK: usize = 64;
-
 impl LmHead {
-    /// The head of `weight` (`[vocab, hidden]`), packed once here.
-    pub fn new(weight: Tensor) -> Result<LmHead> {
+    /// The head of `weight` (`[vocab, hidden]`).
+    pub fn new(weight: &Tensor) -> Result<LmHead> {
         let (vocab, hidden) = weight.dims2()?;
-        let packed = with_values(&weight, |w| Panels::pack(w, vocab, hidden))?;
         Ok(LmHead {
-            weight,
-            packed: Arc::new(packed),
+            packed: Arc::new(with_values(weight, |w| Panels::pack(w, vocab, hidden))?),
         })
+    }
+
+    /// The weight, `[vocab, hidden]` (unpacked: a copy).
+    pub fn weight(&self) -> Result<Tensor> {
+        Ok(Tensor::from_vec(
+            self.packed.unpack(),
+            self.packed.dims(),
+            &Device::Cpu,
+        )?)
     }
 
     /// The logits (`[vocab]` each) of every row of `x` (`[rows, hidden]`).
     pub fn logits(&self, x: &Tensor) -> Result<Vec<Vec<f32>>> {
         let rows = x.dim(0)?;
-        if PANEL_ROWS.contains(&rows) {
-            let vocab = self.weight.dim(0)?;
-            let mut logits = vec![vec![0.0f32; vocab]; rows];
-            let mut outputs: Vec<&mut [f32]> = logits.iter_mut().map(Vec::as_mut_slice).collect();
-            let x = x.flatten_all()?.to_vec1::<f32>()?;
-            self.packed.multiply(&x, &mut outputs);
-            return Ok(logits);
-        }
-        // `[vocab, rows]`, contiguous: one copy out of candle, then a transpose that
-        // reads it in order (candle's strided copy indexes element by element).
-        let columns = self
-            .weight
-            .matmul(&x.t()?)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        if rows == 1 {
-            // One row: its column is its logits.
-            return Ok(vec![columns]);
-        }
-        let vocab = columns.len() / rows.max(1);
-        let mut logits: Vec<Vec<f32>> = (0..rows).map(|_| Vec::with_capacity(vocab)).collect();
-        // Block by block of the vocabulary, so that a block's columns stay in L1 while
-        // every row takes its part of them (one row at a time wrote 32 streams at once).
-        for block in columns.chunks(TRANSPOSE_BLOCK * rows.max(1)) {
-            let width = block.len() / rows;
-            for (r, row) in logits.iter_mut().enumerate() {
-                row.extend((0..width).map(|v| block[v * rows + r]));
-            }
-        }
+        let vocab = self.packed.dims().0;
+        let mut logits = vec![vec![0.0f32; vocab]; rows];
+        let mut outputs: Vec<&mut [f32]> = logits.iter_mut().map(Vec::as_mut_slice).collect();
+        self.packed
+            .multiply(&x.flatten_all()?.to_vec1::<f32>()?, &mut outputs);
         Ok(logits)
     }
 }
@@ -328,7 +289,7 @@ impl<'a> TensorSource<'a> {
         } else {
             None
         };
-        Ok(Linear { weight, bias })
+        Linear::new(&weight, bias.as_ref())
     }
 }
 
@@ -363,12 +324,11 @@ impl ModelWeights {
         }
         let norm = source.get("model.norm.weight", &[h])?;
         // Some tied checkpoints still ship lm_head.weight; a tied config ignores it.
-        let lm_head = LmHead::new(if config.tie_word_embeddings {
-            // A candle tensor is shared, not copied, when cloned.
-            embed_tokens.clone()
+        let lm_head = if config.tie_word_embeddings {
+            LmHead::new(&embed_tokens)?
         } else {
-            source.get("lm_head.weight", &[config.vocab_size, h])?
-        })?;
+            LmHead::new(&source.get("lm_head.weight", &[config.vocab_size, h])?)?
+        };
         Ok(ModelWeights {
             embed_tokens,
             layers,
