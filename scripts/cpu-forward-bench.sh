@@ -21,44 +21,17 @@ if [[ -z "$new" ]]; then
 fi
 source scripts/lib/serve.sh  # after the cd: a path from the repository root
 
-"$new" model init "$work/model" --layers 4 --hidden 256 --heads 8 --kv-heads 4 --vocab 32000 > /dev/null
-cat > "$work/scenario.toml" <<'EOF'
-name = "cpu-forward"
-
-[[server]]
-name = "agg0"
-role = "agg"
-tensor_parallel_size = 1
-max_batch_size = 32
-max_num_tokens = 2048
-enable_chunked_prefill = true
-
-[server.kv_cache_config]
-tokens_per_block = 16
-max_tokens = 8192
-enable_block_reuse = false
-
-[workload]
-kind = "closed_loop"
-concurrency = 1
-num_requests = 64
-input_len = 32
-output_len = 32
-EOF
+source scripts/lib/cpu-forward.sh
+write_cpu_forward "$new"
 
 # run BINARY CONCURRENCY: output tokens/s of one serve + bench (in a subshell: it stops
 # its own server, failing or not).
 run() {
-  local bin="$1" conc="$2"
+  local bin="$1" conc="$2" tps
   start_server "$bin" "$work/scenario.toml" --model "$work/model" --host 127.0.0.1
-  # Eight requests per client slot (at least 32): long enough to be past warm-up.
-  local requests=$((conc * 8 < 32 ? 32 : conc * 8))
-  timeout 300 "$bin" bench "$work/scenario.toml" --url "$url" --time-scale 0 --no-progress \
-    --tokenizer "$work/model" --set "workload.concurrency=$conc" \
-    --set "workload.num_requests=$requests" --json "$work/report.json" > "$work/bench.out" 2>&1 \
-    || { echo "bench failed:" >&2; cat "$work/bench.out" >&2; kill "$server_pid"; exit 1; }
+  tps="$(bench_tokens_per_s "$bin" "$url" "$conc")" || { kill "$server_pid"; exit 1; }
   stop_server
-  python3 -c "import json, sys; print('%.1f' % json.load(open(sys.argv[1]))['throughput']['output_tokens_per_s'])" "$work/report.json"
+  echo "$tps"
 }
 
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -23,30 +23,8 @@ cargo build --release -q -p lockstep --bin lockstep
 bin="$PWD/target/release/lockstep"
 source scripts/lib/serve.sh  # after the cd: a path from the repository root
 
-"$bin" model init "$work/model" --layers 4 --hidden 256 --heads 8 --kv-heads 4 --vocab 32000 > /dev/null
-cat > "$work/scenario.toml" <<'EOF'
-name = "cpu-forward"
-
-[[server]]
-name = "agg0"
-role = "agg"
-tensor_parallel_size = 1
-max_batch_size = 32
-max_num_tokens = 2048
-enable_chunked_prefill = true
-
-[server.kv_cache_config]
-tokens_per_block = 16
-max_tokens = 8192
-enable_block_reuse = false
-
-[workload]
-kind = "closed_loop"
-concurrency = 1
-num_requests = 64
-input_len = 32
-output_len = 32
-EOF
+source scripts/lib/cpu-forward.sh
+write_cpu_forward "$bin"
 
 vllm_pid=""
 stop_vllm() {
@@ -75,17 +53,6 @@ start_vllm() {
   echo "vLLM did not start:" >&2; tail -40 "$work/vllm.out" >&2; exit 1
 }
 
-# bench CONCURRENCY: output tokens/s of the client against $url.
-bench() {
-  local conc="$1"
-  local requests=$((conc * 8 < 32 ? 32 : conc * 8))
-  timeout 600 "$bin" bench "$work/scenario.toml" --url "$url" --time-scale 0 --no-progress \
-    --tokenizer "$work/model" --set "workload.concurrency=$conc" \
-    --set "workload.num_requests=$requests" --json "$work/report.json" > "$work/bench.out" 2>&1 \
-    || { echo "bench failed:" >&2; cat "$work/bench.out" >&2; exit 1; }
-  python3 -c "import json, sys; print('%.1f' % json.load(open(sys.argv[1]))['throughput']['output_tokens_per_s'])" "$work/report.json"
-}
-
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 : > "$work/results"
 for round in $(seq 1 "$rounds"); do
@@ -97,7 +64,7 @@ for round in $(seq 1 "$rounds"); do
       start_vllm
     fi
     for conc in 1 8 32; do
-      tps="$(bench "$conc")"
+      tps="$(bench_tokens_per_s "$bin" "$url" "$conc")"
       echo "round $round concurrency $conc $which: $tps output tok/s"
       echo "$which $conc $tps" >> "$work/results"
     done

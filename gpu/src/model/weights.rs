@@ -37,11 +37,7 @@ impl Linear {
 
     /// The weight, `[out, in]` (unpacked: a copy).
     pub fn weight(&self) -> Result<Tensor> {
-        Ok(Tensor::from_vec(
-            self.packed.unpack(),
-            self.packed.dims(),
-            &Device::Cpu,
-        )?)
+        unpacked(&self.packed)
     }
 
     /// The bias, `[out]`, where the architecture has one.
@@ -66,6 +62,15 @@ impl Linear {
         }
         Ok(Tensor::from_vec(y, (rows, out), &Device::Cpu)?)
     }
+}
+
+/// A packed matrix back as a `[out, inner]` tensor (a copy: for tests and inspection).
+fn unpacked(packed: &Panels) -> Result<Tensor> {
+    Ok(Tensor::from_vec(
+        packed.unpack(),
+        packed.dims(),
+        &Device::Cpu,
+    )?)
 }
 
 /// Calls `f` with a contiguous f32 CPU tensor's values, borrowed in place.
@@ -105,11 +110,7 @@ impl LmHead {
 
     /// The weight, `[vocab, hidden]` (unpacked: a copy).
     pub fn weight(&self) -> Result<Tensor> {
-        Ok(Tensor::from_vec(
-            self.packed.unpack(),
-            self.packed.dims(),
-            &Device::Cpu,
-        )?)
+        unpacked(&self.packed)
     }
 
     /// The logits (`[vocab]` each) of every row of `x` (`[rows, hidden]`).
