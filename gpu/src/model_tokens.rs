@@ -332,7 +332,10 @@ impl RankModel {
         out: &mut ForwardOutput,
     ) -> Result<(), ForwardError> {
         let (rank, number) = (batch.rank, batch.number);
-        self.compute(batch, out).map_err(|reason| ForwardError {
+        // The whole step runs on one of rayon's threads: the products', the attention's
+        // and the sampling's splits then join there, where from this thread each split
+        // would wake it again (tens of sleeps and wake-ups a step).
+        rayon::scope(|_| self.compute(batch, out)).map_err(|reason| ForwardError {
             rank,
             batch: number,
             reason,

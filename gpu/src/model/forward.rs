@@ -249,10 +249,15 @@ pub fn forward_paged(
         .iter()
         .map(|e| (e.start_position, e.token_ids))
         .collect();
-    forward_with(
-        model,
-        &entries,
-        &mut PagedStore { cache, batch },
-        Rows::Last,
-    )
+    // On one of rayon's threads (inline if already there): the forward's parallel splits
+    // join there, where from a thread outside the pool each would put it to sleep and
+    // wake it again.
+    rayon::scope(|_| {
+        forward_with(
+            model,
+            &entries,
+            &mut PagedStore { cache, batch },
+            Rows::Last,
+        )
+    })
 }

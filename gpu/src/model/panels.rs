@@ -1,14 +1,12 @@
-//! The LM head packed into panels, and its product with a few rows.
+//! Weight matrices packed into panels, and their products with a batch's rows.
 //!
-//! The head is the widest product of a decode step (vocabulary × hidden: 8.2M of the
-//! 11.1M weights a token of the benchmark model multiplies). Packed as panels of
-//! [`PANEL`] vocabulary entries, each panel hidden-major (`[hidden][PANEL]`), a panel is
-//! one contiguous run the prefetcher streams, and its product with input rows is a sum
-//! of outer products: for each hidden index, the panel's [`PANEL`] weights (a few SIMD
-//! vectors) are loaded once and multiplied by each row's input value, broadcast, into
-//! accumulators that hold the rows' logits for the panel. No horizontal sums: the dot
-//! products of [`super::skinny`] end in one per output, a quarter of a tile's work at a
-//! hidden size of 256.
+//! Every projection and the LM head are packed once at load as panels of [`PANEL`]
+//! output rows, each panel input-major (`[inner][PANEL]`): a panel is one contiguous run
+//! the prefetcher streams, and its product with input rows is a sum of outer products.
+//! For each inner index, the panel's [`PANEL`] weights (a few SIMD vectors) are loaded
+//! once and multiplied by each row's input value, broadcast, into accumulators that
+//! hold the rows' outputs for the panel. No horizontal sums: a dot product per output
+//! would end in one each, a quarter of a tile's work at an inner size of 256.
 
 use pulp::{Arch, Simd, WithSimd};
 use rayon::prelude::*;
@@ -206,11 +204,20 @@ fn tile<S: Simd, const H: usize, const V: usize>(
         }
     }
     for (i, out) in outputs.iter_mut().enumerate().take(H) {
-        let mut sums = [0.0f32; PANEL];
-        for (lane, a) in S::as_mut_simd_f32s(&mut sums).0.iter_mut().zip(&acc[i]) {
-            *lane = *a;
+        let out = &mut out[entries.clone()];
+        if out.len() == PANEL {
+            // A whole panel's outputs take the accumulators straight (a copy through a
+            // buffer was a call to memcpy per row and panel).
+            for (lane, a) in S::as_mut_simd_f32s(out).0.iter_mut().zip(&acc[i]) {
+                *lane = *a;
+            }
+        } else {
+            let mut sums = [0.0f32; PANEL];
+            for (lane, a) in S::as_mut_simd_f32s(&mut sums).0.iter_mut().zip(&acc[i]) {
+                *lane = *a;
+            }
+            out.copy_from_slice(&sums[..out.len()]);
         }
-        out[entries.clone()].copy_from_slice(&sums[..entries.len()]);
     }
 }
 
