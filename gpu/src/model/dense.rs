@@ -8,8 +8,9 @@ use lockstep_actors::vocab::TokenLogprobs;
 
 use super::Model;
 use super::error::{ModelError, Result};
-use super::forward::{KvStore, Rows, forward_with};
+use super::forward::{KvStore, LayerRows, Rows, forward_with};
 use super::ops::attention;
+use super::paged_attention::AttentionShape;
 use super::sampling::token_logprobs;
 
 /// One sequence's contiguous K/V, per layer, `[len, kv_heads * head_dim]` row-major.
@@ -83,11 +84,19 @@ impl KvStore for DenseStore<'_> {
         &mut self,
         layer: usize,
         entries: &[(usize, &[u32])],
-        queries: &Tensor,
-        keys: &Tensor,
-        values: &Tensor,
-        window: Option<usize>,
-    ) -> Result<Tensor> {
+        rows: LayerRows<'_>,
+    ) -> Result<Vec<f32>> {
+        let AttentionShape {
+            heads,
+            kv_heads,
+            head_dim,
+            window,
+        } = rows.shape;
+        let total = rows.queries.len() / (heads * head_dim).max(1);
+        let cpu = &Device::Cpu;
+        let queries = Tensor::from_slice(rows.queries, (total, heads, head_dim), cpu)?;
+        let keys = Tensor::from_slice(rows.keys, (total, kv_heads, head_dim), cpu)?;
+        let values = Tensor::from_slice(rows.values, (total, kv_heads, head_dim), cpu)?;
         let mut outputs = Vec::with_capacity(entries.len());
         let mut row = 0;
         for (entry, &(start, ids)) in entries.iter().enumerate() {
@@ -109,7 +118,7 @@ impl KvStore for DenseStore<'_> {
             )?);
             row += n;
         }
-        Ok(Tensor::cat(&outputs, 0)?)
+        Ok(Tensor::cat(&outputs, 0)?.flatten_all()?.to_vec1::<f32>()?)
     }
 }
 

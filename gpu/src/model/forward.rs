@@ -29,22 +29,28 @@ pub struct BatchEntry<'a> {
     pub dummy: bool,
 }
 
+/// One layer's queries, keys and values of a batch's new tokens, row-major: `[total,
+/// heads * head_dim]` queries, `[total, kv_heads * head_dim]` keys and values.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LayerRows<'a> {
+    pub queries: &'a [f32],
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub shape: AttentionShape,
+}
+
 /// Where the forward keeps K/V, and how it attends to them: the paged store with
 /// in-place loops, or the dense reference's buffers with tensor ops.
 pub(crate) trait KvStore {
-    /// Stores the batch's new K/V of layer `layer` (`[total, kv_heads, head_dim]`, the
-    /// entries' tokens in order; `entries` gives each entry's start position and new
-    /// tokens) and attends every entry's queries (`[total, heads, head_dim]`) to its own
-    /// context. Returns `[total, heads * head_dim]`.
+    /// Stores the batch's new K/V of layer `layer` (the entries' tokens in order;
+    /// `entries` gives each entry's start position and new tokens) and attends every
+    /// entry's queries to its own context. Returns `[total, heads * head_dim]`.
     fn attend(
         &mut self,
         layer: usize,
         entries: &[(usize, &[u32])],
-        queries: &Tensor,
-        keys: &Tensor,
-        values: &Tensor,
-        window: Option<usize>,
-    ) -> Result<Tensor>;
+        rows: LayerRows<'_>,
+    ) -> Result<Vec<f32>>;
 }
 
 /// Which rows of the batch's new tokens the LM head runs on.
@@ -94,51 +100,61 @@ pub(crate) fn forward_with(
         return Ok(Vec::new());
     }
     let total = tokens.len();
-    let (heads, kv_heads, head_dim) = (
-        config.num_attention_heads,
-        config.num_key_value_heads,
-        config.head_dim,
-    );
+    let shape = AttentionShape {
+        heads: config.num_attention_heads,
+        kv_heads: config.num_key_value_heads,
+        head_dim: config.head_dim,
+        window: config.sliding_window,
+    };
+    let eps = config.rms_norm_eps;
+    // The hidden states, `[total, hidden]` row-major, from the embedding's rows.
     let ids = Tensor::from_vec(tokens, total, &Device::Cpu)?;
-    let mut x = model.weights.embed_tokens.index_select(&ids, 0)?;
-    let rotary = RotaryAngles::new(&positions, &config.inverse_frequencies())?;
+    let mut x = model
+        .weights
+        .embed_tokens
+        .index_select(&ids, 0)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let rotary = RotaryAngles::new(&positions, &config.inverse_frequencies());
     for (layer_index, layer) in model.weights.layers.iter().enumerate() {
-        let h = rms_norm(&x, &layer.input_layernorm, config.rms_norm_eps)?;
-        let q = layer
-            .q_proj
-            .forward(&h)?
-            .reshape((total, heads, head_dim))?;
-        let k = layer
-            .k_proj
-            .forward(&h)?
-            .reshape((total, kv_heads, head_dim))?;
-        let v = layer
-            .v_proj
-            .forward(&h)?
-            .reshape((total, kv_heads, head_dim))?;
-        let q = rotary.apply(&q)?;
-        let k = rotary.apply(&k)?;
-        let attended = store.attend(layer_index, entries, &q, &k, &v, config.sliding_window)?;
-        x = (x + layer.o_proj.forward(&attended)?)?;
-        let h = rms_norm(&x, &layer.post_attention_layernorm, config.rms_norm_eps)?;
-        x = (x + gated_mlp(&h, layer, config.hidden_act)?)?;
+        let h = rms_norm(&x, &layer.input_layernorm.to_vec1::<f32>()?, eps);
+        let mut queries = layer.q_proj.forward(&h);
+        let mut keys = layer.k_proj.forward(&h);
+        let values = layer.v_proj.forward(&h);
+        rotary.apply(&mut queries);
+        rotary.apply(&mut keys);
+        let rows = LayerRows {
+            queries: &queries,
+            keys: &keys,
+            values: &values,
+            shape,
+        };
+        let attended = store.attend(layer_index, entries, rows)?;
+        add_to(&mut x, &layer.o_proj.forward(&attended));
+        let h = rms_norm(&x, &layer.post_attention_layernorm.to_vec1::<f32>()?, eps);
+        add_to(&mut x, &gated_mlp(&h, layer, config.hidden_act)?);
     }
+    let norm = model.weights.norm.to_vec1::<f32>()?;
     if rows == Rows::All {
-        let normed = rms_norm(&x, &model.weights.norm, config.rms_norm_eps)?;
-        return model.weights.lm_head.logits(&normed);
+        return Ok(model.weights.lm_head.logits(&rms_norm(&x, &norm, eps)));
     }
     // Only each entry's last position is sampled from: the LM head (the widest matmul)
     // runs on those rows alone.
-    let mut last_rows = Vec::with_capacity(entries.len());
-    let mut end = 0u32;
+    let hidden = config.hidden_size;
+    let mut last = Vec::with_capacity(entries.len() * hidden);
+    let mut end = 0;
     for &(_, ids) in entries {
-        end += ids.len() as u32;
-        last_rows.push(end - 1);
+        end += ids.len();
+        last.extend_from_slice(&x[(end - 1) * hidden..end * hidden]);
     }
-    let count = last_rows.len();
-    let last = x.index_select(&Tensor::from_vec(last_rows, count, &Device::Cpu)?, 0)?;
-    let normed = rms_norm(&last, &model.weights.norm, config.rms_norm_eps)?;
-    model.weights.lm_head.logits(&normed)
+    Ok(model.weights.lm_head.logits(&rms_norm(&last, &norm, eps)))
+}
+
+/// `x += y`, element by element (the residual connections).
+fn add_to(x: &mut [f32], y: &[f32]) {
+    for (x, y) in x.iter_mut().zip(y) {
+        *x += y;
+    }
 }
 
 /// The paged store seen through the batch's block tables.
@@ -152,23 +168,21 @@ impl KvStore for PagedStore<'_, '_> {
         &mut self,
         layer: usize,
         entries: &[(usize, &[u32])],
-        queries: &Tensor,
-        keys: &Tensor,
-        values: &Tensor,
-        window: Option<usize>,
-    ) -> Result<Tensor> {
-        let (total, heads, head_dim) = queries.dims3()?;
-        let kv_heads = keys.dim(1)?;
-        let shape = AttentionShape {
+        rows: LayerRows<'_>,
+    ) -> Result<Vec<f32>> {
+        let LayerRows {
+            queries,
+            keys,
+            values,
+            shape,
+        } = rows;
+        let AttentionShape {
             heads,
             kv_heads,
             head_dim,
-            window,
-        };
-        // One copy of the whole batch's rows out of candle per layer, not one per entry.
-        let queries = queries.flatten_all()?.to_vec1::<f32>()?;
-        let keys = keys.flatten_all()?.to_vec1::<f32>()?;
-        let values = values.flatten_all()?.to_vec1::<f32>()?;
+            ..
+        } = shape;
+        let total = queries.len() / (heads * head_dim).max(1);
         let (width, stride) = (heads * head_dim, kv_heads * head_dim);
         let mut row = 0;
         for (e, &(start, ids)) in self.batch.iter().zip(entries) {
@@ -218,7 +232,7 @@ impl KvStore for PagedStore<'_, '_> {
         } else {
             jobs.into_iter().for_each(attend_one);
         }
-        Ok(Tensor::from_vec(out, (total, width), &Device::Cpu)?)
+        Ok(out)
     }
 }
 

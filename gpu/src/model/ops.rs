@@ -3,30 +3,59 @@
 //! attention with a causal mask, and the gated MLP.
 
 use candle_core::{D, Device, Tensor};
+use pulp::Arch;
 
 use super::config::Activation;
 use super::error::Result;
 use super::weights::LayerWeights;
 
-/// `x / rms(x) * weight` over the last dimension.
-pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    let mean_square = x.sqr()?.mean_keepdim(D::Minus1)?;
-    let inverse_rms = (mean_square + eps)?.sqrt()?.recip()?;
-    Ok(x.broadcast_mul(&inverse_rms)?.broadcast_mul(weight)?)
+/// `x / rms(x) * weight` for each row of `x` (rows as wide as `weight`).
+pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f64) -> Vec<f32> {
+    let width = weight.len().max(1);
+    let mut out = vec![0.0f32; x.len()];
+    Arch::new().dispatch(
+        #[inline(always)]
+        || {
+            for (row, out) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+                let mean_square = sum_of_squares(row) / width as f32;
+                let inverse_rms = 1.0 / (mean_square + eps as f32).sqrt();
+                for ((o, &v), &w) in out.iter_mut().zip(row).zip(weight) {
+                    *o = v * inverse_rms * w;
+                }
+            }
+        },
+    );
+    out
 }
 
-/// Cosines and sines of the rotary angles of a batch's positions, `[tokens, 1, head_dim / 2]`
-/// each (the 1 broadcasts over heads).
+/// `Σ v²`, in sixteen running sums so that the compiler keeps them in vector registers
+/// (one running sum is a serial chain it may not reorder).
+#[inline(always)]
+fn sum_of_squares(row: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let chunks = row.chunks_exact(16);
+    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    for chunk in chunks {
+        for (lane, v) in lanes.iter_mut().zip(chunk) {
+            *lane += v * v;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// Cosines and sines of the rotary angles of a batch's positions, `head_dim / 2` of each
+/// per position.
 pub(crate) struct RotaryAngles {
-    cos: Tensor,
-    sin: Tensor,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
 }
 
 impl RotaryAngles {
     /// Angles for `positions` with the given inverse frequencies (`head_dim / 2` of
     /// them: `ModelConfig::inverse_frequencies`), computed in f64 so a long position
     /// loses no precision before the cast.
-    pub(crate) fn new(positions: &[u32], inverse_frequencies: &[f64]) -> Result<Self> {
+    pub(crate) fn new(positions: &[u32], inverse_frequencies: &[f64]) -> RotaryAngles {
         let half = inverse_frequencies.len();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
@@ -37,23 +66,36 @@ impl RotaryAngles {
                 sin.push(angle.sin() as f32);
             }
         }
-        let shape = (positions.len(), 1, half);
-        Ok(RotaryAngles {
-            cos: Tensor::from_vec(cos, shape, &Device::Cpu)?,
-            sin: Tensor::from_vec(sin, shape, &Device::Cpu)?,
-        })
+        RotaryAngles { cos, sin, half }
     }
 
-    /// Rotates `x` (`[tokens, heads, head_dim]`) in the Hugging Face "rotate half"
-    /// convention: dimension `i` pairs with `i + head_dim / 2`.
-    pub(crate) fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        let half = x.dim(D::Minus1)? / 2;
-        let first = x.narrow(D::Minus1, 0, half)?;
-        let second = x.narrow(D::Minus1, half, half)?;
-        let rotated_first = (first.broadcast_mul(&self.cos)? - second.broadcast_mul(&self.sin)?)?;
-        let rotated_second =
-            (second.broadcast_mul(&self.cos)? + first.broadcast_mul(&self.sin)?)?;
-        Ok(Tensor::cat(&[rotated_first, rotated_second], D::Minus1)?)
+    /// Rotates `x` (`[tokens, heads, head_dim]` row-major, one token per position) in
+    /// place, in the Hugging Face "rotate half" convention: dimension `i` pairs with
+    /// `i + head_dim / 2`.
+    pub(crate) fn apply(&self, x: &mut [f32]) {
+        let half = self.half;
+        if half == 0 {
+            return;
+        }
+        let tokens = self.cos.len() / half;
+        let width = x.len() / tokens.max(1);
+        Arch::new().dispatch(
+            #[inline(always)]
+            || {
+                for (t, token) in x.chunks_exact_mut(width).enumerate() {
+                    let cos = &self.cos[t * half..(t + 1) * half];
+                    let sin = &self.sin[t * half..(t + 1) * half];
+                    for head in token.chunks_exact_mut(2 * half) {
+                        let (first, second) = head.split_at_mut(half);
+                        for (((a, b), &c), &s) in first.iter_mut().zip(second).zip(cos).zip(sin) {
+                            let (x1, x2) = (*a, *b);
+                            *a = x1 * c - x2 * s;
+                            *b = x2 * c + x1 * s;
+                        }
+                    }
+                }
+            },
+        );
     }
 }
 
@@ -114,14 +156,34 @@ pub(crate) fn attention(
         .reshape((n, heads * head_dim))?)
 }
 
-/// The gated MLP: `down(act(gate(x)) * up(x))`, `act` SiLU (SwiGLU) or a GELU.
-pub(crate) fn gated_mlp(x: &Tensor, layer: &LayerWeights, act: Activation) -> Result<Tensor> {
-    let gate = layer.gate_proj.forward(x)?;
-    let gate = match act {
-        Activation::Silu => gate.silu()?,
-        Activation::Gelu => gate.gelu_erf()?,
-        Activation::GeluTanh => gate.gelu()?,
-    };
-    let up = layer.up_proj.forward(x)?;
-    layer.down_proj.forward(&(gate * up)?)
+/// The gated MLP: `down(act(gate(x)) * up(x))`, `act` SiLU (SwiGLU) or a GELU, for `x`
+/// of `[rows, hidden]` row-major.
+pub(crate) fn gated_mlp(x: &[f32], layer: &LayerWeights, act: Activation) -> Result<Vec<f32>> {
+    let mut gate = layer.gate_proj.forward(x);
+    let up = layer.up_proj.forward(x);
+    match act {
+        Activation::Silu => Arch::new().dispatch(
+            #[inline(always)]
+            || {
+                // candle's SiLU, `v / (1 + e^-v)`, fused with the product by `up`.
+                for (g, &u) in gate.iter_mut().zip(&up) {
+                    *g = *g / (1.0 + (-*g).exp()) * u;
+                }
+            },
+        ),
+        Activation::Gelu | Activation::GeluTanh => {
+            // Rare in the families served: candle's GELUs on a tensor of the rows.
+            let len = gate.len();
+            let rows = Tensor::from_vec(gate, len, &Device::Cpu)?;
+            let rows = match act {
+                Activation::Gelu => rows.gelu_erf()?,
+                _ => rows.gelu()?,
+            };
+            gate = rows.to_vec1::<f32>()?;
+            for (g, &u) in gate.iter_mut().zip(&up) {
+                *g *= u;
+            }
+        }
+    }
+    Ok(layer.down_proj.forward(&gate))
 }

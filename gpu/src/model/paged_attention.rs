@@ -6,6 +6,8 @@
 //! request's whole K/V out of its blocks, which cost more than the arithmetic. Here each
 //! key and value row is read once from its block and used by every head of its group.
 
+use pulp::Arch;
+
 /// Shape of the attention: `heads` query heads sharing `kv_heads` K/V heads, each
 /// `head_dim` wide, and an optional sliding `window` (a key is visible iff it is at most
 /// `window - 1` positions before the query).
@@ -25,6 +27,23 @@ pub(crate) struct AttentionShape {
 /// Query `i` sees key `p` iff `p <= start + i` and, with a window, `start + i - p < window`:
 /// the same mask as [`super::ops::attention`], the dense reference's.
 pub(crate) fn attend<'a>(
+    shape: AttentionShape,
+    queries: &[f32],
+    start: usize,
+    context_start: usize,
+    kv_row: impl Fn(usize) -> (&'a [f32], &'a [f32]),
+    out: &mut [f32],
+) {
+    // Compiled for the widest SIMD the CPU has (the loops inline into pulp's dispatch):
+    // the build targets baseline x86-64.
+    Arch::new().dispatch(
+        #[inline(always)]
+        || attend_loops(shape, queries, start, context_start, kv_row, out),
+    )
+}
+
+#[inline(always)]
+fn attend_loops<'a>(
     shape: AttentionShape,
     queries: &[f32],
     start: usize,
@@ -82,11 +101,12 @@ pub(crate) fn attend<'a>(
     }
 }
 
-/// `a · b`, in eight running sums so the compiler can keep them in one vector register
+/// `a · b`, in sixteen running sums so the compiler can keep them in vector registers
 /// (a single running sum is a serial chain it may not reorder).
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let mut lanes = [0.0f32; 16];
+    let (a8, b8) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = a8
         .remainder()
         .iter()
@@ -102,6 +122,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// In-place softmax of one row, max subtracted first as the reference does.
+#[inline(always)]
 fn softmax(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;

@@ -1,6 +1,7 @@
 //! Choosing the next token from logits: greedy, or temperature / top-k / top-p with a
 //! per-request seed, so a seeded request draws the same tokens on every driver.
 
+use pulp::Arch;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -111,15 +112,40 @@ impl Sampler {
     }
 }
 
-/// The most likely token; the lowest id among equals.
+/// The most likely token; the lowest id among equals (NaN logits are never the most
+/// likely; all NaN gives 0).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
+    // Two passes the compiler vectorizes (a scan that tracks the best index is a branch
+    // per logit): the largest value in sixteen running maxima, then the first chunk that
+    // holds it, searched element by element.
+    Arch::new().dispatch(
+        #[inline(always)]
+        || {
+            let mut lanes = [f32::NEG_INFINITY; 16];
+            let chunks = logits.chunks_exact(16);
+            let mut best = chunks
+                .remainder()
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+            for chunk in chunks {
+                for (lane, &l) in lanes.iter_mut().zip(chunk) {
+                    *lane = if l > *lane { l } else { *lane };
+                }
+            }
+            for lane in lanes {
+                best = if lane > best { lane } else { best };
+            }
+            let mut offset = 0;
+            for chunk in logits.chunks(16) {
+                if chunk.iter().fold(false, |found, &l| found | (l == best)) {
+                    let within = chunk.iter().position(|&l| l == best).unwrap_or(0);
+                    return (offset + within) as u32;
+                }
+                offset += chunk.len();
+            }
+            0
+        },
+    )
 }
 
 /// A request's penalties on tokens it has seen, as vLLM applies them (its order:
@@ -255,4 +281,50 @@ pub fn token_logprobs(logits: &[f32], token: u32, top: usize) -> (f32, Vec<(u32,
         own,
         best.into_iter().map(|(id, l)| (id, logprob(l))).collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::argmax;
+
+    /// The scan the vectorized search replaces: first index of the largest logit.
+    fn scan(logits: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, &l) in logits.iter().enumerate() {
+            if l > logits[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn argmax_is_the_first_index_of_the_largest_logit_at_every_length_and_place() {
+        for len in [1, 2, 15, 16, 17, 31, 32, 33, 100, 32_000] {
+            // Few distinct values, so ties are common; the best moves across chunk
+            // boundaries and the remainder.
+            let mut logits: Vec<f32> = (0..len)
+                .map(|i| ((i as u32).wrapping_mul(2_654_435_761) % 7) as f32 - 3.0)
+                .collect();
+            assert_eq!(argmax(&logits), scan(&logits), "length {len}");
+            for at in [0, len / 2, len - 1] {
+                logits[at] = 10.0;
+                assert_eq!(argmax(&logits), at as u32, "length {len}, best at {at}");
+                logits[at] = -3.0;
+            }
+        }
+        let masked = [
+            f32::NEG_INFINITY,
+            f32::NEG_INFINITY,
+            -5.0,
+            f32::NEG_INFINITY,
+        ];
+        assert_eq!(argmax(&masked), 2);
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 20]), 0);
+        assert_eq!(
+            argmax(&[1.0, f32::NAN, 3.0, f32::NAN]),
+            2,
+            "NaN is never the best"
+        );
+    }
 }

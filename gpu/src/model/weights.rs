@@ -45,14 +45,13 @@ impl Linear {
         self.bias.as_deref()
     }
 
-    /// `x @ W^T + b` for `x` of shape `[rows, in]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let rows = x.dim(0)?;
-        let out = self.packed.dims().0;
+    /// `x @ W^T + b` for `x` of `[rows, in]` row-major; `[rows, out]` row-major.
+    pub fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let (out, inner) = self.packed.dims();
+        let rows = x.len() / inner.max(1);
         let mut y = vec![0.0f32; rows * out];
         let mut outputs: Vec<&mut [f32]> = y.chunks_mut(out.max(1)).collect();
-        self.packed
-            .multiply(&x.flatten_all()?.to_vec1::<f32>()?, &mut outputs);
+        self.packed.multiply(x, &mut outputs);
         if let Some(bias) = &self.bias {
             for row in &mut outputs {
                 for (y, b) in row.iter_mut().zip(bias) {
@@ -60,7 +59,7 @@ impl Linear {
                 }
             }
         }
-        Ok(Tensor::from_vec(y, (rows, out), &Device::Cpu)?)
+        y
     }
 }
 
@@ -113,15 +112,14 @@ impl LmHead {
         unpacked(&self.packed)
     }
 
-    /// The logits (`[vocab]` each) of every row of `x` (`[rows, hidden]`).
-    pub fn logits(&self, x: &Tensor) -> Result<Vec<Vec<f32>>> {
-        let rows = x.dim(0)?;
-        let vocab = self.packed.dims().0;
-        let mut logits = vec![vec![0.0f32; vocab]; rows];
+    /// The logits (`[vocab]` each) of every row of `x` (`[rows, hidden]` row-major).
+    pub fn logits(&self, x: &[f32]) -> Vec<Vec<f32>> {
+        let (vocab, hidden) = self.packed.dims();
+        let rows = x.len() / hidden.max(1);
+        let mut logits: Vec<Vec<f32>> = (0..rows).map(|_| vec![0.0f32; vocab]).collect();
         let mut outputs: Vec<&mut [f32]> = logits.iter_mut().map(Vec::as_mut_slice).collect();
-        self.packed
-            .multiply(&x.flatten_all()?.to_vec1::<f32>()?, &mut outputs);
-        Ok(logits)
+        self.packed.multiply(x, &mut outputs);
+        logits
     }
 }
 
