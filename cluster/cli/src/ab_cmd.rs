@@ -10,6 +10,7 @@ use lockstep_plan::report::{Report, Slo, ab_table};
 use crate::args::{ScenarioArgs, load};
 use crate::output::write_json;
 use crate::sim_cmd::simulate;
+use crate::stdout::{out, outln};
 
 /// `lockstep ab`'s options.
 #[derive(Debug, clap::Args)]
@@ -89,10 +90,10 @@ pub(crate) fn run(
         a.apply_slo(slo);
         b.apply_slo(slo);
     }
-    print!("{}", ab_table(&a, &b, &base, &treatment));
+    out!("{}", ab_table(&a, &b, &base, &treatment));
     for (side, notes) in [(&base, &a_notes), (&treatment, &b_notes)] {
         for note in notes {
-            println!("note ({side}): {note}");
+            outln!("note ({side}): {note}");
         }
     }
     if let Some(p) = json {

@@ -9,6 +9,7 @@ use lockstep_plan::report::Slo;
 
 use crate::args::{ScenarioArgs, finite_non_negative, load};
 use crate::output::{exit_code, requests_bar, write_json};
+use crate::stdout::out;
 use crate::vllm_flags::{BenchShorthands, DatasetWorkload};
 
 /// `lockstep bench`'s options.
@@ -219,8 +220,8 @@ fn bench_command(
         run.report.apply_slo(slo);
     }
     let report = &run.report;
-    print!("{}", report.table());
-    print!("{}", lockstep_bench::summary::vllm_summary(report));
+    out!("{}", report.table());
+    out!("{}", lockstep_bench::summary::vllm_summary(report));
     vllm.finish(
         &run,
         tokenizer_id.as_deref().unwrap_or(&run.model),

@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::time::Instant;
 
+use crate::stdout::outln;
 use anyhow::Context;
 use lockstep_gpu::fit::{Sample, fit_device};
 use lockstep_gpu::model::{BatchEntry, Model, forward_paged};
@@ -93,9 +94,7 @@ fn samples_of_log(path: &Path) -> anyhow::Result<Vec<Sample>> {
 /// Prints a fit over many logged forwards by kind of batch: count, mean measured, mean
 /// fitted, mean absolute error; returns the worst kind's relative error of the means.
 fn report_by_kind(fit: &lockstep_gpu::fit::DeviceFit, samples: &[Sample]) -> f64 {
-    println!(
-        "batch kind        forwards   measured ms   fitted ms   error of means   mean |error|"
-    );
+    outln!("batch kind        forwards   measured ms   fitted ms   error of means   mean |error|");
     let mut worst: f64 = 0.0;
     type IsKind = fn(&BatchShape) -> bool;
     let kinds: [(&str, IsKind); 3] = [
@@ -120,7 +119,7 @@ fn report_by_kind(fit: &lockstep_gpu::fit::DeviceFit, samples: &[Sample]) -> f64
             / n;
         let error = (fitted - measured) / measured;
         worst = worst.max(error.abs());
-        println!(
+        outln!(
             "{label:<16} {:>9} {:>13.3} {:>11.3} {:>+15.1}% {:>13.1}%",
             of.len(),
             measured / 1e6,
@@ -185,16 +184,16 @@ pub fn calibrate(o: &CalibrateOptions<'_>) -> anyhow::Result<()> {
             let samples = time_grid(&CONTEXT_GRID, &GENERATION_GRID)?;
             let held_out = time_grid(&HELD_OUT_CONTEXT, &HELD_OUT_GENERATION)?;
             let fit = fit_device(&samples)?;
-            println!("shape                                   measured ms   fitted ms   error");
+            outln!("shape                                   measured ms   fitted ms   error");
             let report = |label: &str, samples: &[Sample]| -> f64 {
-                println!("{label}");
+                outln!("{label}");
                 let mut worst: f64 = 0.0;
                 for s in samples {
                     let predicted = fit.predict(&s.shape);
                     let error = (predicted - s.ns) / s.ns;
                     worst = worst.max(error.abs());
                     let b = &s.shape;
-                    println!(
+                    outln!(
                         "ctx {:>2} req {:>4} tok {:>6} attn | gen {:>2} req {:>5} kv {:>10.3} {:>11.3} {:>+7.1}%",
                         b.ctx_requests,
                         b.ctx_tokens,
@@ -254,7 +253,7 @@ pub fn calibrate(o: &CalibrateOptions<'_>) -> anyhow::Result<()> {
     };
     let text = toml::to_string(&profile).context("encoding the profile")?;
     std::fs::write(o.out, text).with_context(|| format!("writing {}", o.out.display()))?;
-    println!(
+    outln!(
         "fitted: forward_base_ns {:.0}, ctx_token_ns {:.1}, ctx_attention_ns {:.4}, gen_request_ns {:.1}, kv_read_ns {:.3}; worst error {:.1} % fitted, {held_out_text}",
         c.forward_base_ns,
         c.ctx_token_ns,
@@ -263,7 +262,7 @@ pub fn calibrate(o: &CalibrateOptions<'_>) -> anyhow::Result<()> {
         c.kv_read_ns,
         worst * 100.0,
     );
-    println!(
+    outln!(
         "wrote {} (use it with --set 'model.profile=\"{}\"')",
         o.out.display(),
         o.out.display()

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use lockstep_plan::validate;
 
 use crate::args::{ScenarioArgs, load};
+use crate::stdout::{out, outln};
 
 /// `lockstep validate`'s options.
 #[derive(Debug, clap::Args)]
@@ -21,7 +22,7 @@ pub(crate) struct ValidateArgs {
 pub(crate) fn validate(ValidateArgs { args, policy }: ValidateArgs) -> anyhow::Result<ExitCode> {
     let scenario = load(&args, policy.as_deref(), None)?;
     let (table, warnings) = validate::render(&scenario)?;
-    print!("{table}");
+    out!("{table}");
     for w in warnings {
         eprintln!("warning: {w}");
     }
@@ -31,8 +32,8 @@ pub(crate) fn validate(ValidateArgs { args, policy }: ValidateArgs) -> anyhow::R
 /// Runs `lockstep profiles`.
 pub(crate) fn profiles() -> anyhow::Result<ExitCode> {
     for p in lockstep_gpu::profiles() {
-        println!("{}", p.name);
-        println!(
+        outln!("{}", p.name);
+        outln!(
             "  kv: {} per token ({} layers, {} kv heads, head dim {}, {} bytes per element{})",
             lockstep_plan::report::table::human_bytes(p.kv.bytes_per_token()),
             p.kv.layers,
@@ -44,18 +45,18 @@ pub(crate) fn profiles() -> anyhow::Result<ExitCode> {
         let c = serde_json::to_value(p.coefficients)?;
         if let Some(map) = c.as_object() {
             let fields: Vec<String> = map.iter().map(|(k, v)| format!("{k} = {v}")).collect();
-            println!("  coefficients (ns): {}", fields.join(", "));
+            outln!("  coefficients (ns): {}", fields.join(", "));
         }
         for line in p.assumptions.lines().filter(|l| !l.trim().is_empty()) {
-            println!("  {}", line.trim());
+            outln!("  {}", line.trim());
         }
-        println!();
+        outln!();
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// Runs `lockstep explain`.
 pub(crate) fn explain(args: lockstep_plan::explain::ExplainArgs) -> anyhow::Result<ExitCode> {
-    print!("{}", lockstep_plan::explain::explain(&args)?);
+    out!("{}", lockstep_plan::explain::explain(&args)?);
     Ok(ExitCode::SUCCESS)
 }

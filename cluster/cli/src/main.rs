@@ -24,6 +24,7 @@ mod search_cmd;
 mod serve_cmd;
 mod sim_cmd;
 mod simbench_cmd;
+mod stdout;
 mod swarm_cmd;
 mod trtllm_cmd;
 mod vllm_flags;
@@ -33,7 +34,7 @@ mod vllm_flags;
     name = "lockstep",
     version,
     about = "Attention-data-parallel LLM serving control plane",
-    after_help = "Exit status: 0 success (every request completed); 1 the run failed (a collective error, a lost rank, a server that could not be reached); 2 the fleet crashed or deadlocked (the report says how); 3 the run ended but some requests did not complete; 64 a usage error (an unknown option, a bad or missing argument); 78 a configuration refused before anything started (a bad scenario or TOML, a --set that does not apply, a workload the fleet or --model cannot serve). Errors are one line on stderr starting `error: `; log lines go to stderr, warnings of the unexpected only unless RUST_LOG asks for more (e.g. RUST_LOG=info)."
+    after_help = "Exit status: 0 success (every request completed); 1 the run failed (a collective error, a lost rank, a server that could not be reached); 2 the fleet crashed or deadlocked (the report says how); 3 the run ended but some requests did not complete; 64 a usage error (an unknown option, a bad or missing argument); 78 a configuration refused before anything started (a bad scenario or TOML, a --set that does not apply, a workload the fleet or --model cannot serve). Errors are one line on stderr starting `error: `; log lines go to stderr, warnings of the unexpected only unless RUST_LOG asks for more (e.g. RUST_LOG=info). A reader of stdout that goes away (`| head`) drops the rest of the output, not the command: the status is still the command's own."
 )]
 struct Cli {
     #[command(subcommand)]

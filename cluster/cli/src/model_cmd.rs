@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use crate::stdout::outln;
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
 use lockstep_gpu::model::{
@@ -210,7 +211,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
                 );
             }
             let config = write_random_model(&dir, &options)?;
-            println!("wrote {} ({})", dir.display(), config.summary());
+            outln!("wrote {} ({})", dir.display(), config.summary());
             Ok(ExitCode::SUCCESS)
         }
         ModelCommand::Generate {
@@ -234,7 +235,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
                 chunk as usize,
                 tokens_per_block as usize,
             )?;
-            println!("{}", generated.text);
+            outln!("{}", generated.text);
             // What vLLM's offline example shows beside the text, on stderr so that
             // stdout stays the text alone.
             let secs = started.elapsed().as_secs_f64();
@@ -415,10 +416,13 @@ fn bench(dir: &Path, shape: BenchShape, rounds: usize, dp: usize) -> anyhow::Res
                 .collect()
         })
         .collect();
-    println!("model {}: {}", dir.display(), config.summary());
-    println!(
+    outln!("model {}: {}", dir.display(), config.summary());
+    outln!(
         "decode: dp {dp}, batch {} per rank, prompt {} tokens, {} steps timed, {} tokens per block, best of {rounds}",
-        shape.batch, shape.prompt_len, shape.decode_tokens, shape.tokens_per_block
+        shape.batch,
+        shape.prompt_len,
+        shape.decode_tokens,
+        shape.tokens_per_block
     );
     let mut paged_best = Duration::MAX;
     let mut dense_best = Duration::MAX;
@@ -429,15 +433,15 @@ fn bench(dir: &Path, shape: BenchShape, rounds: usize, dp: usize) -> anyhow::Res
     let tokens = (dp * shape.batch * shape.decode_tokens) as f64;
     let paged_rate = tokens / paged_best.as_secs_f64();
     let dense_rate = tokens / dense_best.as_secs_f64();
-    println!(
+    outln!(
         "paged: {paged_rate:.1} tokens/s ({:.2} ms per step)",
         paged_best.as_secs_f64() * 1e3 / shape.decode_tokens as f64
     );
-    println!(
+    outln!(
         "dense: {dense_rate:.1} tokens/s ({:.2} ms per step)",
         dense_best.as_secs_f64() * 1e3 / shape.decode_tokens as f64
     );
-    println!(
+    outln!(
         "paged/dense per-token cost: {:.3}x (target at most 1.3x)",
         dense_rate / paged_rate
     );

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
+use crate::stdout::{out, outln};
 use lockstep_plan::report::Report;
 
 /// Prints `error: TEXT` on stderr in one write: `eprintln!` writes its pieces apart, and
@@ -75,12 +76,12 @@ pub(crate) fn exit_code(report: &Report) -> ExitCode {
 /// The text report of a run on stdout, and under it a line when an open-loop fleet did
 /// not keep up with its offered rate (the latencies then depend on the run's length).
 pub(crate) fn print_report(report: &Report, scenario: &lockstep_plan::scenario::Scenario) {
-    print!("{}", report.table());
+    out!("{}", report.table());
     for note in server_notes(scenario) {
-        println!("note: {note}");
+        outln!("note: {note}");
     }
     if let Some(note) = lockstep_plan::report::saturation_note(report, scenario.workload.as_ref()) {
-        println!("{note}");
+        outln!("{note}");
     }
 }
 

@@ -7,6 +7,7 @@ use anyhow::Context;
 
 use crate::args::{MpirunArgs, ProcessDriver};
 use crate::mpirun::{args_for_each_process, mpirun_command, require_mpi_build};
+use crate::stdout::outln;
 
 /// `lockstep overhead`'s options.
 #[derive(Debug, clap::Args)]
@@ -68,17 +69,17 @@ pub(crate) fn run(
         ProcessDriver::Threads => "threads",
         ProcessDriver::Mpi | ProcessDriver::MpiRank => "mpi",
     };
-    println!(
+    outln!(
         "driver={driver} dp={dp} active_per_rank={active} iterations={iterations} collectives_per_iteration={}",
         o.collectives
     );
-    println!(
+    outln!(
         "means: overhead_mean_us={:.2} floor_mean_us={:.2} ratio_of_means={:.2}",
         o.overhead_mean_us,
         o.floor_mean_us,
         o.overhead_mean_us / o.floor_mean_us
     );
-    println!(
+    outln!(
         "overhead_us={:.2} floor_us={:.2} ratio={:.2}",
         o.overhead_us,
         o.floor_us,

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::stdout::outln;
 use anyhow::Context;
 
 /// `lockstep report`'s options.
@@ -27,7 +28,7 @@ pub(crate) fn run(ReportArgs { run, out }: ReportArgs) -> anyhow::Result<ExitCod
     })?;
     let page = lockstep_plan::report::html::render(&runs);
     std::fs::write(&out, page).with_context(|| format!("writing {}", out.display()))?;
-    println!(
+    outln!(
         "wrote {} ({} run{})",
         out.display(),
         runs.len(),

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::stdout::{out, outln};
 use lockstep_search::{Alone, Progress, Share, output, spec::SearchSpec};
 
 /// `lockstep search`'s options.
@@ -75,8 +76,8 @@ pub(crate) fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
     if !first {
         return Ok(ExitCode::SUCCESS);
     }
-    print!("{}", output::text(&spec, &outcome, args.top));
-    println!("searched in {:.1} s wall", started.elapsed().as_secs_f64());
+    out!("{}", output::text(&spec, &outcome, args.top));
+    outln!("searched in {:.1} s wall", started.elapsed().as_secs_f64());
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let csv = dir.join("ranked.csv");
@@ -84,10 +85,10 @@ pub(crate) fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
         let html = dir.join("search.html");
         std::fs::write(&html, output::html(&spec, &outcome))
             .with_context(|| format!("writing {}", html.display()))?;
-        println!("wrote {}", csv.display());
-        println!("wrote {}", html.display());
+        outln!("wrote {}", csv.display());
+        outln!("wrote {}", html.display());
         for note in output::write_winners(&spec, &outcome, dir, args.winners)? {
-            println!("wrote {note}");
+            outln!("wrote {note}");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -18,6 +18,7 @@ use crate::mpirun::{
     args_for_each_process, mpirun_command, processes_of, require_mpi_build, run_draining_on_signal,
     status_of,
 };
+use crate::stdout::outln;
 use crate::vllm_flags::ServeShorthands;
 
 /// `lockstep serve`'s options.
@@ -203,7 +204,7 @@ pub(crate) fn run(
 }
 
 fn announce(model: &str, addr: std::net::SocketAddr) {
-    println!("lockstep serve: model {model} on http://{addr}");
+    outln!("lockstep serve: model {model} on http://{addr}");
     let _ = std::io::stdout().flush();
 }
 
@@ -216,7 +217,7 @@ fn serve_ended(summary: &lockstep_serve::ServeSummary, drain_timeout_s: u64) -> 
         .filter(|r| !matches!(r.ending, lockstep_plan::report::RankEnding::Drained))
         .map(|r| format!("server {} rank {}: {:?}", r.server, r.rank, r.ending))
         .collect();
-    println!(
+    outln!(
         "lockstep serve: stopped after {} requests; {} ranks ended; {} cut at the drain timeout",
         summary.requests,
         summary.ranks.len(),

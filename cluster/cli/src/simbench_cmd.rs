@@ -21,6 +21,7 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::output::write_json;
+use crate::stdout::{out, outln};
 
 /// `lockstep simbench`'s options.
 #[derive(Debug, clap::Args)]
@@ -379,7 +380,7 @@ pub(crate) fn run(args: SimbenchArgs) -> anyhow::Result<ExitCode> {
         workloads: results,
         marginal_bytes_per_request: marginal,
     };
-    print!("{}", table(&summary));
+    out!("{}", table(&summary));
     if let Some(p) = &args.json {
         write_json(p, &summary)?;
     }
@@ -541,7 +542,7 @@ fn measure_one(command: &[String]) -> anyhow::Result<ExitCode> {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     };
-    println!("{}", serde_json::to_string(&child)?);
+    outln!("{}", serde_json::to_string(&child)?);
     Ok(ExitCode::SUCCESS)
 }
 

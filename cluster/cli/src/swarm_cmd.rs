@@ -1,5 +1,6 @@
 //! `lockstep swarm`: random valid scenarios run, classified, and the bad ones shrunk.
 
+use crate::stdout::{out, outln};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -71,14 +72,14 @@ pub(crate) fn run(
     if tty {
         eprintln!();
     }
-    print!("{}", summary.render());
+    out!("{}", summary.render());
     if summary.timeouts_rerun > 0 {
-        println!(
+        outln!(
             "{} run(s) timed out among the others and were run again alone",
             summary.timeouts_rerun
         );
     }
-    println!(
+    outln!(
         "swarm: {runs} scenarios from seed {seed} in {:.1} s: {}",
         summary.elapsed.as_secs_f64(),
         if summary.all_ok() {

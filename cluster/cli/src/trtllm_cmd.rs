@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use lockstep_gpu::roofline::Precision;
 
+use crate::stdout::{out, outln};
 use lockstep_plan::explain::parse_precision;
 use lockstep_plan::scenario::Scenario;
 use lockstep_plan::trtllm::{ImportOptions, TrtllmError, WorkloadOptions, export, import};
@@ -103,7 +104,7 @@ pub fn run_import(command: ImportCommand) -> Result<(), TrtllmError> {
     for n in &imported.notes {
         eprintln!("note: {n}");
     }
-    println!(
+    outln!(
         "wrote {} from {} ({} keys not modeled)",
         a.out.display(),
         a.yaml.display(),
@@ -126,7 +127,7 @@ pub fn run_export(command: ExportCommand) -> Result<(), TrtllmError> {
             file: path.display().to_string(),
             message: e.to_string(),
         })?,
-        None => print!("{}", exported.yaml),
+        None => out!("{}", exported.yaml),
     }
     for n in &exported.not_expressible {
         eprintln!("not in TensorRT-LLM's YAML: {n}");

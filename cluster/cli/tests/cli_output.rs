@@ -237,3 +237,33 @@ fn serve_at_zero_cost_says_so() {
     assert!(line.contains("zero modeled cost"), "{line}");
     assert!(line.contains("--time-scale"), "{line}");
 }
+
+/// A reader that goes away (`lockstep … | head`) ends the output, not the command: no
+/// panic, and the command's own exit status. The pipe's read end is closed before the
+/// command starts, so every write it makes fails.
+#[test]
+fn a_closed_stdout_is_no_panic_and_keeps_the_exit_status() {
+    let run = |args: &[&str]| {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let output = Command::new(BIN)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run lockstep");
+        (output.status.code(), stderr(&output))
+    };
+    let (code, err) = run(&["profiles"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.is_empty(), "a broken pipe is silent: {err}");
+    // A run that ends in a configuration error still says so, and exits 78.
+    let (code, err) = run(&["sim", &example("ctx-only.toml"), "--set", "seed=oops"]);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("error: "), "{err}");
+    let (code, err) = run(&["sim", &example("ctx-only.toml")]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

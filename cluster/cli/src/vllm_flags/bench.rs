@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
+use crate::stdout::out;
 use lockstep_bench::{BenchOptions, BenchRun};
 use lockstep_plan::scenario::Scenario;
 
@@ -296,7 +297,7 @@ impl BenchShorthands {
             .clone()
             .unwrap_or_else(|| vec![99.0]);
         if self.percentile_metrics.is_some() || self.metric_percentiles.is_some() {
-            print!("{}", percentile_lines(&samples, &metrics, &percentiles));
+            out!("{}", percentile_lines(&samples, &metrics, &percentiles));
         }
         if !self.save_result {
             return Ok(());
