@@ -1161,6 +1161,178 @@ fn a_models_chat_defaults_to_its_context_and_unimplemented_fields_are_refused() 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// vLLM's `/tokenize` and `/detokenize` on `serve --model`: a prompt's ids are what
+/// `/v1/completions` feeds the model (its special tokens included), a chat's what
+/// `/v1/chat/completions` does (its `prompt_tokens`), the token strings the vocabulary's,
+/// ids back to text; bad input and unimplemented fields a 400 naming the field. Without a
+/// model both routes say they need one. A method a route does not take is 405 with an
+/// `Allow` header, not 404.
+#[test]
+fn tokenize_and_detokenize_give_the_models_ids_and_text_and_a_wrong_method_is_405() {
+    use lockstep_gpu::model::{InitOptions, TextTokenizer};
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lockstep-serve-tokenize-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    lockstep_gpu::model::write_random_model(&dir, &InitOptions::default()).expect("init");
+    // A tokenizer whose post-processor adds a BOS, so that a plain prompt's ids differ
+    // from the text's as written.
+    let bos = "<|endoftext|>";
+    let path = dir.join("tokenizer.json");
+    let mut with_bos: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("tokenizer.json")).unwrap();
+    with_bos["post_processor"] = json!({
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos: {"id": bos, "ids": [256], "tokens": [bos]}},
+    });
+    std::fs::write(&path, with_bos.to_string()).expect("write tokenizer.json");
+    let tokenizer = TextTokenizer::load(&dir).expect("tokenizer");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let s = Server::start("model/agg-tiny.toml", &["--model", &dir_arg]);
+    let text = "the paged KV cache, spelled out";
+    let (code, answer) = post(
+        &s.url("/tokenize"),
+        &json!({"prompt": text}).to_string(),
+        None,
+    );
+    assert_eq!(code, 200, "{answer}");
+    let v = json_of(&answer);
+    let ids = tokenizer.encode_prompt(text).expect("encode");
+    assert_eq!(v["tokens"], json!(ids), "{answer}");
+    assert_eq!(v["count"], ids.len());
+    assert_eq!(v["token_strs"], Value::Null);
+    // The same count as a completion's prompt_tokens.
+    let (code, done) = post(
+        &s.url("/v1/completions"),
+        &json!({"prompt": text, "max_tokens": 1}).to_string(),
+        None,
+    );
+    assert_eq!(code, 200, "{done}");
+    assert_eq!(json_of(&done)["usage"]["prompt_tokens"], ids.len());
+    // Without the special tokens, and with the token strings.
+    let (code, answer) = post(
+        &s.url("/tokenize"),
+        &json!({"prompt": text, "add_special_tokens": false, "return_token_strs": true})
+            .to_string(),
+        None,
+    );
+    assert_eq!(code, 200, "{answer}");
+    let v = json_of(&answer);
+    let plain = tokenizer.encode(text).expect("encode");
+    assert_eq!(v["tokens"], json!(plain));
+    assert_eq!(ids[0], 256, "the post-processor's BOS");
+    assert_eq!(ids[1..], plain[..]);
+    let strs: Vec<String> = plain
+        .iter()
+        .map(|&id| tokenizer.token_string(id).expect("in the vocabulary"))
+        .collect();
+    assert_eq!(v["token_strs"], json!(strs));
+    // A chat: the ids of its rendered template, as many as a chat completion's prompt.
+    let messages = json!([{"role": "user", "content": "what is a block table?"}]);
+    let (code, answer) = post(
+        &s.url("/tokenize"),
+        &json!({"messages": messages}).to_string(),
+        None,
+    );
+    assert_eq!(code, 200, "{answer}");
+    let v = json_of(&answer);
+    let rendered = tokenizer
+        .chat_prompt_messages(&[("user".into(), "what is a block table?".into())])
+        .expect("the chat template");
+    let chat_ids = tokenizer.encode(&rendered).expect("encode");
+    assert_eq!(v["tokens"], json!(chat_ids));
+    let (code, done) = post(
+        &s.url("/v1/chat/completions"),
+        &json!({"messages": messages, "max_tokens": 1}).to_string(),
+        None,
+    );
+    assert_eq!(code, 200, "{done}");
+    assert_eq!(json_of(&done)["usage"]["prompt_tokens"], chat_ids.len());
+    // Back to text, special tokens written out.
+    let (code, answer) = post(
+        &s.url("/detokenize"),
+        &json!({"tokens": chat_ids}).to_string(),
+        None,
+    );
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(json_of(&answer)["prompt"], rendered.as_str());
+    // Bad input and unimplemented fields, each named.
+    for (route, body, param) in [
+        ("/detokenize", json!({"tokens": [1, 1_000_000]}), "tokens"),
+        ("/detokenize", json!({"tokens": "abc"}), "tokens"),
+        ("/tokenize", json!({"prompt": 5}), "prompt"),
+        ("/tokenize", json!({}), "prompt"),
+        (
+            "/tokenize",
+            json!({"prompt": "a", "return_token_strs": 1}),
+            "return_token_strs",
+        ),
+        (
+            "/tokenize",
+            json!({"messages": messages, "add_generation_prompt": false}),
+            "add_generation_prompt",
+        ),
+        (
+            "/tokenize",
+            json!({"messages": messages, "chat_template": "{{ x }}"}),
+            "chat_template",
+        ),
+        (
+            "/tokenize",
+            json!({"prompt": "a", "model": "other"}),
+            "model",
+        ),
+    ] {
+        let (code, err) = post(&s.url(route), &body.to_string(), None);
+        assert!(code == 400 || code == 404, "{route} {body}: {code} {err}");
+        assert_eq!(
+            json_of(&err)["error"]["param"],
+            param,
+            "{route} {body}: {err}"
+        );
+    }
+    // A wrong method: 405, saying which methods the route takes.
+    for (method, route, allow) in [
+        ("DELETE", "/v1/completions", "POST"),
+        ("GET", "/tokenize", "POST"),
+        ("POST", "/v1/models", "GET"),
+        ("PUT", "/ping", "GET, POST"),
+    ] {
+        let url = s.url(route);
+        let (code, allowed, body) = match agent().request(method, &url).call() {
+            Ok(r) => (
+                r.status(),
+                r.header("Allow").map(str::to_string),
+                String::new(),
+            ),
+            Err(ureq::Error::Status(code, r)) => (
+                code,
+                r.header("Allow").map(str::to_string),
+                r.into_string().expect("a body"),
+            ),
+            Err(e) => panic!("{method} {route}: {e}"),
+        };
+        assert_eq!(code, 405, "{method} {route}: {body}");
+        assert_eq!(allowed.as_deref(), Some(allow), "{method} {route}");
+        assert!(
+            json_of(&body)["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(allow))
+        );
+    }
+    assert_eq!(get(&s.url("/no/such/route")).0, 404);
+    drop(s);
+    // Without a model there is no tokenizer: both routes say so.
+    let s = Server::start("agg-balanced.toml", &[]);
+    for route in ["/tokenize", "/detokenize"] {
+        let (code, err) = post(&s.url(route), r#"{"prompt": "a", "tokens": [1]}"#, None);
+        assert_eq!(code, 400, "{route}: {err}");
+        assert!(err.contains("--model"), "{route}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `serve --model` with `logit_bias`, the penalties and `min_tokens`: every answer is the
 /// greedy text of the dense forward whose logits this test changes itself, step by step,
 /// by the fields' formulas (bias added; repetition over prompt and output, then

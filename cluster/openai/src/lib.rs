@@ -401,6 +401,32 @@ pub fn block_hashes(keys: &[u64], tokens_per_block: u32) -> Vec<u64> {
         .collect()
 }
 
+/// A body's `model`, where it names one: the served model's name, or 404
+/// `model_not_found` (as vLLM); anything but a string is a 400 naming the field.
+pub fn check_model(obj: &serde_json::Map<String, Value>, model: &str) -> Result<(), ApiError> {
+    if let Some(m) = obj.get("model") {
+        match m.as_str() {
+            Some(name) if name == model => {}
+            Some(name) => {
+                return Err(ApiError {
+                    status: 404,
+                    message: format!("model: `{name}` is not served here; the model is `{model}`"),
+                    param: Some("model".into()),
+                    kind: "invalid_request_error",
+                    code: Some("model_not_found"),
+                });
+            }
+            None => {
+                return Err(ApiError::field(
+                    "model",
+                    format!("model must be a string, got {}", short(m)),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks a request body for `endpoint`; `model` is the served model's name,
 /// `max_prompt_tokens` the longest prompt taken, `tokens_per_block` the fleet's KV block
 /// size (the prompt's block hashes are computed with it).
@@ -425,26 +451,7 @@ pub fn parse(
             format!("the body must be a JSON object, got {}", short(&value)),
         ));
     };
-    if let Some(m) = obj.get("model") {
-        match m.as_str() {
-            Some(name) if name == model => {}
-            Some(name) => {
-                return Err(ApiError {
-                    status: 404,
-                    message: format!("model: `{name}` is not served here; the model is `{model}`"),
-                    param: Some("model".into()),
-                    kind: "invalid_request_error",
-                    code: Some("model_not_found"),
-                });
-            }
-            None => {
-                return Err(ApiError::field(
-                    "model",
-                    format!("model must be a string, got {}", short(m)),
-                ));
-            }
-        }
-    }
+    check_model(obj, model)?;
     let mut keys = Vec::new();
     match endpoint {
         Endpoint::Completions => completion_prompt(obj.get("prompt"), &mut keys)?,

@@ -116,17 +116,43 @@ fn cut_error() -> ApiError {
     )
 }
 
-/// The routes.
+/// The routes. Each path is one resource: a method it does not take is answered 405
+/// with an `Allow` header, not 404 (as vLLM's FastAPI server).
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/health", web::get().to(health))
+    cfg.service(resource("/health", "GET").route(web::get().to(health)))
         // vLLM's liveness route (SageMaker's `/ping`, GET or POST) and its version.
-        .route("/ping", web::get().to(health))
-        .route("/ping", web::post().to(health))
-        .route("/version", web::get().to(version))
-        .route("/metrics", web::get().to(metrics))
-        .route("/v1/models", web::get().to(models))
-        .route("/v1/completions", web::post().to(completions))
-        .route("/v1/chat/completions", web::post().to(chat));
+        .service(
+            resource("/ping", "GET, POST")
+                .route(web::get().to(health))
+                .route(web::post().to(health)),
+        )
+        .service(resource("/version", "GET").route(web::get().to(version)))
+        .service(resource("/metrics", "GET").route(web::get().to(metrics)))
+        .service(resource("/v1/models", "GET").route(web::get().to(models)))
+        .service(resource("/v1/completions", "POST").route(web::post().to(completions)))
+        .service(resource("/v1/chat/completions", "POST").route(web::post().to(chat)))
+        .service(resource("/tokenize", "POST").route(web::post().to(tokenize)))
+        .service(resource("/detokenize", "POST").route(web::post().to(detokenize)));
+}
+
+/// A path whose routes take the methods `allow` lists; any other method gets 405.
+fn resource(path: &'static str, allow: &'static str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(move |req: HttpRequest| async move {
+        let e = ApiError::status(
+            405,
+            "invalid_request_error",
+            format!(
+                "method {} is not allowed on {path}: it takes {allow}",
+                req.method()
+            ),
+        );
+        let mut answer = error(&e);
+        answer.headers_mut().insert(
+            actix_web::http::header::ALLOW,
+            actix_web::http::header::HeaderValue::from_static(allow),
+        );
+        answer
+    }))
 }
 
 fn error(e: &ApiError) -> HttpResponse {
@@ -526,6 +552,71 @@ async fn models(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
             "lockstep_time_base": state.time_base,
         }],
     }))
+}
+
+/// `/tokenize` (vLLM's): the prompt's, or the chat's, token ids.
+async fn tokenize(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let body = match tokenizer_body(&req, payload, &state).await {
+        Ok(body) => body,
+        Err(e) => return error(&e),
+    };
+    let Some(text) = &state.text else {
+        return error(&no_tokenizer());
+    };
+    let max_model_len = context_limit(&state).map(|(l, _)| l);
+    match super::tokenize::tokenize(
+        text,
+        &body,
+        &state.model,
+        max_model_len,
+        state.max_prompt_tokens,
+    ) {
+        Ok(answer) => HttpResponse::Ok().json(answer),
+        Err(e) => error(&e),
+    }
+}
+
+/// `/detokenize` (vLLM's): token ids back to text.
+async fn detokenize(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let body = match tokenizer_body(&req, payload, &state).await {
+        Ok(body) => body,
+        Err(e) => return error(&e),
+    };
+    let Some(text) = &state.text else {
+        return error(&no_tokenizer());
+    };
+    match super::tokenize::detokenize(text, &body, &state.model) {
+        Ok(answer) => HttpResponse::Ok().json(answer),
+        Err(e) => error(&e),
+    }
+}
+
+/// A tokenizer route's body: behind the API key as the generating routes (encoding a
+/// long text costs the server as a prompt does), within the body limit.
+async fn tokenizer_body(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+) -> Result<Vec<u8>, ApiError> {
+    authorized(req, state)?;
+    read_body(req, payload, state.max_body_bytes).await
+}
+
+/// What the tokenizer routes answer without `--model`.
+fn no_tokenizer() -> ApiError {
+    ApiError::status(
+        400,
+        "invalid_request_error",
+        "this server has no tokenizer: /tokenize and /detokenize need `serve --model` (without one, a text prompt's length is its count of words)",
+    )
 }
 
 /// The body, refused past the limit (by its declared length, or as it arrives).

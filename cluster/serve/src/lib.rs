@@ -21,6 +21,7 @@ pub mod http;
 pub mod metrics;
 pub mod model_text;
 pub mod stop;
+pub mod tokenize;
 
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;

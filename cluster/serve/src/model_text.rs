@@ -147,6 +147,16 @@ impl ModelText {
         Ok(())
     }
 
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// Token ids the model has (`vocab_size`).
+    pub fn vocab(&self) -> u32 {
+        self.vocab
+    }
+
     /// The model directory served.
     pub fn root(&self) -> &std::path::Path {
         &self.dir
@@ -278,7 +288,7 @@ impl ModelText {
 }
 
 /// A message's text: a string, or the text parts of an array, one after another.
-fn content_text(content: Option<&Value>) -> String {
+pub(crate) fn content_text(content: Option<&Value>) -> String {
     match content {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts

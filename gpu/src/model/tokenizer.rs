@@ -155,6 +155,20 @@ impl TextTokenizer {
             .map_err(|e| self.error(e.to_string()))
     }
 
+    /// The text of `ids`, special tokens written out (what `/detokenize` answers, as
+    /// vLLM decodes).
+    pub fn decode_with_special(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| self.error(e.to_string()))
+    }
+
+    /// A token as the vocabulary spells it (`Ġthe` for a byte-level BPE's ` the`: what
+    /// transformers' `convert_ids_to_tokens` gives), if `id` is in it.
+    pub fn token_string(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     /// One token's own text, special tokens shown (what a `logprobs` entry names it).
     pub fn token_text(&self, id: u32) -> Result<String> {
         self.inner
