@@ -75,8 +75,8 @@ enum Command {
     /// (`sim`/`run --json`), or of both runs of `ab --json`, overlaid.
     Report(report_cmd::ReportArgs),
     /// Serve the scenario's fleet over HTTP with an OpenAI-compatible API
-    /// (`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`, `/metrics`)
-    /// until SIGTERM or Ctrl-C, which stop accepting and answer the requests in flight.
+    /// (`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`, `/metrics`;
+    /// `/tokenize` and `/detokenize` with `--model`) until SIGTERM or Ctrl-C, which stop accepting and answer the requests in flight.
     /// The scenario's workload is not played: the requests are the HTTP clients'.
     Serve(serve_cmd::ServeArgs),
     /// Play the scenario's workload against any OpenAI-compatible server over plain
