@@ -560,24 +560,17 @@ async fn tokenize(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> HttpResponse {
-    let body = match tokenizer_body(&req, payload, &state).await {
-        Ok(body) => body,
-        Err(e) => return error(&e),
-    };
-    let Some(text) = &state.text else {
-        return error(&no_tokenizer());
-    };
-    let max_model_len = context_limit(&state).map(|(l, _)| l);
-    match super::tokenize::tokenize(
-        text,
-        &body,
-        &state.model,
-        max_model_len,
-        state.max_prompt_tokens,
-    ) {
-        Ok(answer) => HttpResponse::Ok().json(answer),
-        Err(e) => error(&e),
-    }
+    tokenizer_route(req, payload, state, |text, body, state| {
+        let max_model_len = context_limit(state).map(|(l, _)| l);
+        super::tokenize::tokenize(
+            text,
+            body,
+            &state.model,
+            max_model_len,
+            state.max_prompt_tokens,
+        )
+    })
+    .await
 }
 
 /// `/detokenize` (vLLM's): token ids back to text.
@@ -586,28 +579,39 @@ async fn detokenize(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> HttpResponse {
-    let body = match tokenizer_body(&req, payload, &state).await {
+    tokenizer_route(req, payload, state, |text, body, state| {
+        super::tokenize::detokenize(text, body, &state.model)
+    })
+    .await
+}
+
+/// A tokenizer route: behind the API key as the generating routes (encoding a long text
+/// costs the server as a prompt does), its body within the body limit, answered by
+/// `answer` with the model's text rules, or a 400 without `--model`.
+async fn tokenizer_route(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    answer: impl FnOnce(
+        &super::model_text::ModelText,
+        &[u8],
+        &AppState,
+    ) -> Result<serde_json::Value, ApiError>,
+) -> HttpResponse {
+    if let Err(e) = authorized(&req, &state) {
+        return error(&e);
+    }
+    let body = match read_body(&req, payload, state.max_body_bytes).await {
         Ok(body) => body,
         Err(e) => return error(&e),
     };
     let Some(text) = &state.text else {
         return error(&no_tokenizer());
     };
-    match super::tokenize::detokenize(text, &body, &state.model) {
+    match answer(text, &body, &state) {
         Ok(answer) => HttpResponse::Ok().json(answer),
         Err(e) => error(&e),
     }
-}
-
-/// A tokenizer route's body: behind the API key as the generating routes (encoding a
-/// long text costs the server as a prompt does), within the body limit.
-async fn tokenizer_body(
-    req: &HttpRequest,
-    payload: web::Payload,
-    state: &AppState,
-) -> Result<Vec<u8>, ApiError> {
-    authorized(req, state)?;
-    read_body(req, payload, state.max_body_bytes).await
 }
 
 /// What the tokenizer routes answer without `--model`.

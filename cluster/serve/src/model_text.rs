@@ -65,16 +65,10 @@ impl ModelText {
     ) -> Result<Vec<u32>, ApiError> {
         let value: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::status(400, "invalid_request_error", e.to_string()))?;
-        // A plain prompt gets the special tokens the tokenizer adds (a BOS); a chat's
-        // rendered template already holds its own, so it is encoded as written.
         let encode = |param: &str, text: &str| {
-            self.check_prompt_bytes(param, text.len(), max_prompt_tokens)?;
-            let ids = if param == "prompt" {
-                self.tokenizer.encode_prompt(text)
-            } else {
-                self.tokenizer.encode(text)
-            };
-            ids.map_err(|e| ApiError::field(param, format!("{param}: {e}")))
+            // A plain prompt gets the special tokens the tokenizer adds (a BOS); a chat's
+            // rendered template already holds its own, so it is encoded as written.
+            self.encode(param, text, param == "prompt", max_prompt_tokens)
         };
         match endpoint {
             Endpoint::Completions => match value.get("prompt") {
@@ -101,25 +95,46 @@ impl ModelText {
                 _ => Err(ApiError::field("prompt", "prompt is required")),
             },
             Endpoint::Chat => {
-                let messages: Vec<(String, String)> = value
-                    .get("messages")
-                    .and_then(Value::as_array)
-                    .map(|list| {
-                        list.iter()
-                            .map(|m| {
-                                let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
-                                (role.to_string(), content_text(m.get("content")))
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let prompt = self
-                    .tokenizer
-                    .chat_prompt_messages(&messages)
-                    .map_err(|e| ApiError::field("messages", format!("messages: {e}")))?;
+                let list = value.get("messages").and_then(Value::as_array);
+                let prompt = self.chat_text(list.map_or(&[][..], Vec::as_slice))?;
                 encode("messages", &prompt)
             }
         }
+    }
+
+    /// `text`'s token ids (with the special tokens the tokenizer adds around a prompt
+    /// where `special`), refused first, naming `param`, when too long in bytes to be
+    /// `max_prompt_tokens` tokens ([`ModelText::check_prompt_bytes`]).
+    pub fn encode(
+        &self,
+        param: &str,
+        text: &str,
+        special: bool,
+        max_prompt_tokens: u32,
+    ) -> Result<Vec<u32>, ApiError> {
+        self.check_prompt_bytes(param, text.len(), max_prompt_tokens)?;
+        let ids = if special {
+            self.tokenizer.encode_prompt(text)
+        } else {
+            self.tokenizer.encode(text)
+        };
+        ids.map_err(|e| ApiError::field(param, format!("{param}: {e}")))
+    }
+
+    /// A chat's `messages` (each a `role`, "user" where absent, and a string or text-part
+    /// `content`) rendered in the model's chat format, ending where the assistant's answer
+    /// starts: the prompt of a chat completion, and what `/tokenize` encodes.
+    pub fn chat_text(&self, messages: &[Value]) -> Result<String, ApiError> {
+        let messages: Vec<(String, String)> = messages
+            .iter()
+            .map(|m| {
+                let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+                (role.to_string(), content_text(m.get("content")))
+            })
+            .collect();
+        self.tokenizer
+            .chat_prompt_messages(&messages)
+            .map_err(|e| ApiError::field("messages", format!("messages: {e}")))
     }
 
     /// A text of `bytes` bytes is refused when it cannot be `max_prompt_tokens` tokens
@@ -288,7 +303,7 @@ impl ModelText {
 }
 
 /// A message's text: a string, or the text parts of an array, one after another.
-pub(crate) fn content_text(content: Option<&Value>) -> String {
+fn content_text(content: Option<&Value>) -> String {
     match content {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts

@@ -7,7 +7,7 @@
 use serde_json::{Map, Value, json};
 
 use super::api::{self, ApiError};
-use super::model_text::{ModelText, content_text};
+use super::model_text::ModelText;
 
 /// Fields of vLLM's tokenize requests lockstep does not implement.
 const NOT_IMPLEMENTED: [&str; 6] = [
@@ -72,17 +72,7 @@ pub fn tokenize(
                     "add_generation_prompt: false is not implemented: the chat format ends where the assistant's answer starts",
                 ));
             }
-            let messages: Vec<(String, String)> = list
-                .iter()
-                .map(|m| {
-                    let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
-                    (role.to_string(), content_text(m.get("content")))
-                })
-                .collect();
-            let rendered = text
-                .tokenizer()
-                .chat_prompt_messages(&messages)
-                .map_err(|e| ApiError::field("messages", format!("messages: {e}")))?;
+            let rendered = text.chat_text(list)?;
             // A rendered chat holds its own special tokens (vLLM's default for a chat:
             // `add_special_tokens: false`).
             (rendered, flag("add_special_tokens", false)?, "messages")
@@ -100,14 +90,8 @@ pub fn tokenize(
             ));
         }
     };
-    text.check_prompt_bytes(param, rendered.len(), max_prompt_tokens)?;
+    let tokens = text.encode(param, &rendered, add_special_tokens, max_prompt_tokens)?;
     let tokenizer = text.tokenizer();
-    let tokens = if add_special_tokens {
-        tokenizer.encode_prompt(&rendered)
-    } else {
-        tokenizer.encode(&rendered)
-    }
-    .map_err(|e| ApiError::field(param, format!("{param}: {e}")))?;
     let token_strs = if return_token_strs {
         let strs: Vec<Value> = tokens
             .iter()
