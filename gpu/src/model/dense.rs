@@ -92,7 +92,7 @@ impl KvStore for DenseStore<'_> {
             head_dim,
             window,
         } = rows.shape;
-        let total = rows.queries.len() / (heads * head_dim).max(1);
+        let total = rows.tokens();
         let cpu = &Device::Cpu;
         let queries = Tensor::from_slice(rows.queries, (total, heads, head_dim), cpu)?;
         let keys = Tensor::from_slice(rows.keys, (total, kv_heads, head_dim), cpu)?;

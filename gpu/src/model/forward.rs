@@ -39,6 +39,13 @@ pub(crate) struct LayerRows<'a> {
     pub shape: AttentionShape,
 }
 
+impl LayerRows<'_> {
+    /// The batch's new tokens (rows of `queries`).
+    pub(crate) fn tokens(&self) -> usize {
+        self.queries.len() / (self.shape.heads * self.shape.head_dim).max(1)
+    }
+}
+
 /// Where the forward keeps K/V, and how it attends to them: the paged store with
 /// in-place loops, or the dense reference's buffers with tensor ops.
 pub(crate) trait KvStore {
@@ -170,6 +177,7 @@ impl KvStore for PagedStore<'_, '_> {
         entries: &[(usize, &[u32])],
         rows: LayerRows<'_>,
     ) -> Result<Vec<f32>> {
+        let total = rows.tokens();
         let LayerRows {
             queries,
             keys,
@@ -182,7 +190,6 @@ impl KvStore for PagedStore<'_, '_> {
             head_dim,
             ..
         } = shape;
-        let total = queries.len() / (heads * head_dim).max(1);
         let (width, stride) = (heads * head_dim, kv_heads * head_dim);
         let mut row = 0;
         for (e, &(start, ids)) in self.batch.iter().zip(entries) {

@@ -38,67 +38,58 @@ pub(crate) fn attend<'a>(
     // the build targets baseline x86-64.
     Arch::new().dispatch(
         #[inline(always)]
-        || attend_loops(shape, queries, start, context_start, kv_row, out),
-    )
-}
-
-#[inline(always)]
-fn attend_loops<'a>(
-    shape: AttentionShape,
-    queries: &[f32],
-    start: usize,
-    context_start: usize,
-    kv_row: impl Fn(usize) -> (&'a [f32], &'a [f32]),
-    out: &mut [f32],
-) {
-    let AttentionShape {
-        heads,
-        kv_heads,
-        head_dim,
-        window,
-    } = shape;
-    let group = heads / kv_heads;
-    let width = heads * head_dim;
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let n = queries.len() / width;
-    // Scores of every head against the visible keys, `[heads, keys]`, reused per query.
-    let mut scores = Vec::new();
-    for i in 0..n {
-        let position = start + i;
-        let first = window.map_or(context_start, |w| {
-            context_start.max((position + 1).saturating_sub(w))
-        });
-        let keys = position + 1 - first;
-        let query = &queries[i * width..(i + 1) * width];
-        scores.clear();
-        scores.resize(heads * keys, 0.0);
-        for (j, p) in (first..=position).enumerate() {
-            let (key, _) = kv_row(p);
-            for h in 0..heads {
-                let g = h / group;
-                scores[h * keys + j] = dot(
-                    &query[h * head_dim..(h + 1) * head_dim],
-                    &key[g * head_dim..(g + 1) * head_dim],
-                ) * scale;
-            }
-        }
-        for row in scores.chunks_exact_mut(keys) {
-            softmax(row);
-        }
-        let out = &mut out[i * width..(i + 1) * width];
-        out.fill(0.0);
-        for (j, p) in (first..=position).enumerate() {
-            let (_, value) = kv_row(p);
-            for h in 0..heads {
-                let g = h / group;
-                let weight = scores[h * keys + j];
-                let value = &value[g * head_dim..(g + 1) * head_dim];
-                for (o, v) in out[h * head_dim..(h + 1) * head_dim].iter_mut().zip(value) {
-                    *o += weight * v;
+        || {
+            let AttentionShape {
+                heads,
+                kv_heads,
+                head_dim,
+                window,
+            } = shape;
+            let group = heads / kv_heads;
+            let width = heads * head_dim;
+            let scale = 1.0 / (head_dim as f32).sqrt();
+            let n = queries.len() / width;
+            // Scores of every head against the visible keys, `[heads, keys]`, reused per
+            // query.
+            let mut scores = Vec::new();
+            for i in 0..n {
+                let position = start + i;
+                let first = window.map_or(context_start, |w| {
+                    context_start.max((position + 1).saturating_sub(w))
+                });
+                let keys = position + 1 - first;
+                let query = &queries[i * width..(i + 1) * width];
+                scores.clear();
+                scores.resize(heads * keys, 0.0);
+                for (j, p) in (first..=position).enumerate() {
+                    let (key, _) = kv_row(p);
+                    for h in 0..heads {
+                        let g = h / group;
+                        scores[h * keys + j] = dot(
+                            &query[h * head_dim..(h + 1) * head_dim],
+                            &key[g * head_dim..(g + 1) * head_dim],
+                        ) * scale;
+                    }
+                }
+                for row in scores.chunks_exact_mut(keys) {
+                    softmax(row);
+                }
+                let out = &mut out[i * width..(i + 1) * width];
+                out.fill(0.0);
+                for (j, p) in (first..=position).enumerate() {
+                    let (_, value) = kv_row(p);
+                    for h in 0..heads {
+                        let g = h / group;
+                        let weight = scores[h * keys + j];
+                        let value = &value[g * head_dim..(g + 1) * head_dim];
+                        for (o, v) in out[h * head_dim..(h + 1) * head_dim].iter_mut().zip(value) {
+                            *o += weight * v;
+                        }
+                    }
                 }
             }
-        }
-    }
+        },
+    )
 }
 
 /// `a · b`, in sixteen running sums so the compiler can keep them in vector registers
